@@ -1,0 +1,59 @@
+"""Data passed between the straggler processor's parts: span -> sample -> window -> verdict.
+
+``StageSample`` is what one stage span becomes after decoding (one rank, one stage, one step).
+``Verdict`` is what the detector concludes about one rank and stage at a window's close; the
+processor turns it into an OTel log record, a verdict span, Prometheus series and an evidence line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class StageSample:
+    job: str
+    cohort: str
+    rank: int
+    host: str
+    gpu: str
+    world_size: int
+    stage: str  # Megatron timer name (or "rank-step" for the per-rank step span)
+    group: str  # stage group from otel_straggler.schema.STAGE_GROUPS
+    step: int | None  # dl.iteration; None -> wall-clock windows
+    device_ms: float | None  # None when the span carried no device time
+    host_ms: float | None
+    count: int  # intervals aggregated into the span
+    tokens: int | None  # workload, None when not published
+    start_unix_ns: int
+    end_unix_ns: int
+    trace_id: bytes  # 16 bytes
+    span_id: bytes  # 8 bytes
+
+
+@dataclass(slots=True)
+class Verdict:
+    job: str
+    cohort: str
+    rank: int
+    host: str
+    gpu: str
+    stage: str
+    group: str
+    verdict: str  # schema.VERDICTS
+    reason: str  # schema.REASONS
+    deviation: float | None  # (value - reference) / reference
+    value_ms: float | None
+    reference_rank: int | None
+    reference_ms: float | None
+    measurement: str  # schema.MEASUREMENT_DEVICE / MEASUREMENT_HOST_ONLY
+    window_start: int  # first step of the window (or wall-clock window index)
+    window_end: int  # last step, inclusive
+    step: int | None  # the step at which the verdict fired (window_end for step windows)
+    attribution: str  # schema.ATTRIBUTIONS
+    step_time_lost_ms: float  # excess time per step on the critical path
+    gpu_seconds_per_hour: float  # step_time_lost * waiting ranks * steps per hour
+    cohort_size: int  # effective comparable ranks (including this one)
+    collective_evidence: str  # e.g. "rank_waits_least_in_grad-sync" or ""
+    trace_id: bytes  # trace of the step where the verdict fired (16 bytes, may be empty)
+    emitted_unix_ns: int = 0

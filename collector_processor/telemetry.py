@@ -1,0 +1,40 @@
+"""Self-telemetry of the collector: one Prometheus registry shared by every component.
+
+Names come from ``otel_straggler.schema`` (the contract); components increment these instruments and
+the ``prometheus`` exporter serves the registry on ``/metrics``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from otel_straggler import schema as s
+
+
+def _base(name: str) -> str:
+    """prometheus_client appends ``_total`` to counters itself."""
+    return name.removesuffix("_total")
+
+
+class Telemetry:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.spans_received = Counter(_base(s.M_SPANS_RECEIVED), "Spans received", ["receiver"], registry=r)
+        self.spans_accepted = Counter(_base(s.M_SPANS_ACCEPTED), "Stage spans used by the detector", registry=r)
+        self.spans_rejected = Counter(_base(s.M_SPANS_REJECTED), "Spans rejected", ["reason"], registry=r)
+        self.spans_dropped = Counter(_base(s.M_SPANS_DROPPED), "Spans dropped", ["reason"], registry=r)
+        self.requests = Counter(_base(s.M_REQUESTS), "Requests by outcome", ["receiver", "outcome"], registry=r)
+        self.queue_depth = Gauge(s.M_QUEUE_DEPTH, "Items waiting per queue", ["queue"], registry=r)
+        self.evictions = Counter(_base(s.M_EVICTIONS), "Entries evicted from capped structures", ["structure"],
+                                 registry=r)
+        self.windows_closed = Counter(_base(s.M_WINDOWS_CLOSED), "Windows judged", registry=r)
+        self.processing_seconds = Histogram(
+            s.M_PROCESSING_SECONDS, "Processing time per request", registry=r,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+        )
+        self.export_failures = Counter(_base(s.M_EXPORT_FAILURES), "Failed exports", ["exporter"], registry=r)
+        self.evidence_lines = Counter(_base(s.M_EVIDENCE_LINES), "JSONL evidence lines written", registry=r)
+        self.unauthenticated = Counter(_base(s.M_UNAUTHENTICATED), "Requests refused for credentials",
+                                       ["endpoint"], registry=r)
+        self.memory_bytes = Gauge(s.M_MEMORY_BYTES, "Process RSS seen by the memory limiter", registry=r)
