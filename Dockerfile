@@ -1,0 +1,27 @@
+# The straggler collector (otel-straggler-collector): OTLP in, straggler verdicts, Prometheus /metrics out.
+#   docker build -t otel-straggler-collector:0.1.0 .
+#   docker run -v $PWD/configs/collector-compose.yaml:/etc/otel-straggler/collector.yaml:ro \
+#     -p 127.0.0.1:4317:4317 -p 127.0.0.1:9464:9464 otel-straggler-collector:0.1.0
+FROM python:3.11.13-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /src
+# README.md* : the readme pyproject.toml names, copied when present (a glob may match nothing).
+COPY pyproject.toml README.md* ./
+COPY otel_straggler ./otel_straggler
+COPY collector_processor ./collector_processor
+RUN pip install . && rm -rf /src/build
+
+RUN useradd --system --uid 10001 --home-dir /var/lib/otel-straggler --create-home otel \
+    && mkdir -p /etc/otel-straggler && chown otel /var/lib/otel-straggler
+COPY configs/collector-compose.yaml /etc/otel-straggler/collector.yaml
+
+USER 10001
+WORKDIR /var/lib/otel-straggler
+# 4317 OTLP gRPC, 4318 OTLP HTTP, 9464 Prometheus /metrics
+EXPOSE 4317 4318 9464
+ENTRYPOINT ["otel-straggler-collector", "--config", "/etc/otel-straggler/collector.yaml"]

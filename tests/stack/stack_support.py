@@ -1,0 +1,444 @@
+"""Shared helpers of the stack tests: repository paths, PromQL metric names, the metric names the collector
+exports (from the schema contract), a real collector subprocess, and a real OTel SDK feed of one straggler."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from otel_straggler import schema as s
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = REPO / "configs"
+DASHBOARDS = CONFIGS / "grafana" / "dashboards"
+GRAFANA_PROVISIONING = CONFIGS / "grafana" / "provisioning"
+PROM_RULES = CONFIGS / "prometheus" / "rules" / "straggler.rules.yml"
+GRAFANA_ALERTS = GRAFANA_PROVISIONING / "alerting" / "straggler-alerts.yaml"
+
+
+def load_yaml(path: Path) -> Any:
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def require_binary(name: str) -> str:
+    """Path of a Debian-packaged tool (prometheus, promtool, amtool, prometheus-alertmanager), else skip."""
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} is not installed (Debian packages prometheus / prometheus-alertmanager; "
+                    "scripts/test installs them)")
+    return path
+
+
+# --- metric names -------------------------------------------------------------------------------------------
+
+_PROMQL_FUNCTIONS = {
+    "abs", "absent", "absent_over_time", "avg_over_time", "ceil", "changes", "clamp", "clamp_max", "clamp_min",
+    "count_over_time", "day_of_month", "day_of_week", "day_of_year", "days_in_month", "delta", "deriv", "exp",
+    "floor", "histogram_quantile", "histogram_count", "histogram_sum", "histogram_fraction", "holt_winters",
+    "hour", "idelta", "increase", "irate", "label_join", "label_replace", "last_over_time", "ln", "log10",
+    "log2", "max_over_time", "min_over_time", "minute", "month", "predict_linear", "present_over_time",
+    "quantile_over_time", "rate", "resets", "round", "scalar", "sgn", "sort", "sort_desc", "sqrt",
+    "stddev_over_time", "stdvar_over_time", "sum_over_time", "time", "timestamp", "vector", "year",
+}
+_PROMQL_AGGREGATIONS = {"sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values",
+                        "bottomk", "topk", "quantile", "limitk", "limit_ratio"}
+_PROMQL_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless",
+                    "offset", "bool", "inf", "nan", "atan2"}
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
+_MODIFIER_LIST = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
+_IDENT = re.compile(r"(?<![\w:$.])([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(\(|\{|\[|\)|\s|$|,|[-+*/^%<>=!])")
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """Metric names a PromQL expression selects: identifiers that are not functions, aggregations, keywords,
+    label names inside ``{...}`` / ``by (...)`` lists, durations or Grafana variables."""
+    text = _STRING.sub('""', expr)
+    text = re.sub(r"\{[^{}]*\}", "{}", text)  # label matchers
+    text = re.sub(r"\[[^\]]*\]", "[]", text)  # ranges and subqueries
+    text = _MODIFIER_LIST.sub(" ", text)
+    text = re.sub(r"\$\{?\w+\}?", " ", text)  # Grafana variables outside strings
+    names = set()
+    for m in _IDENT.finditer(text):
+        ident, follow = m.group(1), m.group(2)
+        low = ident.lower()
+        if follow == "(" or low in _PROMQL_FUNCTIONS or low in _PROMQL_AGGREGATIONS or low in _PROMQL_KEYWORDS:
+            continue
+        names.add(ident)
+    if "__name__" in expr:
+        raise AssertionError(f"select metrics by name, not by __name__ matchers: {expr}")
+    return names
+
+
+def _emitter_kinds_from_docs() -> dict[str, str]:
+    """Emitter instruments and their kind, from the contract table in docs/schema.md."""
+    text = (REPO / "docs" / "schema.md").read_text(encoding="utf-8")
+    kinds = {}
+    for m in re.finditer(r"^\|\s*`(otel_straggler\.emitter\.[a-z0-9_.]+)`\s*\|\s*(counter|gauge)\s*\|", text, re.M):
+        kinds[m.group(1)] = m.group(2)
+    return kinds
+
+
+def emitter_metric_names() -> set[str]:
+    """Prometheus names of the emitter self-metrics re-exported by the collector (counters get ``_total``)."""
+    prefix = "otel_straggler.emitter."
+    kinds = _emitter_kinds_from_docs()
+    names = set()
+    for attr in dir(s):
+        value = getattr(s, attr)
+        if attr.startswith("SM_") and isinstance(value, str) and value.startswith(prefix):
+            base = s.M_EMITTER_PREFIX + value[len(prefix):].replace(".", "_")
+            names.add(base + "_total" if kinds.get(value, "counter") == "counter" else base)
+    return names
+
+
+def exported_metric_names() -> set[str]:
+    """Every Prometheus metric name the straggler collector exports, per ``otel_straggler.schema``."""
+    names = set()
+    for attr in dir(s):
+        value = getattr(s, attr)
+        if attr.startswith("M_") and attr != "M_EMITTER_PREFIX" and isinstance(value, str):
+            names.add(value)
+    names |= {s.M_PROCESSING_SECONDS + suffix for suffix in ("_bucket", "_sum", "_count")}
+    return names | emitter_metric_names()
+
+
+def _walk_panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    for p in panels:
+        yield p
+        yield from _walk_panels(p.get("panels", []))
+
+
+def dashboard_files() -> list[Path]:
+    return sorted(DASHBOARDS.glob("*.json"))
+
+
+def dashboard_panels(path: Path) -> list[dict[str, Any]]:
+    return list(_walk_panels(json.loads(path.read_text(encoding="utf-8"))["panels"]))
+
+
+def dashboard_exprs() -> list[tuple[str, str]]:
+    """(where, PromQL) of every dashboard panel query and templating query."""
+    out = []
+    for path in dashboard_files():
+        dash = json.loads(path.read_text(encoding="utf-8"))
+        for p in _walk_panels(dash["panels"]):
+            for t in p.get("targets", []):
+                if t.get("expr"):
+                    out.append((f"{path.name}: {p['title']} / {t['refId']}", t["expr"]))
+        for v in dash.get("templating", {}).get("list", []):
+            q = v.get("query")
+            q = q.get("query") if isinstance(q, dict) else q
+            m = re.match(r"label_values\((.*),\s*\w+\)\s*$", q or "")
+            if v.get("type") == "query" and m:
+                out.append((f"{path.name}: variable {v['name']}", m.group(1)))
+    return out
+
+
+def annotation_metric_names() -> list[tuple[str, str]]:
+    """(where, metric) of metrics queried inside Prometheus rule annotation templates (``query`` function)."""
+    out = []
+    for g in load_yaml(PROM_RULES)["groups"]:
+        for r in g["rules"]:
+            for key, text in r.get("annotations", {}).items():
+                for m in re.finditer(r"\b(otel_straggler_\w+)\{", text):
+                    out.append((f"prometheus rule {r['alert']} annotation {key}", m.group(1)))
+    return out
+
+
+def alert_exprs() -> list[tuple[str, str]]:
+    """(where, PromQL) of every Prometheus alerting rule and every Grafana alert rule's Prometheus query."""
+    out = []
+    for g in load_yaml(PROM_RULES)["groups"]:
+        for r in g["rules"]:
+            out.append((f"prometheus rule {r.get('alert') or r.get('record')}", r["expr"]))
+    for g in load_yaml(GRAFANA_ALERTS)["groups"]:
+        for r in g["rules"]:
+            for d in r["data"]:
+                if d["datasourceUid"] != "__expr__":
+                    out.append((f"grafana rule {r['title']} / {d['refId']}", d["model"]["expr"]))
+    return out
+
+
+# --- processes and ports ------------------------------------------------------------------------------------
+
+def free_ports(n: int) -> list[int]:
+    """n distinct ports that were free on 127.0.0.1 a moment ago."""
+    socks, ports = [], []
+    try:
+        for _ in range(n):
+            sk = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sk.bind(("127.0.0.1", 0))
+            socks.append(sk)
+            ports.append(sk.getsockname()[1])
+    finally:
+        for sk in socks:
+            sk.close()
+    return ports
+
+
+def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def wait_until(pred: Any, timeout_s: float, interval_s: float = 0.2, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout_s
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = pred()
+            if value:
+                return value
+        except (OSError, ValueError) as e:
+            last_exc = e
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}"
+                         + (f" (last error: {last_exc})" if last_exc else ""))
+
+
+@contextlib.contextmanager
+def process(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+    """A subprocess with stdout+stderr in ``log_path``; SIGTERM then SIGKILL on exit."""
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=5)
+
+
+def tail(path: Path, n: int = 4000) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+def require_collector() -> list[str]:
+    """argv prefix that runs the real straggler collector, or skip if it is not installed in this checkout."""
+    for mod in ("collector_processor.cli", "collector_processor.service",
+                "collector_processor.processor.straggler.factory", "collector_processor.exporter.prometheus"):
+        try:
+            importlib.import_module(mod)
+        except ImportError as e:
+            pytest.skip(f"straggler collector not available: cannot import {mod} ({e})")
+    exe = shutil.which("otel-straggler-collector", path=str(Path(sys.executable).parent) + os.pathsep
+                       + os.environ.get("PATH", ""))
+    return [exe] if exe else [sys.executable, "-m", "collector_processor"]
+
+
+@dataclass
+class Collector:
+    otlp_grpc: int
+    otlp_http: int
+    metrics: int
+    proc: subprocess.Popen
+    log: Path
+    evidence: Path
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics}/metrics"
+
+    def scrape(self) -> str:
+        code, body = http_get(self.metrics_url)
+        if code != 200:
+            raise ValueError(f"/metrics answered {code}")
+        return body.decode()
+
+
+def collector_config(grpc_port: int, http_port: int, metrics_port: int, evidence: Path) -> dict[str, Any]:
+    """configs/collector-compose.yaml on loopback ports, evidence in ``evidence``, and short windows so a
+    straggler is judged within a few steps (window of 2 steps, no warm-up, one window of persistence)."""
+    cfg = load_yaml(CONFIGS / "collector-compose.yaml")
+    cfg["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"] = f"127.0.0.1:{grpc_port}"
+    cfg["receivers"]["otlp"]["protocols"]["http"]["endpoint"] = f"127.0.0.1:{http_port}"
+    cfg["processors"]["straggler"] = {"window_steps": 2, "warmup_windows": 0, "persistence_windows": 1,
+                                      "grace_s": 0.5, "tolerance": 0.05, "absolute_floor_ms": 1.0,
+                                      "min_cohort_size": 3}
+    cfg["exporters"]["prometheus"]["endpoint"] = f"127.0.0.1:{metrics_port}"
+    cfg["exporters"]["file/evidence"]["path"] = str(evidence)
+    return cfg
+
+
+@contextlib.contextmanager
+def run_collector(tmp: Path) -> Iterator[Collector]:
+    argv = require_collector()
+    grpc_port, http_port, metrics_port = free_ports(3)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}  # ${env:...} defaults apply
+    cfg_path = tmp / "collector.yaml"
+    cfg = collector_config(grpc_port, http_port, metrics_port, tmp / "evidence" / "verdicts.jsonl")
+    cfg_path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    log = tmp / "collector.log"
+    with process([*argv, "--config", str(cfg_path)], log, env=env) as proc:
+        col = Collector(grpc_port, http_port, metrics_port, proc, log, tmp / "evidence" / "verdicts.jsonl")
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"collector exited with {proc.returncode}:\n{tail(log)}")
+            return http_get(col.metrics_url)[0] == 200
+
+        wait_until(ready, 20, what=f"collector /metrics on {col.metrics_url}")
+        yield col
+
+
+# --- a real OTel SDK feed -----------------------------------------------------------------------------------
+
+JOB_ID = "stack-test-job"
+RANKS = 8
+SLOW_RANK = 3
+STAGE = "forward-compute"
+
+
+def _planned_ids() -> Any:
+    """IdGenerator that hands out planned ids (the schema's deterministic ids), else random ones."""
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+    class PlannedIds(RandomIdGenerator):
+        def __init__(self) -> None:
+            self.next_span_id: int | None = None
+            self.next_trace_id: int | None = None
+
+        def generate_span_id(self) -> int:
+            if self.next_span_id is not None:
+                sid, self.next_span_id = self.next_span_id, None
+                return sid
+            return super().generate_span_id()
+
+        def generate_trace_id(self) -> int:
+            if self.next_trace_id is not None:
+                tid, self.next_trace_id = self.next_trace_id, None
+                return tid
+            return super().generate_trace_id()
+
+        def is_trace_id_random(self) -> bool:
+            return False  # step trace ids are derived from (job, step), not random
+
+    return PlannedIds()
+
+
+class StragglerFeed:
+    """8 ranks (one Resource + TracerProvider each, as in docs/schema.md) exporting through the real
+    ``OTLPSpanExporter`` over gRPC; ``step()`` emits one training step for every rank."""
+
+    def __init__(self, grpc_port: int, base_ms: float = 100.0) -> None:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+        self.base_ms = base_ms
+        self.t_ns = time.time_ns() - 3600 * 10**9
+        cohort = s.cohort_key(topology_epoch=0, stage_schema="megatron-v1")
+        self.cohort = cohort
+        self.providers, self.tracers, self.ids = [], [], []
+        for rank in range(RANKS):
+            res = Resource.create({
+                s.RES_SERVICE_NAME: "megatron-training", s.RES_HOST_NAME: f"node-{rank // 4}",
+                s.RES_PROCESS_PID: 1000 + rank, s.RES_RANK: rank, s.RES_WORLD_SIZE: RANKS,
+                s.RES_LOCAL_RANK: rank % 4, s.RES_DP_RANK: rank, s.RES_DP_SIZE: RANKS,
+                s.RES_TP_RANK: 0, s.RES_TP_SIZE: 1, s.RES_PP_RANK: 0, s.RES_PP_SIZE: 1,
+                s.RES_JOB_ID: JOB_ID, s.RES_GPU_UUID: f"GPU-{rank:04d}", s.RES_GPU_INDEX: rank % 4,
+                s.RES_COHORT_KEY: cohort, s.RES_TOPOLOGY_EPOCH: 0, s.RES_STAGE_SCHEMA: "megatron-v1",
+                s.RES_SCHEMA_VERSION: s.SCHEMA_VERSION,
+            })
+            ids = _planned_ids()
+            tp = TracerProvider(resource=res, id_generator=ids, shutdown_on_exit=False)
+            tp.add_span_processor(SimpleSpanProcessor(
+                OTLPSpanExporter(endpoint=f"127.0.0.1:{grpc_port}", insecure=True, timeout=5)))
+            self.providers.append(tp)
+            self.tracers.append(tp.get_tracer(s.SCOPE_NAME))
+            self.ids.append(ids)
+
+    def step(self, step: int, slow_factor: float = 1.0) -> None:
+        from opentelemetry import trace
+        from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+        trace_id = s.trace_id_for_step(JOB_ID, step)
+        root_ctx = SpanContext(trace_id, s.job_step_span_id(JOB_ID, step), is_remote=True,
+                               trace_flags=TraceFlags(TraceFlags.SAMPLED))
+        t0 = self.t_ns + step * 10**9
+        step_ms = self.base_ms * 3
+        for rank in range(RANKS):
+            tracer, ids = self.tracers[rank], self.ids[rank]
+            parent = trace.set_span_in_context(NonRecordingSpan(root_ctx))
+            if rank == 0:
+                ids.next_trace_id, ids.next_span_id = trace_id, s.job_step_span_id(JOB_ID, step)
+                root = tracer.start_span(s.SPAN_JOB_STEP, context=trace.set_span_in_context(trace.INVALID_SPAN),
+                                         start_time=t0,
+                                         attributes={s.ATTR_ITERATION: step, s.ATTR_STAGE_GROUP: "step"})
+                root.end(end_time=t0 + int(step_ms * 1e6))
+            ids.next_span_id = s.rank_step_span_id(JOB_ID, step, rank)
+            rank_step = tracer.start_span(s.SPAN_RANK_STEP, context=parent, start_time=t0, attributes={
+                s.ATTR_ITERATION: step, s.ATTR_STAGE: s.SPAN_RANK_STEP, s.ATTR_STAGE_GROUP: "step",
+                s.ATTR_HOST_MS: step_ms, s.ATTR_WORKLOAD_TOKENS: 4096})
+            in_rank = trace.set_span_in_context(rank_step)
+            factor = slow_factor if rank == SLOW_RANK else 1.0
+            t = t0
+            for stage, group, ms in ((STAGE, "forward", self.base_ms * factor),
+                                     ("backward-compute", "backward", self.base_ms * 1.5)):
+                device_ms = ms * (1.0 + 0.002 * ((rank * 7 + step) % 5))  # a little jitter, same for every run
+                sp = tracer.start_span(stage, context=in_rank, start_time=t, attributes={
+                    s.ATTR_STAGE: stage, s.ATTR_STAGE_GROUP: group, s.ATTR_STAGE_LEVEL: 1,
+                    s.ATTR_ITERATION: step, s.ATTR_DEVICE_MS: device_ms, s.ATTR_HOST_MS: device_ms + 0.3,
+                    s.ATTR_MEASUREMENT: s.MEASUREMENT_DEVICE, s.ATTR_COUNT: 1, s.ATTR_DETAIL: s.DETAIL_STEP})
+                t += int(device_ms * 1e6)
+                sp.end(end_time=t)
+            rank_step.end(end_time=t0 + int(step_ms * 1e6))
+
+    def shutdown(self) -> None:
+        for tp in self.providers:
+            tp.shutdown()
+
+
+def send_emitter_metrics(grpc_port: int, rank: int = 0) -> None:
+    """One export of every emitter self-metric instrument through the real ``OTLPMetricExporter``."""
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+
+    reader = PeriodicExportingMetricReader(
+        OTLPMetricExporter(endpoint=f"127.0.0.1:{grpc_port}", insecure=True, timeout=5),
+        export_interval_millis=3_600_000)
+    mp = MeterProvider(resource=Resource.create({s.RES_JOB_ID: JOB_ID, s.RES_RANK: rank}),
+                       metric_readers=[reader], shutdown_on_exit=False)
+    meter = mp.get_meter(s.SCOPE_NAME)
+    kinds = _emitter_kinds_from_docs()
+    for attr in dir(s):
+        name = getattr(s, attr)
+        if not (attr.startswith("SM_") and isinstance(name, str) and name.startswith("otel_straggler.emitter.")):
+            continue
+        if kinds.get(name, "counter") == "counter":
+            meter.create_counter(name).add(2, {s.SM_REASON_ATTR: "queue_full"})
+        else:
+            meter.create_gauge(name).set(3.0)
+    assert mp.force_flush(10_000), "emitter metrics were not exported"
+    mp.shutdown()

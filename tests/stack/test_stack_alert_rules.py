@@ -1,0 +1,105 @@
+"""Grafana-managed alert rules match the Prometheus ones (names, expressions, ``for``, labels, annotations), point
+at the runbook, and are provisioned in Grafana's file format with an environment-driven webhook contact point."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from stack_support import GRAFANA_ALERTS, GRAFANA_PROVISIONING, PROM_RULES, REPO, load_yaml
+
+STRAGGLER_LABELS = ["job", "cohort", "rank", "host", "gpu", "stage", "attribution"]
+
+
+def _prom_rules() -> dict[str, dict]:
+    return {r["alert"]: r for g in load_yaml(PROM_RULES)["groups"] for r in g["rules"] if "alert" in r}
+
+
+def _grafana_rules() -> dict[str, dict]:
+    return {r["title"]: r for g in load_yaml(GRAFANA_ALERTS)["groups"] for r in g["rules"]}
+
+
+def _condition_query(rule: dict) -> str:
+    """The Prometheus expression the Grafana rule's condition thresholds."""
+    data = {d["refId"]: d for d in rule["data"]}
+    cond = data[rule["condition"]]
+    assert cond["datasourceUid"] == "__expr__" and cond["model"]["type"] == "threshold"
+    src = data[cond["model"]["expression"]]
+    assert src["model"]["instant"] is True
+    return src["model"]["expr"]
+
+
+def _norm(expr: str) -> str:
+    return re.sub(r"\s+", " ", expr).strip()
+
+
+def test_the_two_alerts_exist_in_both_systems() -> None:
+    assert set(_prom_rules()) == set(_grafana_rules()) == {"StragglerDetected", "StragglerCollectorDropping"}
+
+
+def test_straggler_detected_expression_and_labels() -> None:
+    rule = _prom_rules()["StragglerDetected"]
+    assert _norm(rule["expr"]) == f"max by ({', '.join(STRAGGLER_LABELS)}) (otel_straggler_active) > 0"
+    assert rule["for"] == "1m"
+    assert rule["labels"]["severity"]
+
+
+@pytest.mark.parametrize("name", ["StragglerDetected", "StragglerCollectorDropping"])
+def test_grafana_rule_equals_prometheus_rule(name: str) -> None:
+    prom, graf = _prom_rules()[name], _grafana_rules()[name]
+    assert _norm(_condition_query(graf)) == _norm(prom["expr"])
+    assert graf["for"] == prom["for"]
+    assert graf["labels"] == prom["labels"]
+    assert set(graf["annotations"]) == set(prom["annotations"]) >= {"summary", "description", "runbook_url"}
+    assert graf["annotations"]["summary"] == prom["annotations"]["summary"]
+    assert graf["annotations"]["runbook_url"] == prom["annotations"]["runbook_url"]
+    cond = {d["refId"]: d for d in graf["data"]}[graf["condition"]]
+    assert cond["model"]["conditions"][0]["evaluator"] == {"type": "gt", "params": [0]}
+    assert graf["noDataState"] == "OK", "no series means no straggler, not an alert"
+
+
+def test_straggler_description_carries_deviation_and_cost_in_both() -> None:
+    prom = _prom_rules()["StragglerDetected"]["annotations"]["description"]
+    graf_rule = _grafana_rules()["StragglerDetected"]
+    graf = graf_rule["annotations"]["description"]
+    assert "otel_straggler_deviation_ratio" in prom and "otel_straggler_gpu_seconds_lost_per_hour" in prom
+    queries = {d["refId"]: d["model"].get("expr", "") for d in graf_rule["data"]}
+    for metric in ("otel_straggler_deviation_ratio", "otel_straggler_gpu_seconds_lost_per_hour"):
+        ref = next(r for r, q in queries.items() if metric in q)
+        assert f"$values.{ref}" in graf, f"Grafana description does not use the {metric} query {ref}"
+        assert _norm(queries[ref]) == f"max by ({', '.join(STRAGGLER_LABELS)}) ({metric})", \
+            "the value query must carry the alert's label set to match its instances"
+    for text in (prom, graf):
+        assert "Deviation" in text and "GPU-seconds per hour" in text
+
+
+def test_runbook_urls_point_at_existing_runbook_sections() -> None:
+    runbook = (REPO / "docs" / "runbook.md").read_text(encoding="utf-8")
+    anchors = {re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-")
+               for h in re.findall(r"^#+\s+(.*)$", runbook, re.M)}
+    for rule in _prom_rules().values():
+        path, _, anchor = rule["annotations"]["runbook_url"].partition("#")
+        assert path == "docs/runbook.md" and anchor in anchors, (rule["alert"], anchor, sorted(anchors))
+
+
+def test_grafana_alerting_provisioning_format() -> None:
+    doc = load_yaml(GRAFANA_ALERTS)
+    assert doc["apiVersion"] == 1
+    datasource_uids = {d["uid"] for f in (GRAFANA_PROVISIONING / "datasources").glob("*.yaml")
+                       for d in load_yaml(f)["datasources"]}
+    for group in doc["groups"]:
+        assert group["orgId"] == 1 and group["folder"] and re.fullmatch(r"\d+[sm]", group["interval"])
+        for rule in group["rules"]:
+            assert {"uid", "title", "condition", "data", "for", "labels", "annotations"} <= set(rule)
+            assert rule["condition"] in {d["refId"] for d in rule["data"]}
+            for d in rule["data"]:
+                assert d["datasourceUid"] == "__expr__" or d["datasourceUid"] in datasource_uids
+                assert d["model"]["refId"] == d["refId"]
+            # Grafana expands $VAR in labels (not in annotations or queries): a `$` there would be eaten.
+            assert not any("$" in str(v) for v in rule["labels"].values())
+    contact = doc["contactPoints"][0]
+    receiver = contact["receivers"][0]
+    assert receiver["type"] == "webhook" and receiver["settings"]["url"] == "${ALERT_WEBHOOK_URL}"
+    policy = doc["policies"][0]
+    assert policy["receiver"] == contact["name"]
+    assert policy["group_by"] == ["alertname", "job", "cohort"]
