@@ -182,6 +182,7 @@ M_EXPORT_FAILURES: Final = "otel_straggler_collector_export_failures_total"  # l
 M_EVIDENCE_LINES: Final = "otel_straggler_collector_evidence_lines_total"
 M_UNAUTHENTICATED: Final = "otel_straggler_collector_unauthenticated_total"  # labels: endpoint
 M_MEMORY_BYTES: Final = "otel_straggler_collector_memory_bytes"
+M_COMPONENT_ERRORS: Final = "otel_straggler_collector_component_errors_total"  # labels: component
 # Emitter self-metrics re-exported from OTLP metrics the ranks send (labels: job, rank, reason)
 M_EMITTER_PREFIX: Final = "otel_straggler_emitter_"
 
@@ -195,6 +196,8 @@ SM_POOL_HIGH_WATER: Final = "otel_straggler.emitter.pool.high_water"  # gauge, e
 SM_READOUT_LAG: Final = "otel_straggler.emitter.readout.lag_ms"  # gauge, stop -> readout delay
 SM_FAULTS: Final = "otel_straggler.emitter.faults"  # counter, attr where (exceptions swallowed)
 SM_REASON_ATTR: Final = "reason"
+SM_STEPS_EVICTED: Final = "otel_straggler.emitter.steps.evicted"  # counter, step aggregates closed early (cap)
+SM_SIDECAR_RESTARTS: Final = "otel_straggler.emitter.sidecar.restarts"  # counter, export child restarted
 
 
 def trace_id_for_step(job_id: str, step: int) -> int:

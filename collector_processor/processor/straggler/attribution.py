@@ -1,0 +1,74 @@
+"""Attribution of a confirmed slowdown to the GPU stream or the host, and collective corroboration.
+
+What CUDA events can show: a device interval is the stream time between the start and stop events. A slow
+GPU (clocks, thermals, a bad link) stretches it while the host interval, made of asynchronous launches,
+stays flat (the emitter never synchronises and Megatron's compute stages do not block on the GPU). A
+stalled host stretches the host interval AND, when the stream starves between the two events, the device
+interval by about as much. Hence, with ``share = host excess / device excess`` (excess = gap to the
+reference, host against peers' host times, device against peers' device times):
+
+* the device comparison fires (deviation > tolerance, gap >= floor):
+  - host within tolerance, or ``share < host_ambiguous_fraction`` [0.25]: ``gpu_stream_stall``;
+  - ``share >= host_explains_fraction`` [0.8]: the host stall accounts for the device stretch:
+    ``host_only_stall``;
+  - in between: ``attribution_unknown`` (both grew, neither explains the other);
+* only the host comparison fires (device flat, or no device sample): ``host_only_stall``;
+* anything else: ``attribution_unknown``.
+
+Limit: a GPU slowdown inside an interval that also contains a host-blocking call (``.item()``, a
+synchronising copy) stretches both intervals equally and is reported as ``host_only_stall``.
+"""
+
+from __future__ import annotations
+
+from otel_straggler import schema as s
+
+
+def attribute(
+    *,
+    measurement: str,
+    device_deviation: float | None,
+    device_gap_ms: float | None,
+    host_deviation: float | None,
+    host_gap_ms: float | None,
+    tolerance: float,
+    floor_ms: float,
+    host_explains_fraction: float,
+    host_ambiguous_fraction: float = 0.25,
+) -> str:
+    if measurement == s.MEASUREMENT_HOST_ONLY:
+        if host_deviation is not None and host_gap_ms is not None and host_deviation > tolerance \
+                and host_gap_ms >= floor_ms:
+            return s.ATTRIBUTION_HOST
+        return s.ATTRIBUTION_UNKNOWN
+    if device_deviation is None or device_gap_ms is None or device_deviation <= tolerance or device_gap_ms < floor_ms:
+        host_fires = host_deviation is not None and host_gap_ms is not None and host_deviation > tolerance \
+            and host_gap_ms >= floor_ms
+        return s.ATTRIBUTION_HOST if host_fires else s.ATTRIBUTION_UNKNOWN
+    if host_deviation is None or host_gap_ms is None or host_deviation <= tolerance:
+        return s.ATTRIBUTION_GPU
+    share = host_gap_ms / device_gap_ms
+    if share >= host_explains_fraction:
+        return s.ATTRIBUTION_HOST
+    if share < host_ambiguous_fraction:
+        return s.ATTRIBUTION_GPU
+    return s.ATTRIBUTION_UNKNOWN
+
+
+def collective_evidence(rank: int, per_group: dict[str, dict[int, float]], tolerance: float) -> str:
+    """``waits_least:<group>`` for each collective group where ``rank`` spent the least time in the cohort
+    while its peers waited more (their median beyond ``tolerance`` above it). Evidence only."""
+    found: list[str] = []
+    for group in s.COLLECTIVE_GROUPS:
+        values = per_group.get(group)
+        if not values or rank not in values or len(values) < 2:
+            continue
+        mine = values[rank]
+        peers = sorted(v for r, v in values.items() if r != rank)
+        if mine > peers[0]:
+            continue
+        n = len(peers)
+        peer_median = peers[n // 2] if n % 2 else (peers[n // 2 - 1] + peers[n // 2]) / 2.0
+        if peer_median > mine * (1.0 + tolerance):
+            found.append(f"waits_least:{group}")
+    return ",".join(found)

@@ -1,0 +1,69 @@
+"""Cohort and rank registry: ranks are compared only within (job, cohort key). Every map is capped."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from collector_processor.processor.straggler.window import KIND_STEP, KIND_WALL, WindowSet
+
+
+@dataclass(slots=True)
+class RankInfo:
+    host: str
+    gpu: str
+    world_size: int
+    last_seen_s: float
+    max_step_index: int = -(2**62)
+    max_wall_index: int = -(2**62)
+    windows_seen: int = 0  # windows in which the rank had samples (warmup counts these)
+
+
+@dataclass(slots=True)
+class Cohort:
+    job: str
+    key: str
+    last_seen_s: float
+    ranks: dict[int, RankInfo] = field(default_factory=dict)
+    stages: dict[str, str] = field(default_factory=dict)  # stage -> group
+    steps: WindowSet = field(default_factory=lambda: WindowSet(KIND_STEP))
+    wall: WindowSet = field(default_factory=lambda: WindowSet(KIND_WALL))
+
+    def active_ranks(self, now_s: float, timeout_s: float) -> list[RankInfo]:
+        return [r for r in self.ranks.values() if now_s - r.last_seen_s <= timeout_s]
+
+
+class CohortRegistry:
+    """(job, cohort key) -> Cohort, least recently seen evicted beyond ``max_cohorts``."""
+
+    def __init__(self, max_cohorts: int) -> None:
+        self.max_cohorts = max_cohorts
+        self._cohorts: OrderedDict[tuple[str, str], Cohort] = OrderedDict()
+        self.evicted = 0
+
+    def get(self, job: str, key: str, now_s: float) -> tuple[Cohort, Cohort | None]:
+        """The cohort (created if new) and the cohort evicted to make room, if any."""
+        k = (job, key)
+        c = self._cohorts.get(k)
+        if c is not None:
+            if c.last_seen_s != now_s:
+                c.last_seen_s = now_s
+                self._cohorts.move_to_end(k)
+            return c, None
+        evicted = None
+        if len(self._cohorts) >= self.max_cohorts:
+            _, evicted = self._cohorts.popitem(last=False)
+            self.evicted += 1
+        c = self._cohorts[k] = Cohort(job, key, now_s)
+        return c, evicted
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(list(self._cohorts.values()))
+
+    def __len__(self) -> int:
+        return len(self._cohorts)
+
+    def pop_all(self) -> list[Cohort]:
+        out = list(self._cohorts.values())
+        self._cohorts.clear()
+        return out

@@ -1,0 +1,97 @@
+"""Configuration of the straggler processor: every rule's knob, with its default and the reason for it.
+
+``docs/detector.md`` explains each rule; the defaults here are the ones it documents.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from otel_straggler import schema as s
+
+
+class MetricsConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    # Cap on label sets across the processor's gauges; beyond it series are not created (counted).
+    max_series: int = Field(default=10_000, ge=1)
+    # A series not updated for this long (and not holding an active alert) is removed at the next snapshot.
+    series_ttl_s: float = Field(default=900.0, gt=0)
+
+
+class Config(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # --- windows ------------------------------------------------------------------------------------
+    # Steps per step-aligned window (window index = step // window_steps). 5 steps: a median over 5
+    # samples absorbs one heavy-tail spike, and 2 windows of persistence fire within 10-15 steps.
+    window_steps: int = Field(default=5, ge=1)
+    # Device timing may be sampled (every Nth step): a rank's device statistic is the median of its latest
+    # window_steps device samples, drawn from this window and at most this many windows back. With every
+    # step measured that is exactly the window's samples.
+    device_history_windows: int = Field(default=4, ge=0)
+    # Wall-clock window length for spans without dl.iteration, anchored at the cohort's first observation.
+    wall_window_s: float = Field(default=10.0, gt=0)
+    # A window closes this long after the first sample of a later window arrived, even if a rank is late.
+    grace_s: float = Field(default=5.0, ge=0)
+    # A rank not heard from for this long no longer holds windows open (it may have died or been rescheduled).
+    rank_timeout_s: float = Field(default=30.0, gt=0)
+
+    # --- comparison ---------------------------------------------------------------------------------
+    reference: Literal["fastest", "median"] = "fastest"
+    # With reference=fastest: the peer at this low quantile of the comparable peers (index
+    # floor(q * (peers - 1))). Up to 10 peers that is the fastest itself; in a cohort of hundreds the single
+    # fastest is an extreme value of the noise and would convict healthy ranks, the 10th percentile does not.
+    fastest_quantile: float = Field(default=0.1, ge=0, lt=1)
+    # Relative deviation (value - reference) / reference beyond which a window counts as slow.
+    tolerance: float = Field(default=0.05, gt=0)
+    # Absolute gap (value - reference) under which a slow-looking window is uncertain, never slow.
+    absolute_floor_ms: float = Field(default=5.0, ge=0)
+    # First windows of every rank excluded from judging and from references (lazy CUDA-event warmup skew).
+    warmup_windows: int = Field(default=2, ge=0)
+    # Consecutive window indices beyond tolerance before a straggler verdict.
+    persistence_windows: int = Field(default=2, ge=1)
+    # Effective comparable ranks (the rank itself plus usable comparable peers) required to judge.
+    min_cohort_size: int = Field(default=3, ge=2)
+    # Relative token difference beyond which two ranks do not do comparable work.
+    workload_tolerance: float = Field(default=0.05, ge=0)
+    # Stage groups judged; collective groups are evidence only (a straggler's peers wait there, so judging
+    # them would accuse the healthy ranks), and the per-rank step span is synchronised by the collectives.
+    judged_groups: list[str] = Field(
+        default_factory=lambda: ["forward", "backward", "optimizer", "data", "other"]
+    )
+    # Attribution (see attribution.py): with share = host excess / device excess when the device comparison
+    # fires, share >= host_explains_fraction -> host_only_stall (a host stall starved the stream), share <
+    # host_ambiguous_fraction -> gpu_stream_stall, in between -> attribution_unknown.
+    host_explains_fraction: float = Field(default=0.8, gt=0)
+    host_ambiguous_fraction: float = Field(default=0.25, ge=0)
+    # An uncertain verdict is emitted on a change of reason, else at most once per this many windows per
+    # rank and stage; the rest are counted (uncertain_suppressed).
+    uncertain_every_windows: int = Field(default=20, ge=1)
+
+    # --- bounds -------------------------------------------------------------------------------------
+    max_cohorts: int = Field(default=256, ge=1)
+    max_ranks_per_cohort: int = Field(default=4096, ge=1)
+    max_stages: int = Field(default=64, ge=1)
+    # Open windows per cohort (each holds every stage); beyond it the oldest is closed early (counted).
+    max_open_windows: int = Field(default=8, ge=1)
+    # Span ids remembered for replay detection (LRU).
+    dedup_capacity: int = Field(default=262_144, ge=1)
+    # Per (rank, stage) detector states kept (LRU, active alerts are kept first).
+    max_states: int = Field(default=200_000, ge=1)
+
+    # --- outputs ------------------------------------------------------------------------------------
+    emit_verdict_spans: bool = True
+    collector_service_name: str = "otel-straggler-collector"
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+
+    @field_validator("judged_groups")
+    @classmethod
+    def _known_groups(cls, groups: list[str]) -> list[str]:
+        unknown = [g for g in groups if g not in s.STAGE_GROUPS]
+        if unknown:
+            raise ValueError(f"unknown stage groups: {unknown}")
+        return groups

@@ -1,0 +1,176 @@
+"""OTLP span -> ``StageSample``: one pass over each span's attribute list, resource attributes once per resource.
+
+A span is a stage span iff it carries ``straggler.stage``. Outcomes per stage span: a sample, or a rejection
+reason (``malformed``: no rank/cohort on the resource or no duration at all; ``non_finite``: every duration
+present is NaN, infinite or negative). A non-finite duration next to a finite one is dropped from the sample
+(and counted by the caller through ``DecodeResult.non_finite_values``); it never becomes a reference.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans
+
+from collector_processor.processor.straggler.model import StageSample
+from otel_straggler import schema as s
+
+REJECT_MALFORMED = "malformed"
+REJECT_NON_FINITE = "non_finite"
+REJECT_DUPLICATE = "duplicate"
+REJECT_LATE = "late"
+
+COLLECTOR_SERVICE_NAME = "otel-straggler-collector"
+
+_isfinite = math.isfinite
+
+
+@dataclass(slots=True)
+class ResourceIdentity:
+    job: str = ""
+    cohort: str = ""
+    rank: int = -1
+    host: str = ""
+    gpu: str = ""
+    world_size: int = 0
+    service: str = ""
+
+    @property
+    def usable(self) -> bool:
+        return self.rank >= 0 and bool(self.cohort)
+
+
+@dataclass(slots=True)
+class DecodeResult:
+    samples: list[StageSample] = field(default_factory=list)
+    rejected: dict[str, int] = field(default_factory=dict)
+    non_finite_values: int = 0
+    stage_spans: int = 0
+
+    def reject(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+
+def _number(v: object) -> float:
+    """A numeric AnyValue as float (doubles normally; ints accepted)."""
+    which = v.WhichOneof("value")  # type: ignore[attr-defined]
+    if which == "double_value":
+        return v.double_value  # type: ignore[attr-defined]
+    if which == "int_value":
+        return float(v.int_value)  # type: ignore[attr-defined]
+    return math.nan
+
+
+def resource_identity(rs: ResourceSpans) -> ResourceIdentity:
+    ident = ResourceIdentity()
+    for kv in rs.resource.attributes:
+        k = kv.key
+        v = kv.value
+        if k == s.RES_RANK:
+            ident.rank = v.int_value if v.WhichOneof("value") == "int_value" else _int_of(v)
+        elif k == s.RES_COHORT_KEY:
+            ident.cohort = v.string_value
+        elif k == s.RES_JOB_ID:
+            ident.job = v.string_value
+        elif k == s.RES_HOST_NAME:
+            ident.host = v.string_value
+        elif k == s.RES_GPU_UUID:
+            ident.gpu = v.string_value
+        elif k == s.RES_WORLD_SIZE:
+            ident.world_size = _int_of(v)
+        elif k == s.RES_SERVICE_NAME:
+            ident.service = v.string_value
+    return ident
+
+
+def _int_of(v: object) -> int:
+    which = v.WhichOneof("value")  # type: ignore[attr-defined]
+    if which == "int_value":
+        return v.int_value  # type: ignore[attr-defined]
+    if which == "string_value":
+        try:
+            return int(v.string_value)  # type: ignore[attr-defined]
+        except ValueError:
+            return -1
+    if which == "double_value" and _isfinite(v.double_value):  # type: ignore[attr-defined]
+        return int(v.double_value)  # type: ignore[attr-defined]
+    return -1
+
+
+def decode_resource_spans(rs: ResourceSpans, out: DecodeResult, skip_service: str = COLLECTOR_SERVICE_NAME) -> None:
+    """Append the stage samples of one ResourceSpans to ``out``, counting rejections. Spans of the
+    collector's own resource (verdict spans carry ``straggler.stage``) are skipped."""
+    ident = resource_identity(rs)
+    if ident.service == skip_service:
+        return
+    k_stage = s.ATTR_STAGE
+    k_group = s.ATTR_STAGE_GROUP
+    k_iter = s.ATTR_ITERATION
+    k_dev = s.ATTR_DEVICE_MS
+    k_host = s.ATTR_HOST_MS
+    k_count = s.ATTR_COUNT
+    k_tokens = s.ATTR_WORKLOAD_TOKENS
+    for ss in rs.scope_spans:
+        for span in ss.spans:
+            stage = None
+            group = "other"
+            step = None
+            dev = None
+            host = None
+            count = 1
+            tokens = None
+            for kv in span.attributes:
+                k = kv.key
+                if k == k_stage:
+                    stage = kv.value.string_value
+                elif k == k_dev:
+                    v = kv.value
+                    dev = v.double_value
+                    if not dev:  # 0.0 or not a double: ask which (rare)
+                        dev = _number(v)
+                elif k == k_host:
+                    v = kv.value
+                    host = v.double_value
+                    if not host:
+                        host = _number(v)
+                elif k == k_iter:
+                    step = kv.value.int_value
+                elif k == k_group:
+                    group = kv.value.string_value
+                elif k == k_count:
+                    count = kv.value.int_value
+                elif k == k_tokens:
+                    t = kv.value.int_value
+                    tokens = t if t > 0 else None
+            if stage is None:
+                continue
+            out.stage_spans += 1
+            if not ident.usable or not stage or (dev is None and host is None):
+                out.reject(REJECT_MALFORMED)
+                continue
+            bad = 0
+            if dev is not None and not (_isfinite(dev) and dev >= 0.0):
+                dev = None
+                bad += 1
+            if host is not None and not (_isfinite(host) and host >= 0.0):
+                host = None
+                bad += 1
+            if bad:
+                out.non_finite_values += bad
+                if dev is None and host is None:
+                    # Rejected, but still handed on (no duration) so the window knows the rank reported
+                    # only unusable values: uncertain/non_finite_sample rather than a silent gap.
+                    out.reject(REJECT_NON_FINITE)
+            out.samples.append(StageSample(
+                ident.job, ident.cohort, ident.rank, ident.host, ident.gpu, ident.world_size,
+                stage, group, step, dev, host, count if count > 0 else 1, tokens,
+                span.start_time_unix_nano, span.end_time_unix_nano, span.trace_id, span.span_id,
+            ))
+
+
+def decode_request(resource_spans: object, skip_service: str = COLLECTOR_SERVICE_NAME) -> DecodeResult:
+    out = DecodeResult()
+    for rs in resource_spans:  # type: ignore[attr-defined]
+        decode_resource_spans(rs, out, skip_service)
+    return out

@@ -1,0 +1,156 @@
+"""Verdict -> OTel log record (event), verdict span, and JSON-safe dict (evidence line)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable
+
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
+from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs, SeverityNumber
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+
+from collector_processor.processor.straggler.decode import COLLECTOR_SERVICE_NAME
+from collector_processor.processor.straggler.model import Verdict
+from otel_straggler import schema as s
+
+_SEVERITY = {
+    s.VERDICT_STRAGGLER: (SeverityNumber.SEVERITY_NUMBER_WARN, "WARN"),
+    s.VERDICT_RECOVERED: (SeverityNumber.SEVERITY_NUMBER_INFO, "INFO"),
+    s.VERDICT_UNCERTAIN: (SeverityNumber.SEVERITY_NUMBER_DEBUG, "DEBUG"),
+}
+
+
+def _kv(key: str, value: object) -> KeyValue:
+    if isinstance(value, bool):
+        return KeyValue(key=key, value=AnyValue(bool_value=value))
+    if isinstance(value, int):
+        return KeyValue(key=key, value=AnyValue(int_value=value))
+    if isinstance(value, float):
+        return KeyValue(key=key, value=AnyValue(double_value=value))
+    return KeyValue(key=key, value=AnyValue(string_value=str(value)))
+
+
+def event_attributes(v: Verdict) -> list[tuple[str, object]]:
+    """Event attributes per docs/schema.md "Events"; optional numbers are omitted when unknown."""
+    attrs: list[tuple[str, object]] = [
+        (s.EVENT_NAME_ATTR, s.EVENT_VERDICT),
+        (s.EV_JOB, v.job),
+        (s.EV_COHORT, v.cohort),
+        (s.EV_RANK, int(v.rank)),
+        (s.EV_HOST, v.host),
+        (s.EV_GPU, v.gpu),
+        (s.EV_STAGE, v.stage),
+        (s.EV_STAGE_GROUP, v.group),
+        (s.EV_VERDICT, v.verdict),
+        (s.EV_REASON, v.reason),
+    ]
+    if v.deviation is not None and math.isfinite(v.deviation):
+        attrs.append((s.EV_DEVIATION, float(v.deviation)))
+    if v.value_ms is not None:
+        attrs.append((s.EV_VALUE_MS, float(v.value_ms)))
+    if v.reference_rank is not None:
+        attrs.append((s.EV_REFERENCE_RANK, int(v.reference_rank)))
+    if v.reference_ms is not None:
+        attrs.append((s.EV_REFERENCE_MS, float(v.reference_ms)))
+    attrs += [
+        (s.EV_MEASUREMENT, v.measurement),
+        (s.EV_WINDOW_START, int(v.window_start)),
+        (s.EV_WINDOW_END, int(v.window_end)),
+    ]
+    if v.step is not None:
+        attrs.append((s.EV_STEP, int(v.step)))
+    attrs += [
+        (s.EV_ATTRIBUTION, v.attribution),
+        (s.EV_STEP_TIME_LOST_MS, float(v.step_time_lost_ms)),
+        (s.EV_GPU_SECONDS_PER_HOUR, float(v.gpu_seconds_per_hour)),
+        (s.EV_COHORT_SIZE, int(v.cohort_size)),
+        (s.EV_COLLECTIVE_EVIDENCE, v.collective_evidence),
+        (s.EV_TRACE_ID, v.trace_id.hex()),
+    ]
+    return attrs
+
+
+def summary(v: Verdict) -> str:
+    """One-line human summary (the log record's body)."""
+    where = f"rank {v.rank} ({v.host}, {v.gpu}) stage {v.stage}"
+    span = f"steps {v.window_start}-{v.window_end}"
+    if v.verdict == s.VERDICT_STRAGGLER:
+        dev = f"{v.deviation * 100:+.1f}%" if v.deviation is not None else "?"
+        return (f"straggler: {where} {dev} vs rank {v.reference_rank} ({v.measurement}, {span}), "
+                f"{v.attribution}, {v.step_time_lost_ms:.1f} ms/step lost, "
+                f"{v.gpu_seconds_per_hour:.0f} GPU-s/h")
+    if v.verdict == s.VERDICT_RECOVERED:
+        return f"recovered: {where} back within tolerance ({v.measurement}, {span})"
+    return f"uncertain: {where} {v.reason} ({span})"
+
+
+def verdicts_to_logs(verdicts: Iterable[Verdict], service_name: str = COLLECTOR_SERVICE_NAME
+                     ) -> ExportLogsServiceRequest:
+    records = []
+    for v in verdicts:
+        number, text = _SEVERITY.get(v.verdict, (SeverityNumber.SEVERITY_NUMBER_DEBUG, "DEBUG"))
+        rec = LogRecord(
+            time_unix_nano=v.emitted_unix_ns,
+            observed_time_unix_nano=v.emitted_unix_ns,
+            severity_number=number,
+            severity_text=text,
+            body=AnyValue(string_value=summary(v)),
+            attributes=[_kv(k, val) for k, val in event_attributes(v)],
+            event_name=s.EVENT_VERDICT,
+        )
+        if len(v.trace_id) == 16:
+            rec.trace_id = v.trace_id
+        records.append(rec)
+    return ExportLogsServiceRequest(resource_logs=[ResourceLogs(
+        resource=Resource(attributes=[_kv(s.RES_SERVICE_NAME, service_name)]),
+        scope_logs=[ScopeLogs(scope=InstrumentationScope(name=s.SCOPE_NAME), log_records=records)],
+    )])
+
+
+def verdict_to_dict(v: Verdict) -> dict[str, object]:
+    """JSON-safe dict (non-finite numbers become None, bytes become hex) for the JSONL evidence."""
+    out: dict[str, object] = {}
+    for name in Verdict.__slots__:  # type: ignore[attr-defined]
+        val = getattr(v, name)
+        if isinstance(val, bytes):
+            val = val.hex()
+        elif isinstance(val, float) and not math.isfinite(val):
+            val = None
+        out[name] = val
+    out["summary"] = summary(v)
+    return out
+
+
+def verdict_span_id(v: Verdict) -> bytes:
+    key = f"{v.job}/{v.cohort}/{v.rank}/{v.stage}/{v.verdict}/{v.reason}/{v.window_start}/{v.emitted_unix_ns}"
+    return hashlib.sha256(key.encode()).digest()[:8]
+
+
+def verdict_span(v: Verdict) -> Span | None:
+    """The verdict as a span in the step's trace, child of the job-level train-step (None without a step)."""
+    if v.step is None or len(v.trace_id) != 16:
+        return None
+    return Span(
+        trace_id=v.trace_id,
+        span_id=verdict_span_id(v),
+        parent_span_id=s.job_step_span_id(v.job, v.step).to_bytes(8, "big"),
+        name=s.SPAN_VERDICT,
+        kind=Span.SpanKind.SPAN_KIND_INTERNAL,
+        start_time_unix_nano=v.emitted_unix_ns,
+        end_time_unix_nano=v.emitted_unix_ns,
+        attributes=[_kv(k, val) for k, val in event_attributes(v)],
+    )
+
+
+def verdict_resource_spans(verdicts: Iterable[Verdict], service_name: str = COLLECTOR_SERVICE_NAME
+                           ) -> ResourceSpans | None:
+    spans = [sp for sp in (verdict_span(v) for v in verdicts) if sp is not None]
+    if not spans:
+        return None
+    return ResourceSpans(
+        resource=Resource(attributes=[_kv(s.RES_SERVICE_NAME, service_name)]),
+        scope_spans=[ScopeSpans(scope=InstrumentationScope(name=s.SCOPE_NAME), spans=spans)],
+    )

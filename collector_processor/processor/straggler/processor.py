@@ -1,0 +1,313 @@
+"""The straggler processor: OTLP traces in, verdicts out (events, verdict spans, metrics, evidence).
+
+Single-threaded by contract (the service serialises calls on one instance); only the metrics snapshot is
+read from another thread, through an immutable swap (see ``metrics.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from collector_processor.processor.straggler.cohort import Cohort, CohortRegistry, RankInfo
+from collector_processor.processor.straggler.config import Config
+from collector_processor.processor.straggler.decode import REJECT_DUPLICATE, REJECT_LATE, decode_request
+from collector_processor.processor.straggler.detector import Detector
+from collector_processor.processor.straggler.events import verdict_resource_spans
+from collector_processor.processor.straggler.metrics import StragglerMetrics
+from collector_processor.processor.straggler.model import StageSample, Verdict
+from collector_processor.processor.straggler.state import StateStore
+from collector_processor.processor.straggler.window import KIND_STEP, Window, WindowSet, due_by_progress, due_by_time
+from collector_processor.telemetry import Telemetry
+
+_NO_INDEX = -(2**62)
+_MAX_PENDING_SPANS = 4096
+
+COUNTERS = (
+    "spans_accepted", "rejected_malformed", "rejected_non_finite", "rejected_duplicate", "rejected_late",
+    "non_finite_values", "windows_closed", "windows_closed_early", "windows_closed_by_grace",
+    "warmup_excluded", "missing_windows", "non_finite_windows", "workload_incomparable_windows",
+    "below_min_cohort_windows", "below_floor_windows", "recovery_withheld_windows", "uncertain_suppressed",
+    "verdicts_straggler", "verdicts_recovered", "verdicts_uncertain", "emit_failures",
+    "evicted_cohorts", "evicted_windows", "evicted_ranks", "evicted_stages", "evicted_dedup",
+    "evicted_states", "verdict_spans_dropped",
+)
+
+
+class StragglerProcessor:
+    def __init__(self, config: Config, telemetry: Telemetry, emit_verdicts: Callable[[list[Verdict]], None],
+                 *, clock: Callable[[], float] = time.time, wall_clock_ns: Callable[[], int] = time.time_ns
+                 ) -> None:
+        self.cfg = config
+        self.telemetry = telemetry
+        self._emit = emit_verdicts
+        self._clock = clock
+        self._wall_ns = wall_clock_ns
+        self.c: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self.cohorts = CohortRegistry(config.max_cohorts)
+        self.states = StateStore(config.max_states)
+        self.detector = Detector(config, self.states, self.c)
+        self.metrics = StragglerMetrics(config.metrics, telemetry)
+        self._seen: OrderedDict[bytes, None] = OrderedDict()
+        self._pending: list[Verdict] = []
+        self._pending_spans: list[Verdict] = []
+        self._wall_window_ns = round(config.wall_window_s * 1e9)
+        self._evict_flush: dict[str, int] = {}
+        self._closed_flush = 0
+        self.last_rejected = 0
+        self._started = False
+
+    # --- component ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._started = True
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Close (judge) every open window and emit the verdicts; bounded by ``timeout_s``."""
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        now = self._clock()
+        for cohort in self.cohorts:
+            if time.monotonic() > deadline:
+                break
+            for ws in (cohort.steps, cohort.wall):
+                if ws.open:
+                    self._close(cohort, ws, max(ws.open), now)
+        self._finish(now)
+        self._started = False
+
+    # --- data path ----------------------------------------------------------------------------------
+    def process_traces(self, req: ExportTraceServiceRequest) -> ExportTraceServiceRequest | None:
+        now = self._clock()
+        res = decode_request(req.resource_spans, self.cfg.collector_service_name)
+        rejected = res.rejected
+        c = self.c
+        c["non_finite_values"] += res.non_finite_values
+        accepted = 0
+        touched: dict[int, Cohort] = {}
+        seen = self._seen
+        cap = self.cfg.dedup_capacity
+        last_key: tuple[str, str] | None = None
+        cohort: Cohort | None = None
+        for smp in res.samples:
+            if smp.device_ms is None and smp.host_ms is None:
+                # already rejected as non_finite by the decoder; the window still learns of it
+                cohort = self._cohort(smp, now) if (smp.job, smp.cohort) != last_key else cohort
+                last_key = (smp.job, smp.cohort)
+                if cohort is not None:
+                    self._add(cohort, smp, now, non_finite=True)
+                continue
+            sid = smp.span_id
+            if sid:
+                if sid in seen:
+                    rejected[REJECT_DUPLICATE] = rejected.get(REJECT_DUPLICATE, 0) + 1
+                    continue
+                seen[sid] = None
+                if len(seen) > cap:
+                    seen.popitem(last=False)
+                    c["evicted_dedup"] += 1
+            if (smp.job, smp.cohort) != last_key:
+                cohort = self._cohort(smp, now)
+                last_key = (smp.job, smp.cohort)
+            if cohort is None:
+                continue
+            outcome = self._add(cohort, smp, now)
+            if outcome is None:
+                accepted += 1
+                touched[id(cohort)] = cohort
+            elif outcome == REJECT_LATE:
+                rejected[REJECT_LATE] = rejected.get(REJECT_LATE, 0) + 1
+        for cohort in touched.values():
+            self._close_by_progress(cohort, now)
+        # telemetry, once per request
+        c["spans_accepted"] += accepted
+        if accepted:
+            self.telemetry.spans_accepted.inc(accepted)
+        total_rejected = 0
+        for reason, n in rejected.items():
+            c["rejected_" + reason] = c.get("rejected_" + reason, 0) + n
+            self.telemetry.spans_rejected.labels(reason=reason).inc(n)
+            total_rejected += n
+        self.last_rejected = total_rejected
+        self._finish(now)
+        if self._pending_spans and self.cfg.emit_verdict_spans:
+            rs = verdict_resource_spans(self._pending_spans, self.cfg.collector_service_name)
+            self._pending_spans = []
+            if rs is not None:
+                req.resource_spans.append(rs)
+        return req
+
+    def tick(self, now_s: float) -> None:
+        """Close windows whose grace expired, wall-clock windows past their span, and windows held open
+        only by ranks that stopped reporting (``rank_timeout_s``)."""
+        for cohort in self.cohorts:
+            for ws in (cohort.steps, cohort.wall):
+                if not ws.open:
+                    continue
+                due = due_by_time(ws, now_s, self.cfg.grace_s, self.cfg.wall_window_s)
+                if due is not None:
+                    self.c["windows_closed_by_grace"] += sum(1 for i in ws.open if i <= due)
+                    self._close(cohort, ws, due, now_s)
+            self._close_by_progress(cohort, now_s)
+        self._finish(now_s)
+
+    # --- queries ------------------------------------------------------------------------------------
+    def active(self) -> list[Verdict]:
+        return self.states.active_alerts()
+
+    def stats(self) -> dict[str, int]:
+        out = dict(self.c)
+        out["cohorts"] = len(self.cohorts)
+        out["open_windows"] = sum(len(ch.steps.open) + len(ch.wall.open) for ch in self.cohorts)
+        out["states"] = len(self.states)
+        out["active"] = len(self.states.active_alerts())
+        out["dedup_entries"] = len(self._seen)
+        out["metric_series"] = self.metrics.series()
+        out["metric_series_refused"] = self.metrics.series_refused
+        out["evicted_states"] = self.states.evicted
+        out["metrics_registered"] = int(self.metrics.registered)
+        return out
+
+    # --- internals ----------------------------------------------------------------------------------
+    def _evicted(self, structure: str, n: int = 1) -> None:
+        self._evict_flush[structure] = self._evict_flush.get(structure, 0) + n
+
+    def _cohort(self, smp: StageSample, now: float) -> Cohort:
+        cohort, evicted = self.cohorts.get(smp.job, smp.cohort, now)
+        if evicted is not None:
+            self.c["evicted_cohorts"] += 1
+            self._evicted("cohorts")
+            dropped = len(evicted.steps.open) + len(evicted.wall.open)
+            if dropped:
+                self.c["evicted_windows"] += dropped
+                self._evicted("windows", dropped)
+            self.states.drop_cohort(evicted.job, evicted.key)
+        return cohort
+
+    def _add(self, cohort: Cohort, smp: StageSample, now: float, non_finite: bool = False) -> str | None:
+        """Put one sample in its window. None when accepted, else why not."""
+        cfg = self.cfg
+        info = cohort.ranks.get(smp.rank)
+        if info is None:
+            if len(cohort.ranks) >= cfg.max_ranks_per_cohort:
+                self.c["evicted_ranks"] += 1
+                self._evicted("cohort_ranks")
+                return "capped"
+
+            info = cohort.ranks[smp.rank] = RankInfo(smp.host, smp.gpu, smp.world_size, now)
+        else:
+            info.last_seen_s = now
+        stage = smp.stage
+        if stage not in cohort.stages:
+            if len(cohort.stages) >= cfg.max_stages:
+                self.c["evicted_stages"] += 1
+                self._evicted("stages")
+                return "capped"
+            cohort.stages[stage] = smp.group
+        step = smp.step
+        if step is not None:
+            ws = cohort.steps
+            idx = step // cfg.window_steps
+            if idx > info.max_step_index:
+                info.max_step_index = idx
+        else:
+            ws = cohort.wall
+            if ws.anchor_ns is None:
+                ws.anchor_ns = smp.start_unix_ns
+            idx = (smp.start_unix_ns - ws.anchor_ns) // self._wall_window_ns
+            if idx > info.max_wall_index:
+                info.max_wall_index = idx
+        if ws.closed_through is not None and idx <= ws.closed_through:
+            return REJECT_LATE
+        w = ws.open.get(idx)
+        if w is None:
+            if len(ws.open) >= cfg.max_open_windows:
+                oldest = min(ws.open)
+                if idx < oldest:
+                    return REJECT_LATE
+                self.c["windows_closed_early"] += 1
+                self._evicted("open_windows")
+                self._close(cohort, ws, oldest, now)
+            w, _ = ws.get_or_open(idx, now, cfg.window_steps)
+        cell = w.cell(stage, smp.rank)
+        if non_finite:
+            cell.non_finite += 1
+            return None
+        if smp.device_ms is not None:
+            cell.dev.append(smp.device_ms)
+        if smp.host_ms is not None:
+            cell.host.append(smp.host_ms)
+        if smp.tokens is not None:
+            cell.tokens.append(smp.tokens)
+        if step is not None and (w.max_step is None or step > w.max_step):
+            w.max_step = step
+        if w.start_ns == 0 or smp.start_unix_ns < w.start_ns:
+            w.start_ns = smp.start_unix_ns
+        if smp.end_unix_ns > w.end_ns:
+            w.end_ns = smp.end_unix_ns
+        return None
+
+    def _close_by_progress(self, cohort: Cohort, now: float) -> None:
+        timeout = self.cfg.rank_timeout_s
+        for ws in (cohort.steps, cohort.wall):
+            if not ws.open:
+                continue
+            step_kind = ws.kind == KIND_STEP
+            idxs = [(r.max_step_index if step_kind else r.max_wall_index) for r in cohort.ranks.values()
+                    if now - r.last_seen_s <= timeout]
+            idxs = [i for i in idxs if i != _NO_INDEX]
+            due = due_by_progress(ws, idxs)
+            if due is not None:
+                self._close(cohort, ws, due, now)
+
+    def _close(self, cohort: Cohort, ws: WindowSet, through: int, now: float) -> None:
+        for w in ws.pop_through(through):
+            self._judge(cohort, w, now)
+
+    def _judge(self, cohort: Cohort, w: Window, now: float) -> None:
+        self.c["windows_closed"] += 1
+        self._closed_flush += 1
+        out = self.detector.judge(cohort, w, self._wall_ns())
+        if self.metrics.registered:
+            self.metrics.record_window(cohort.job, cohort.key, out, now)
+            for alert in out.alerts.values():
+                if alert is not None:
+                    self.metrics.record_alert(alert, now)
+            for v in out.verdicts:
+                if v.verdict == "recovered":
+                    self.metrics.record_alert(v, now)
+        self._pending.extend(out.verdicts)
+
+    def _finish(self, now: float) -> None:
+        """Flush counted telemetry, emit pending verdicts, publish the metrics snapshot."""
+        if self._closed_flush:
+            self.telemetry.windows_closed.inc(self._closed_flush)
+            self._closed_flush = 0
+        evicted_states = self.states.evicted - self.c["evicted_states"]
+        if evicted_states:
+            self.c["evicted_states"] = self.states.evicted
+            self._evicted("detector_states", evicted_states)
+        if self._evict_flush:
+            for structure, n in self._evict_flush.items():
+                self.telemetry.evictions.labels(structure=structure).inc(n)
+            self._evict_flush = {}
+        if self._pending:
+            verdicts, self._pending = self._pending, []
+            for v in verdicts:
+                self.c["verdicts_" + v.verdict] = self.c.get("verdicts_" + v.verdict, 0) + 1
+            if self.metrics.registered:
+                self.metrics.count_verdicts(verdicts)
+            if self.cfg.emit_verdict_spans:
+                room = _MAX_PENDING_SPANS - len(self._pending_spans)
+                if room < len(verdicts):
+                    self.c["verdict_spans_dropped"] += len(verdicts) - max(room, 0)
+                self._pending_spans.extend(verdicts[:max(room, 0)])
+            try:
+                self._emit(verdicts)
+            except Exception:  # fail open: a consumer's fault never stops detection
+                self.c["emit_failures"] += 1
+        if self.metrics.registered:
+            self.metrics.publish(now)
+
+

@@ -1,0 +1,85 @@
+"""Robust statistics for window judgement (pure functions, no numpy on the hot path)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def median(values: Sequence[float]) -> float:
+    """Median of a non-empty sequence (mean of the two middle values for an even count)."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("median of an empty sequence")
+    if n == 1:
+        return float(values[0])
+    ordered = sorted(values)
+    mid = n // 2
+    if n % 2:
+        return float(ordered[mid])
+    return (ordered[mid - 1] + ordered[mid]) / 2.0
+
+
+def median_or_none(values: Sequence[float]) -> float | None:
+    return median(values) if values else None
+
+
+def relative_deviation(value: float, reference: float) -> float | None:
+    """(value - reference) / reference, None when the reference is not positive."""
+    if reference <= 0.0:
+        return None
+    return (value - reference) / reference
+
+
+def reference_of(values: dict[int, float], mode: str, quantile: float = 0.0) -> tuple[int, float] | None:
+    """The reference peer and its value: the fastest (lowest; with ``quantile`` > 0 the peer at that low
+    quantile, so a large cohort's extreme-value noise does not set the bar), or the peer at the median."""
+    if not values:
+        return None
+    items = sorted(values.items(), key=lambda kv: (kv[1], kv[0]))
+    if mode == "fastest":
+        return items[int(quantile * (len(items) - 1))]
+    mid = median([v for _, v in items])
+    rank, _ = min(items, key=lambda kv: (abs(kv[1] - mid), kv[0]))
+    return rank, mid
+
+
+def within_relative(a: float, b: float, tolerance: float) -> bool:
+    """|a - b| / max(a, b) <= tolerance (symmetric, defined for zeros)."""
+    hi = max(abs(a), abs(b))
+    if hi == 0.0:
+        return True
+    return abs(a - b) / hi <= tolerance
+
+
+class SortedPeers:
+    """Values of one stage in one window, sorted once, answering "reference among everyone but rank r" in
+    O(1) (fastest) or O(1) after an O(n log n) sort (median): judging n ranks costs O(n log n), not O(n^2)."""
+
+    __slots__ = ("_pos", "_ranks", "_vals")
+
+    def __init__(self, values: dict[int, float]) -> None:
+        items = sorted(values.items(), key=lambda kv: (kv[1], kv[0]))
+        self._ranks = [r for r, _ in items]
+        self._vals = [v for _, v in items]
+        self._pos = {r: i for i, r in enumerate(self._ranks)}
+
+    def __len__(self) -> int:
+        return len(self._vals)
+
+    def peers(self, rank: int) -> int:
+        return len(self._vals) - (1 if rank in self._pos else 0)
+
+    def _at(self, k: int, skip: int) -> int:
+        return k if (skip < 0 or k < skip) else k + 1
+
+    def reference(self, rank: int, mode: str, quantile: float = 0.0) -> tuple[int, float] | None:
+        skip = self._pos.get(rank, -1)
+        n = self.peers(rank)
+        if n <= 0:
+            return None
+        if mode == "fastest":
+            i = self._at(int(quantile * (n - 1)), skip)
+            return self._ranks[i], self._vals[i]
+        lo = self._at((n - 1) // 2, skip)
+        hi = self._at(n // 2, skip)
+        return self._ranks[lo], (self._vals[lo] + self._vals[hi]) / 2.0

@@ -1,0 +1,74 @@
+"""Score the processor's verdicts against the labelled faults of one simulated run."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from collector_processor.processor.straggler.model import Verdict
+from collector_processor.simulate.faults import Fault
+from otel_straggler import schema as s
+
+
+@dataclass
+class RunScore:
+    fault: Fault | None
+    detected: bool = False
+    steps_to_detect: int | None = None
+    stage_correct: bool | None = None
+    attribution_correct: bool | None = None
+    recovered_after: int | None = None  # steps from fault end to the recovered verdict
+    false_alarms: int = 0  # straggler verdicts that no label explains
+    healthy_rank_steps: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+def score_run(fault: Fault | None, verdicts: Iterable[Verdict], rank_cohort: dict[int, str],
+              healthy_rank_steps: int) -> RunScore:
+    res = RunScore(fault=fault, healthy_rank_steps=healthy_rank_steps)
+    verdicts = sorted(verdicts, key=lambda v: (v.step if v.step is not None else 0))
+    first_hit: Verdict | None = None
+    for v in verdicts:
+        res.reasons[f"{v.verdict}/{v.reason}"] = res.reasons.get(f"{v.verdict}/{v.reason}", 0) + 1
+        if v.verdict != s.VERDICT_STRAGGLER:
+            continue
+        explained = False
+        if fault is not None and fault.expect_straggler and v.rank == fault.rank and (
+            v.step is None or v.step >= fault.onset
+        ):
+            explained = True
+            if first_hit is None:
+                first_hit = v
+        if (fault is not None and fault.kind == "intermittent" and v.rank == fault.rank
+                and (v.step or 0) >= fault.onset):
+            explained = True  # slowness was injected on this rank; detection optional
+        if not explained:
+            res.false_alarms += 1
+    if first_hit is not None and fault is not None:
+        res.detected = True
+        res.steps_to_detect = (first_hit.step or fault.onset) - fault.onset
+        res.stage_correct = first_hit.stage in fault.stages or (
+            fault.kind == "dataloader" and first_hit.group == "data")
+        res.attribution_correct = first_hit.attribution == fault.expected_attribution
+        if fault.end is not None:
+            for v in verdicts:
+                if (v.verdict == s.VERDICT_RECOVERED and v.rank == fault.rank and v.stage == first_hit.stage
+                        and (v.step or 0) >= fault.end):
+                    res.recovered_after = (v.step or fault.end) - fault.end
+                    break
+    return res
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    k = (len(values) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")

@@ -1,0 +1,204 @@
+"""Generate the OTLP span stream a simulated job sends: one ExportTraceServiceRequest per step.
+
+Per rank and step: one stage span per Megatron timer (microbatch repeats aggregated, as the emitter's
+default ``step`` detail does), ``forward-backward`` enclosing the compute and the DP grad sync (whose
+wait equalises the cohort, as a real all-reduce does), and a ``rank-step`` span. Noise: Gaussian jitter,
+heavy-tail spikes on random ranks, slow warmup with per-rank skew, ranks that start late, missing spans;
+device time present only on sampled steps (``device_every``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from collector_processor.simulate.faults import Fault
+from collector_processor.simulate.job import Layout, RankInfo, StepModel, ranks_of
+from otel_straggler import schema as s
+
+
+@dataclass
+class Noise:
+    jitter: float = 0.02  # Gaussian sigma, relative
+    spike_prob: float = 0.004  # per rank-step: one stage x U(1.3, 3.0)
+    warmup_steps: int = 12  # slow warmup for every rank
+    warmup_skew: float = 0.3  # extra per-rank warmup skew (lazy CUDA events, allocator)
+    late_ranks: int = 1  # ranks whose spans start late
+    late_by_steps: int = 15
+    missing_prob: float = 0.001  # each span independently lost
+
+
+@dataclass
+class SimConfig:
+    layout: Layout = field(default_factory=Layout)
+    steps: int = 150
+    step_model: StepModel = field(default_factory=StepModel)
+    noise: Noise = field(default_factory=Noise)
+    device_every: int = 1
+    tokens_per_step: int = 8 * 4096
+    job: str = "sim-job"
+    seed: int = 0
+    start_unix_ns: int = 1_800_000_000_000_000_000
+
+
+def _kv(key: str, value: object) -> KeyValue:
+    if isinstance(value, bool):
+        return KeyValue(key=key, value=AnyValue(bool_value=value))
+    if isinstance(value, int):
+        return KeyValue(key=key, value=AnyValue(int_value=value))
+    if isinstance(value, float):
+        return KeyValue(key=key, value=AnyValue(double_value=value))
+    return KeyValue(key=key, value=AnyValue(string_value=str(value)))
+
+
+def resource_for(info: RankInfo, cfg: SimConfig) -> Resource:
+    lay = cfg.layout
+    attrs = {
+        s.RES_SERVICE_NAME: "sim-training", s.RES_HOST_NAME: info.host, s.RES_RANK: info.rank,
+        s.RES_WORLD_SIZE: lay.world_size, s.RES_LOCAL_RANK: info.rank % 8, s.RES_DP_RANK: info.dp_rank,
+        s.RES_DP_SIZE: lay.dp, s.RES_PP_RANK: info.pp_rank, s.RES_PP_SIZE: lay.pp, s.RES_TP_SIZE: lay.tp,
+        s.RES_JOB_ID: cfg.job, s.RES_GPU_UUID: info.gpu, s.RES_COHORT_KEY: info.cohort,
+        s.RES_TOPOLOGY_EPOCH: 0, s.RES_STAGE_SCHEMA: "megatron-v1", s.RES_SCHEMA_VERSION: s.SCHEMA_VERSION,
+    }
+    return Resource(attributes=[_kv(k, v) for k, v in attrs.items()])
+
+
+class JobStream:
+    """Iterates (step, request) for the whole job; ``truth`` keeps the generated per-rank values."""
+
+    def __init__(self, cfg: SimConfig, faults: list[Fault]) -> None:
+        self.cfg = cfg
+        self.faults = faults
+        self.rng = random.Random(cfg.seed)
+        self.ranks = ranks_of(cfg.layout)
+        self.resources = {r.rank: resource_for(r, cfg) for r in self.ranks}
+        late = self.rng.sample(range(len(self.ranks)), min(cfg.noise.late_ranks, len(self.ranks)))
+        self.start_step = {r.rank: (cfg.noise.late_by_steps if i in late else 1) for i, r in enumerate(self.ranks)}
+        self.warm_skew = {r.rank: 1.0 + self.rng.uniform(0.0, cfg.noise.warmup_skew) for r in self.ranks}
+        self.healthy_rank_steps = 0
+
+    def _factor(self, step: int, rank: int) -> float:
+        n = self.cfg.noise
+        f = 1.0 + self.rng.gauss(0.0, n.jitter)
+        if step <= n.warmup_steps:
+            f *= 1.0 + 0.6 * (n.warmup_steps - step + 1) / n.warmup_steps * self.warm_skew[rank]
+        return f
+
+    def __iter__(self) -> Iterator[tuple[int, ExportTraceServiceRequest]]:
+        cfg = self.cfg
+        sm = cfg.step_model
+        t = cfg.start_unix_ns
+        faulty = {f.rank for f in self.faults if f.kind not in ("cohort",)}
+        cohort_faulty = {self.ranks[f.rank].cohort for f in self.faults if f.kind == "cohort"}
+        for step in range(1, cfg.steps + 1):
+            device_on = step % cfg.device_every == 0
+            per_rank: dict[int, list[tuple[str, str, int, float, float, int]]] = {}
+            arrival: dict[int, float] = {}
+            tokens: dict[int, int] = {}
+            for info in self.ranks:
+                rows = []
+                spike_stage = (self.rng.randrange(len(sm.stages))
+                               if self.rng.random() < cfg.noise.spike_prob else -1)
+                work = 1.0
+                tok = cfg.tokens_per_step
+                for f in self.faults:
+                    if f.kind == "workload" and f.rank == info.rank and f.active(step, 0.0):
+                        work *= 1.0 + f.size
+                        tok = int(tok * (1.0 + f.size))
+                    if f.kind == "cohort" and info.cohort == self.ranks[f.rank].cohort and f.active(step, 0.0):
+                        work *= 1.0 + f.size
+                tokens[info.rank] = tok
+                before_sync = 0.0
+                for i, st in enumerate(sm.stages):
+                    dev = st.device_ms * work * self._factor(step, info.rank)
+                    host = st.device_ms * st.host_fraction * work * self._factor(step, info.rank)
+                    if st.group == "data":
+                        host = dev
+                    if i == spike_stage:
+                        k = self.rng.uniform(1.3, 3.0)
+                        dev *= k
+                        host *= k
+                    rv = self.rng.random()
+                    for f in self.faults:
+                        if f.rank != info.rank or st.name not in f.stages or not f.active(step, rv):
+                            continue
+                        if f.kind in ("device", "intermittent", "flapping"):
+                            dev *= 1.0 + f.size
+                        elif f.kind == "host":
+                            host += f.size * st.device_ms
+                        elif f.kind == "dataloader":
+                            extra = f.size * sm.stages[1].device_ms
+                            host += extra
+                            dev += extra
+                    rows.append((st.name, st.group, st.level, dev, host, st.count))
+                    if st.group in ("data", "forward", "backward"):
+                        before_sync += max(dev, host if st.group == "data" else 0.0)
+                per_rank[info.rank] = rows
+                arrival[info.rank] = before_sync
+            by_cohort: dict[str, float] = {}
+            for info in self.ranks:
+                by_cohort[info.cohort] = max(by_cohort.get(info.cohort, 0.0), arrival[info.rank])
+            step_ms = 0.0
+            for info in self.ranks:
+                wait = by_cohort[info.cohort] - arrival[info.rank] + sm.grad_sync_ms * self._factor(step, info.rank)
+                rows = per_rank[info.rank]
+                rows.append(("all-grads-sync", "grad-sync", 1, wait, wait, 1))
+                fb = arrival[info.rank] + wait
+                rows.append(("forward-backward", "step", 1, fb, fb, 1))
+                total = fb + sum(r[3] for r in rows if r[1] == "optimizer") + sm.step_overhead_ms
+                step_ms = max(step_ms, total)
+            request = ExportTraceServiceRequest()
+            trace_id = s.trace_id_for_step(cfg.job, step).to_bytes(16, "big")
+            for info in self.ranks:
+                if step < self.start_step[info.rank]:
+                    continue
+                if info.rank not in faulty and info.cohort not in cohort_faulty:
+                    self.healthy_rank_steps += 1
+                rs = request.resource_spans.add()
+                rs.resource.CopyFrom(self.resources[info.rank])
+                ss = rs.scope_spans.add()
+                ss.scope.name = s.SCOPE_NAME
+                parent = s.rank_step_span_id(cfg.job, step, info.rank).to_bytes(8, "big")
+                cursor = t
+                for name, group, level, dev, host, count in per_rank[info.rank]:
+                    if self.rng.random() < cfg.noise.missing_prob:
+                        continue
+                    span = ss.spans.add()
+                    span.trace_id = trace_id
+                    span.span_id = self.rng.getrandbits(64).to_bytes(8, "big")
+                    span.parent_span_id = parent
+                    span.name = name
+                    span.kind = Span.SPAN_KIND_INTERNAL
+                    dur = int(max(dev, host) * 1e6)
+                    span.start_time_unix_nano = cursor
+                    span.end_time_unix_nano = cursor + dur
+                    attrs = [_kv(s.ATTR_STAGE, name), _kv(s.ATTR_STAGE_GROUP, group), _kv(s.ATTR_STAGE_LEVEL, level),
+                             _kv(s.ATTR_ITERATION, step), _kv(s.ATTR_HOST_MS, float(host)),
+                             _kv(s.ATTR_COUNT, count), _kv(s.ATTR_DETAIL, s.DETAIL_STEP),
+                             _kv(s.ATTR_WORKLOAD_TOKENS, tokens[info.rank])]
+                    if device_on:
+                        attrs += [_kv(s.ATTR_DEVICE_MS, float(dev)), _kv(s.ATTR_MEASUREMENT, s.MEASUREMENT_DEVICE)]
+                    else:
+                        attrs += [_kv(s.ATTR_MEASUREMENT, s.MEASUREMENT_HOST_ONLY),
+                                  _kv(s.ATTR_DEGRADED_REASON, "sampled_out")]
+                    span.attributes.extend(attrs)
+                    if group not in ("step",):
+                        cursor += dur
+                rsp = ss.spans.add()
+                rsp.trace_id = trace_id
+                rsp.span_id = parent
+                rsp.parent_span_id = s.job_step_span_id(cfg.job, step).to_bytes(8, "big")
+                rsp.name = s.SPAN_RANK_STEP
+                rsp.start_time_unix_nano = t
+                rsp.end_time_unix_nano = t + int(step_ms * 1e6)
+                rsp.attributes.extend([_kv(s.ATTR_STAGE, s.SPAN_RANK_STEP), _kv(s.ATTR_STAGE_GROUP, "step"),
+                                       _kv(s.ATTR_ITERATION, step), _kv(s.ATTR_HOST_MS, float(step_ms)),
+                                       _kv(s.ATTR_WORKLOAD_TOKENS, tokens[info.rank])])
+            t += int(step_ms * 1e6)
+            yield step, request

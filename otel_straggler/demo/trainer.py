@@ -1,0 +1,138 @@
+"""One rank of the demo job: a small model trained data-parallel over gloo, timed with the shim.
+
+The loop has Megatron's shape and timer names: ``forward-backward`` wraps per-microbatch
+``batch-generator``, ``forward-compute`` and ``backward-compute`` plus ``all-grads-sync``; then
+``optimizer`` wraps ``optimizer-inner-step``. On a CPU the real compute of a small model takes well under
+a millisecond and eight ranks share two cores, so each compute stage also waits a fixed "accelerator time"
+(``--forward-ms`` / ``--backward-ms`` per microbatch, with 1 % Gaussian jitter): that gives stage times of
+a realistic size and spread, which is what the detector judges. The slowed rank is slowed only by the
+package's test-only injection knob (``OTEL_STRAGGLER_INJECT_*``), set by the demo runner.
+
+Run by ``otel_straggler.demo.run``; not meant to be started by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="otel_straggler.demo.trainer")
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--microbatches", type=int, default=4)
+    p.add_argument("--forward-ms", type=float, default=12.0)
+    p.add_argument("--backward-ms", type=float, default=20.0)
+    p.add_argument("--optimizer-ms", type=float, default=6.0)
+    p.add_argument("--tokens-per-microbatch", type=int, default=2048)
+    p.add_argument("--master-port", type=int, required=True)
+    p.add_argument("--progress-every", type=int, default=5)
+    p.add_argument("--model", default="toy",
+                   help="toy (CPU, gloo) or megatron:<size> (a real megatron-core GPT on CUDA, independent "
+                        "replicas: every rank its own one-process NCCL world, same cohort)")
+    return p.parse_args(argv)
+
+
+def _wait(ms: float, rng: random.Random) -> None:
+    """Stand-in for accelerator time: a fixed duration with 1 % Gaussian jitter."""
+    time.sleep(max(0.0, ms * (1.0 + rng.gauss(0.0, 0.01))) / 1000.0)
+
+
+def _megatron_main(args: argparse.Namespace) -> int:
+    """Independent megatron-core GPT replicas sharing the machine's GPU(s), timed by the shim."""
+    import otel_straggler
+    from otel_straggler.demo.megatron_gpt import SIZES, MegatronGPT, init_single_process
+
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    init_single_process(args.master_port + 1 + rank, rank_for_seed=rank)
+    size = SIZES[args.model.split(":", 1)[1]]
+    model = MegatronGPT(size)
+    timers = otel_straggler.install_megatron(model.config, model.opt_config, enabled=True, set_global=False,
+                                             rank=rank, world_size=world, local_rank=rank, dp_rank=rank,
+                                             dp_size=world)
+    model.set_timers(timers)
+    tokens = size.micro_batch * size.seq * size.microbatches
+    for it in range(1, args.steps + 1):
+        otel_straggler.step(it, tokens=tokens, sequences=size.micro_batch * size.microbatches,
+                            microbatches=size.microbatches)
+        model.train_step()
+        if rank == 0 and (it % args.progress_every == 0 or it == args.steps):
+            print(json.dumps({"progress": it, "steps": args.steps}), flush=True)
+    if timers is not None:
+        timers.shutdown(5.0)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    if args.model.startswith("megatron"):
+        return _megatron_main(args)
+    import torch
+    import torch.distributed as dist
+
+    import otel_straggler
+
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{args.master_port}", rank=rank, world_size=world
+    )
+    torch.manual_seed(1234)  # same init on every rank, like DP replicas
+    rng = random.Random(rank)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(rank)
+
+    timers = otel_straggler.install_megatron(enabled=True)
+    if timers is None:  # pragma: no cover - install fails open; keep training untimed
+        print(json.dumps({"rank": rank, "warning": "timers not installed"}), flush=True)
+        timers = otel_straggler.Timers(2, "minmax")
+
+    mb_tokens = args.tokens_per_microbatch
+    for it in range(1, args.steps + 1):
+        otel_straggler.step(it, tokens=mb_tokens * args.microbatches, sequences=8 * args.microbatches,
+                            microbatches=args.microbatches)
+        timers("forward-backward", log_level=1).start()
+        for _ in range(args.microbatches):
+            timers("forward-compute", log_level=2).start()
+            timers("batch-generator", log_level=2).start()
+            x = torch.randn(8, 64, generator=gen)
+            timers("batch-generator").stop()
+            loss = model(x).pow(2).mean()
+            _wait(args.forward_ms, rng)
+            timers("forward-compute").stop()
+            timers("backward-compute", log_level=2).start()
+            loss.backward()
+            _wait(args.backward_ms, rng)
+            timers("backward-compute").stop()
+        timers("all-grads-sync", log_level=1).start()
+        for p in model.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad.div_(world)
+        timers("all-grads-sync").stop()
+        timers("forward-backward").stop()
+        timers("optimizer", log_level=1).start()
+        timers("optimizer-inner-step", log_level=1).start()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        _wait(args.optimizer_ms, rng)
+        timers("optimizer-inner-step").stop()
+        timers("optimizer").stop()
+        if rank == 0 and (it % args.progress_every == 0 or it == args.steps):
+            print(json.dumps({"progress": it, "steps": args.steps, "loss": float(loss.detach())}), flush=True)
+
+    timers.shutdown(5.0)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Aggregation + span building + providers + self-metrics for one rank: the body of both sinks.
+
+Not thread-safe by itself: the thread sink calls it from the readout thread only, the sidecar from its
+main loop only (flush/shutdown are called on that same thread).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from otel_straggler import schema
+from otel_straggler.export.aggregate import SpanRecord, StepAggregator
+from otel_straggler.export.ids import PresetIdGenerator
+from otel_straggler.export.provider import Counters, Providers
+from otel_straggler.export.selfmetrics import SelfMetrics, normalize
+from otel_straggler.export.span_builder import SpanBuilder
+from otel_straggler.interval import Interval
+
+try:
+    from importlib.metadata import version as _dist_version
+
+    SCOPE_VERSION = _dist_version("otel-straggler")
+except Exception:  # pragma: no cover - not installed
+    SCOPE_VERSION = "0"
+
+
+class ExportPipeline:
+    def __init__(
+        self,
+        resource_attributes: Mapping[str, Any],
+        *,
+        rank: int,
+        job_id: str,
+        detail: str = schema.DETAIL_STEP,
+        step_close_s: float = 2.0,
+        max_open_steps: int = 8,
+        close_lag_steps: int = 0,
+        counters: Counters | None = None,
+        span_exporter: Any = None,
+        metric_exporter: Any = None,
+        metrics: bool = True,
+    ) -> None:
+        self.counters = counters if counters is not None else Counters()
+        self._agg_counts: dict[str, int] = {}
+        self.aggregator = StepAggregator(
+            rank=rank,
+            detail=detail,
+            step_close_s=step_close_s,
+            max_open_steps=max_open_steps,
+            close_lag_steps=close_lag_steps,
+            counters=self._agg_counts,
+        )
+        self.ids = PresetIdGenerator()
+        self.providers = Providers(
+            resource_attributes,
+            self.ids,
+            self.counters,
+            span_exporter=span_exporter,
+            metric_exporter=metric_exporter,
+            metrics=metrics,
+            scope_version=SCOPE_VERSION,
+        )
+        self.builder = SpanBuilder(self.providers.tracer, self.ids, job_id=job_id, rank=rank)
+        self._stats: dict[str, int | float] = {}
+        self._out: list[SpanRecord] = []
+        self.self_metrics: SelfMetrics | None = None
+        if self.providers.meter_provider is not None:
+            meter = self.providers.meter_provider.get_meter(schema.SCOPE_NAME, SCOPE_VERSION)
+            self.self_metrics = SelfMetrics(meter, self.snapshot)
+
+    def snapshot(self) -> dict[str, int | float]:
+        snap: dict[str, int | float] = dict(self._stats)
+        for source in (self._agg_counts, self.counters.snapshot()):
+            for key, value in source.items():
+                snap[key] = snap.get(key, 0) + value
+        return snap
+
+    def export_counters(self) -> dict[str, int]:
+        """The export side's own counters (no training-side stats)."""
+        snap = self.counters.snapshot()
+        for key, value in self._agg_counts.items():
+            snap[key] = snap.get(key, 0) + value
+        return snap
+
+    def set_stats(self, stats: Mapping[str, int | float]) -> None:
+        self._stats = normalize(dict(stats))
+
+    def _emit(self) -> None:
+        if self._out:
+            try:
+                self.builder.build(self._out)
+            except Exception:
+                self.counters.add("faults_span_build")
+            finally:
+                self._out.clear()
+
+    def add(self, intervals: Sequence[Interval], now_ns: int | None = None) -> None:
+        self.counters.add("intervals_received", len(intervals))
+        self.aggregator.add(intervals, time.monotonic_ns() if now_ns is None else now_ns, self._out)
+        self._emit()
+
+    def tick(self, now_ns: int | None = None) -> None:
+        self.aggregator.tick(time.monotonic_ns() if now_ns is None else now_ns, self._out)
+        self._emit()
+
+    def close_steps(self) -> None:
+        self.aggregator.close_all(self._out)
+        self._emit()
+
+    def flush(self, timeout_s: float) -> bool:
+        self.close_steps()
+        return self.providers.flush(timeout_s)
+
+    def shutdown(self, timeout_s: float) -> bool:
+        self.close_steps()
+        return self.providers.shutdown(timeout_s)

@@ -1,0 +1,373 @@
+"""``ProcessSink``: packs intervals onto a pipe to one export child per training process.
+
+The readout thread pays a ``struct.pack`` per interval and one non-blocking ``write``; the child
+(``sidecar``) does aggregation, span building, encoding and OTLP. The child is spawned lazily on the first
+``submit``/``publish_stats`` (after torchrun or multiprocessing created the rank, never at import).
+
+Failure handling (all fail open, all counted):
+* pipe full -> the batch is dropped (``dropped_pipe_full``); a partially written frame is kept and
+  finished first on the next call, so the stream never loses framing;
+* child dead -> ``sidecar_deaths``; restarted up to ``max_restarts`` times with exponential backoff
+  (``sidecar_restarts``); intervals meanwhile and after are dropped (``dropped_sidecar_down``);
+* a forked copy of the process (DataLoader worker) is inert: pid check on every call, and the
+  fork hook (``lifecycle``) closes its copy of the pipe so the child still sees EOF when the trainer dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from otel_straggler.export import wire
+from otel_straggler.export.provider import Counters
+from otel_straggler.interval import Interval
+
+F_SETPIPE_SZ = 1031  # Linux
+PIPE_BYTES = 1 << 20
+
+
+class ProcessSink:
+    def __init__(
+        self,
+        resource_attributes: Mapping[str, Any],
+        *,
+        rank: int,
+        job_id: str,
+        detail: str = "step",
+        step_close_s: float = 2.0,
+        max_open_steps: int = 8,
+        close_lag_steps: int = 0,
+        shutdown_timeout_s: float = 5.0,
+        max_restarts: int = 3,
+        restart_backoff_s: float = 0.5,
+        counters: Counters | None = None,
+        command: Sequence[str] | None = None,
+    ) -> None:
+        self.counters = counters if counters is not None else Counters()
+        self._header = {
+            "resource": dict(resource_attributes),
+            "rank": int(rank),
+            "job_id": str(job_id),
+            "detail": detail,
+            "step_close_s": float(step_close_s),
+            "max_open_steps": int(max_open_steps),
+            "close_lag_steps": int(close_lag_steps),
+            "shutdown_timeout_s": float(shutdown_timeout_s),
+        }
+        self.shutdown_timeout_s = float(shutdown_timeout_s)
+        self.max_restarts = int(max_restarts)
+        self.restart_backoff_s = float(restart_backoff_s)
+        self._command = list(command) if command else [sys.executable, "-m", "otel_straggler.export.sidecar"]
+        self._pid = os.getpid()
+        self._lock = threading.Lock()  # the pipe: readout thread vs. flush/shutdown caller; never the training thread
+        self._ack_lock = threading.Lock()  # the ack channel (flush callers)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._fd = -1
+        self._ack_buf = bytearray()
+        self._pending = b""
+        self._encoder = wire.WireEncoder()
+        self._starts = 0
+        self._next_start = 0.0
+        self._stats: dict[str, Any] = {}
+        self._stats_sent: dict[str, Any] | None = None
+        self._flush_seq = 0
+        self._closed = False
+        self._inert = False
+        self.child_counters: dict[str, int] = {}  # the export child's counters, as of the last flush ack
+
+    # --- child management -----------------------------------------------------------------------
+    @property
+    def child_pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        return env
+
+    def _spawn(self) -> bool:
+        header = dict(self._header, parent_pid=os.getpid())
+        try:
+            proc = subprocess.Popen(
+                self._command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                close_fds=True,
+                env=self._env(),
+            )
+        except Exception:
+            self.counters.add("faults_sidecar_spawn")
+            return False
+        assert proc.stdin is not None and proc.stdout is not None
+        fd = proc.stdin.fileno()
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_BYTES)
+        try:
+            os.write(fd, json.dumps(header).encode() + b"\n")  # empty pipe: fits, never blocks
+        except OSError:
+            self.counters.add("faults_sidecar_spawn")
+            proc.kill()
+            return False
+        os.set_blocking(fd, False)
+        os.set_blocking(proc.stdout.fileno(), False)
+        self._proc, self._fd = proc, fd
+        self._pending = b""
+        self._encoder.reset()
+        self._stats_sent = None
+        self._starts += 1
+        if self._starts > 1:
+            self.counters.add("sidecar_restarts")
+        return True
+
+    def _child_alive(self) -> bool:
+        proc = self._proc
+        if proc is None:
+            return False
+        if proc.poll() is None:
+            return True
+        self._on_child_death()
+        return False
+
+    def _on_child_death(self) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        self.counters.add("sidecar_deaths")
+        for stream in (proc.stdin, proc.stdout):
+            with contextlib.suppress(Exception):
+                if stream is not None:
+                    stream.close()
+        with contextlib.suppress(Exception):
+            proc.poll()
+        self._proc, self._fd, self._pending = None, -1, b""
+        self._next_start = time.monotonic() + self.restart_backoff_s * (2 ** max(0, self._starts - 1))
+
+    def _ensure_child(self) -> bool:
+        if self._proc is not None and self._child_alive():
+            return True
+        if self._starts > self.max_restarts or time.monotonic() < self._next_start:
+            return False
+        return self._spawn()
+
+    # --- writing ---------------------------------------------------------------------------------
+    def _write(self, data: bytes) -> bool:
+        """Non-blocking; True when ``data`` was accepted (maybe partially, remainder kept)."""
+        try:
+            if self._pending:
+                n = os.write(self._fd, self._pending)
+                self._pending = self._pending[n:]
+                if self._pending:
+                    return False
+            n = os.write(self._fd, data)
+        except BlockingIOError:
+            return False
+        except OSError:  # EPIPE: the child is gone
+            self._on_child_death()
+            return False
+        if n < len(data):
+            self._pending = data[n:]
+        return True
+
+    def _usable(self) -> bool:
+        if self._inert or os.getpid() != self._pid:
+            self._inert = True
+            return False
+        return not self._closed
+
+    # --- IntervalSink ----------------------------------------------------------------------------
+    def submit(self, intervals: Sequence[Interval]) -> None:
+        if not intervals or not self._usable():
+            return
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                if not self._ensure_child():
+                    self.counters.add("dropped_sidecar_down", len(intervals))
+                    return
+                try:
+                    data = self._encoder.encode_intervals(intervals)
+                except wire.NameTableFull:
+                    self.counters.add("dropped_overflow", len(intervals))
+                    return
+                if self._write(data):
+                    self._encoder.commit()
+                else:
+                    self._encoder.rollback()
+                    key = "dropped_pipe_full" if self._proc is not None else "dropped_sidecar_down"
+                    self.counters.add(key, len(intervals))
+                    return
+                self._send_stats_locked()
+            except Exception:
+                self.counters.add("faults_process_sink")
+
+    def publish_stats(self, stats: dict[str, int]) -> None:
+        if not self._usable():
+            return
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                self._stats = dict(stats)
+                if self._ensure_child():
+                    self._send_stats_locked()
+            except Exception:
+                self.counters.add("faults_process_sink")
+
+    def _send_stats_locked(self) -> None:
+        merged: dict[str, Any] = dict(self._stats)
+        for key, value in self.counters.snapshot().items():
+            merged[key] = merged.get(key, 0) + value
+        if merged == self._stats_sent or self._proc is None:
+            return
+        if self._write(wire.encode_stats(merged)):
+            self._stats_sent = merged
+
+    def _drain_pending(self, deadline: float) -> bool:
+        while self._pending and self._proc is not None:
+            if not self._write(b""):
+                left = deadline - time.monotonic()
+                if left <= 0 or self._proc is None:
+                    return False
+                select.select([], [self._fd], [], min(left, 0.05))
+        return not self._pending
+
+    def _write_until(self, data: bytes, deadline: float) -> bool:
+        if not self._drain_pending(deadline):
+            return False
+        while self._proc is not None:
+            if self._write(data):
+                return self._drain_pending(deadline)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            select.select([], [self._fd], [], min(left, 0.05))
+        return False
+
+    def flush(self, timeout_s: float) -> bool:
+        """Ask the child to close its open steps and export; wait for its ack. The pipe lock is held only
+        to write the request, so the readout thread's ``submit`` keeps going while the child works."""
+        if not self._usable():
+            return False
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        try:
+            with self._lock:
+                if self._proc is None or not self._child_alive():
+                    return False
+                self._send_stats_locked()
+                self._flush_seq += 1
+                seq = self._flush_seq
+                child_budget = max(0.0, (deadline - time.monotonic()) * 0.8)
+                if not self._write_until(wire.encode_flush(seq, child_budget), deadline):
+                    return False
+                proc = self._proc
+            with self._ack_lock:
+                return self._wait_ack(proc, seq, deadline)
+        except Exception:
+            self.counters.add("faults_process_sink")
+            return False
+
+    def _wait_ack(self, proc: subprocess.Popen[bytes] | None, seq: int, deadline: float) -> bool:
+        if proc is None or proc.stdout is None or proc.stdout.closed:
+            return False
+        fd = proc.stdout.fileno()
+        want = f"F{seq} ".encode()
+        while True:
+            while b"\n" in self._ack_buf:
+                line, _, rest = bytes(self._ack_buf).partition(b"\n")
+                self._ack_buf = bytearray(rest)
+                if line.startswith(want):
+                    parts = line.split(b" ", 2)
+                    if len(parts) == 3:
+                        with contextlib.suppress(ValueError):
+                            self.child_counters = json.loads(parts[2])
+                    return len(parts) >= 2 and parts[1] == b"1"
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            ready, _, _ = select.select([fd], [], [], left)
+            if ready:
+                try:
+                    chunk = os.read(fd, 4096)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    return False
+                self._ack_buf += chunk
+
+    def shutdown(self, timeout_s: float) -> None:
+        """Hand the final stats to the child, close its stdin (EOF -> it flushes), wait bounded, else kill.
+        New submits are refused from the first moment (``_closed``); the wait runs outside the pipe lock."""
+        if not self._usable():
+            return
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        self._closed = True
+        with self._lock:
+            proc = self._proc
+            self._proc, self._fd = None, -1
+            if proc is None:
+                return
+            try:
+                if proc.poll() is None:
+                    self._fd = proc.stdin.fileno() if proc.stdin is not None else -1
+                    self._proc = proc
+                    self._send_stats_locked()
+                    self._drain_pending(deadline - 0.5 * max(0.0, timeout_s))
+                    self._proc, self._fd = None, -1
+                with contextlib.suppress(Exception):
+                    if proc.stdin is not None:
+                        proc.stdin.close()
+            except Exception:
+                self.counters.add("faults_process_sink")
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.counters.add("sidecar_killed")
+            proc.kill()
+            with contextlib.suppress(Exception):
+                proc.wait(timeout=1.0)
+        except Exception:
+            self.counters.add("faults_process_sink")
+        finally:
+            with self._ack_lock, contextlib.suppress(Exception):
+                if proc.stdout is not None:
+                    proc.stdout.close()
+
+    # --- fork --------------------------------------------------------------------------------------
+    def after_fork_in_child(self) -> None:
+        """In a forked copy of the training process: inert; drop only this copy's reference to the pipe.
+
+        The pipe fds are pointed at /dev/null (not closed) so the copied file objects stay valid, and the
+        copied ``Popen`` is kept referenced so its finalizer never waits on a process that is not ours.
+        """
+        self._inert = True
+        proc = self._proc
+        if proc is not None:
+            _FORKED_LEFTOVERS.append(proc)
+            try:
+                null = os.open(os.devnull, os.O_RDWR)
+            except OSError:
+                null = -1
+            for stream in (proc.stdin, proc.stdout):
+                with contextlib.suppress(Exception):
+                    if stream is not None and null >= 0:
+                        os.dup2(null, stream.fileno())
+            if null >= 0:
+                os.close(null)
+        self._proc = None
+        self._fd = -1
+        self._lock = threading.Lock()
+        self._ack_lock = threading.Lock()
+
+
+_FORKED_LEFTOVERS: list[Any] = []

@@ -1,0 +1,90 @@
+"""Emitter self-metrics: OTel observable instruments over the latest cumulative counters.
+
+Two sources are merged at each collection: the cumulative stats dict the training side publishes
+(``intervals``, ``dropped_ring_full``, ``degraded_<reason>``, ``barriers_skipped``, ``faults``,
+``pool_high_water``, ``readout_lag_ms``, ...) and the export side's own counters (``dropped_pipe_full``,
+``dropped_queue_full``, ``dropped_export_failed``, ``dropped_shutdown``, ``dropped_late``, ``spans_exported``,
+``steps_evicted``, ``sidecar_restarts``, ``faults_<where>``). Keys ``dropped_<reason>`` feed
+``dropped{reason}``, ``degraded_<reason>`` feed ``degraded{reason}``, ``faults``/``faults_<where>`` feed
+``faults{where}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+
+from otel_straggler import schema
+
+FAULTS_WHERE_ATTR = "where"
+
+# Keys the training side may publish under names without the dropped_/degraded_ prefix.
+_ALIASES = {
+    "ring_full": "dropped_ring_full",
+    "pipe_full": "dropped_pipe_full",
+    "queue_full": "dropped_queue_full",
+    "export_failed": "dropped_export_failed",
+    "shutdown": "dropped_shutdown",
+}
+
+
+def normalize(stats: dict[str, int | float]) -> dict[str, int | float]:
+    """Training-side stats in self-metric keys. ``faults`` is the total of the ``faults_<where>`` keys when
+    those are present (then dropped, so ``faults{where}`` sums to the total); alone it becomes
+    ``faults_training``. Keys without an instrument (``unbalanced`` calls, ``quarantined``) are kept but
+    not exported: their effect shows as ``degraded{unbalanced}`` and ``faults{where}``."""
+    out: dict[str, int | float] = {}
+    for key, value in stats.items():
+        out[_ALIASES.get(key, key)] = value
+    total = out.pop("faults", None)
+    if total is not None and not any(k.startswith("faults_") for k in out):
+        out["faults_training"] = total
+    return out
+
+
+def _by_prefix(snapshot: dict[str, int | float], prefix: str, attr: str) -> list[Observation]:
+    obs = []
+    for key, value in snapshot.items():
+        if key.startswith(prefix) and len(key) > len(prefix):
+            obs.append(Observation(int(value), {attr: key[len(prefix) :]}))
+    return obs
+
+
+class SelfMetrics:
+    """Registers the instruments on ``meter``; ``snapshot`` returns the merged cumulative counters."""
+
+    def __init__(self, meter: Meter, snapshot: Callable[[], dict[str, int | float]]) -> None:
+        self._snapshot = snapshot
+
+        def scalar(key: str, cast: type = int) -> Callable[[CallbackOptions], Iterable[Observation]]:
+            def cb(_: CallbackOptions) -> Iterable[Observation]:
+                snap = self._snapshot()
+                return [Observation(cast(snap[key]))] if key in snap else []
+
+            return cb
+
+        def intervals(_: CallbackOptions) -> Iterable[Observation]:
+            snap = self._snapshot()
+            value = snap.get("intervals", snap.get("intervals_received"))
+            return [Observation(int(value))] if value is not None else []
+
+        def dropped(_: CallbackOptions) -> Iterable[Observation]:
+            return _by_prefix(self._snapshot(), "dropped_", schema.SM_REASON_ATTR)
+
+        def degraded(_: CallbackOptions) -> Iterable[Observation]:
+            return _by_prefix(self._snapshot(), "degraded_", schema.SM_REASON_ATTR)
+
+        def faults(_: CallbackOptions) -> Iterable[Observation]:
+            return _by_prefix(self._snapshot(), "faults_", FAULTS_WHERE_ATTR)
+
+        meter.create_observable_counter(schema.SM_INTERVALS, [intervals], unit="1")
+        meter.create_observable_counter(schema.SM_SPANS_EXPORTED, [scalar("spans_exported")], unit="1")
+        meter.create_observable_counter(schema.SM_DROPPED, [dropped], unit="1")
+        meter.create_observable_counter(schema.SM_DEGRADED, [degraded], unit="1")
+        meter.create_observable_counter(schema.SM_BARRIERS_SKIPPED, [scalar("barriers_skipped")], unit="1")
+        meter.create_observable_counter(schema.SM_FAULTS, [faults], unit="1")
+        meter.create_observable_counter(schema.SM_STEPS_EVICTED, [scalar("steps_evicted")], unit="1")
+        meter.create_observable_counter(schema.SM_SIDECAR_RESTARTS, [scalar("sidecar_restarts")], unit="1")
+        meter.create_observable_gauge(schema.SM_POOL_HIGH_WATER, [scalar("pool_high_water")], unit="1")
+        meter.create_observable_gauge(schema.SM_READOUT_LAG, [scalar("readout_lag_ms", float)], unit="ms")

@@ -1,0 +1,125 @@
+"""Export child process: ``python -m otel_straggler.export.sidecar``, one per training process.
+
+stdin: one JSON header line (resource attributes + config), then ``wire`` frames. stdout: flush acks.
+The child aggregates, builds and encodes the SDK spans and runs the OTLP exporters, so none of that
+holds the training process's GIL.
+
+Lifetime: the child exits on EOF of stdin after a flush bounded by ``shutdown_timeout_s`` (the parent
+closed the pipe, exited, or was SIGKILLed: what already sat in the pipe is still exported). It ignores
+SIGINT/SIGTERM, which a Ctrl-C or a scheduler sends to the whole process group, so the parent's own
+shutdown (or its death -> EOF) decides when the child flushes and leaves. Backstop: if the parent pid
+goes away without EOF (a forked descendant still holds the pipe), the child runs the same bounded
+flush and exits. PR_SET_PDEATHSIG is deliberately not used: it fires when the *thread* that spawned
+the child exits (the readout thread), and it would kill the child before it flushed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import time
+from typing import Any
+
+from otel_straggler.export import wire
+from otel_straggler.export.pipeline import ExportPipeline
+
+POLL_S = 0.2
+
+
+def _read_header(fd: int, deadline: float) -> dict[str, Any]:
+    buf = bytearray()
+    while b"\n" not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no header")
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            continue
+        chunk = os.read(fd, 1)  # byte-wise: the frames after the header stay in the pipe
+        if not chunk:
+            raise EOFError("no header")
+        buf += chunk
+    return json.loads(buf.decode())
+
+
+def _ack(fd: int, seq: int, ok: bool, counters: dict[str, Any]) -> None:
+    try:
+        os.write(fd, f"F{seq} {1 if ok else 0} {json.dumps(counters, separators=(',', ':'))}\n".encode())
+    except OSError:
+        pass
+
+
+def run(in_fd: int, ack_fd: int) -> int:
+    header = _read_header(in_fd, time.monotonic() + 30.0)
+    shutdown_timeout_s = float(header.get("shutdown_timeout_s", 5.0))
+    parent_pid = int(header.get("parent_pid", os.getppid()))
+    pipeline = ExportPipeline(
+        header.get("resource", {}),
+        rank=int(header.get("rank", 0)),
+        job_id=str(header.get("job_id", "local")),
+        detail=str(header.get("detail", "step")),
+        step_close_s=float(header.get("step_close_s", 2.0)),
+        max_open_steps=int(header.get("max_open_steps", 8)),
+        close_lag_steps=int(header.get("close_lag_steps", 0)),
+    )
+    decoder = wire.WireDecoder()
+    counters = pipeline.counters
+    while True:
+        ready, _, _ = select.select([in_fd], [], [], POLL_S)
+        if ready:
+            try:
+                data = os.read(in_fd, 1 << 16)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            try:
+                messages = decoder.feed(data)
+            except Exception:
+                counters.add("faults_sidecar_decode")
+                break  # the stream is out of frame: nothing after this can be trusted
+            for kind, value in messages:
+                try:
+                    if kind == wire.T_INTERVALS:
+                        pipeline.add(value)
+                    elif kind == wire.T_STATS:
+                        pipeline.set_stats(value)
+                    elif kind == wire.T_FLUSH:
+                        seq, timeout_ms = value
+                        ok = pipeline.flush(timeout_ms / 1000.0)
+                        _ack(ack_fd, seq, ok, pipeline.export_counters())
+                except Exception:
+                    counters.add("faults_sidecar")
+        try:
+            pipeline.tick()
+        except Exception:
+            counters.add("faults_sidecar")
+        if os.getppid() != parent_pid:
+            break
+    # Leave a little of the bound for process teardown.
+    pipeline.shutdown(max(0.1, shutdown_timeout_s * 0.9 - 0.1))
+    return 0
+
+
+def main() -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    ack_fd = os.dup(1)
+    os.dup2(2, 1)  # stray prints go to stderr, never into the ack channel
+    code = 1
+    try:
+        code = run(0, ack_fd)
+    except (EOFError, TimeoutError):
+        code = 0
+    finally:
+        sys.stderr.flush()
+        os._exit(code)  # daemon export threads must not hold the exit past the bound
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Span records -> SDK spans with the schema's deterministic step ids and parents."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+from otel_straggler import schema
+from otel_straggler.export.aggregate import KIND_JOB_STEP, KIND_RANK_STEP, SpanRecord
+from otel_straggler.export.ids import PresetIdGenerator
+
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+
+
+def _parent(trace_id: int, span_id: int) -> object:
+    ctx = SpanContext(trace_id=trace_id, span_id=span_id, is_remote=True, trace_flags=_SAMPLED)
+    return trace.set_span_in_context(NonRecordingSpan(ctx))
+
+
+class SpanBuilder:
+    def __init__(self, tracer: trace.Tracer, ids: PresetIdGenerator, *, job_id: str, rank: int) -> None:
+        self._tracer = tracer
+        self._ids = ids
+        self.job_id = str(job_id)
+        self.rank = int(rank)
+        self._step_cache: tuple[int, int, int, int] | None = None  # step, trace id, job span, rank span
+
+    def _step_ids(self, step: int) -> tuple[int, int, int]:
+        cached = self._step_cache
+        if cached is not None and cached[0] == step:
+            return cached[1], cached[2], cached[3]
+        tid = schema.trace_id_for_step(self.job_id, step)
+        jid = schema.job_step_span_id(self.job_id, step)
+        rid = schema.rank_step_span_id(self.job_id, step, self.rank)
+        self._step_cache = (step, tid, jid, rid)
+        return tid, jid, rid
+
+    def build(self, records: Iterable[SpanRecord]) -> int:
+        n = 0
+        for rec in records:
+            tid, jid, rid = self._step_ids(rec.step)
+            if rec.kind == KIND_JOB_STEP:
+                self._ids.preset(span_id=jid, trace_id=tid)
+                ctx = trace.set_span_in_context(trace.INVALID_SPAN)  # a root: ignore any ambient context
+            elif rec.kind == KIND_RANK_STEP:
+                self._ids.preset(span_id=rid)
+                ctx = _parent(tid, jid)
+            else:
+                self._ids.clear()
+                ctx = _parent(tid, rid)
+            try:
+                span = self._tracer.start_span(
+                    rec.name, context=ctx, start_time=rec.start_ns, attributes=rec.attributes
+                )
+                span.end(end_time=max(rec.end_ns, rec.start_ns))
+            finally:
+                self._ids.clear()
+            n += 1
+        return n

@@ -1,0 +1,289 @@
+"""Readout thread: turns ring slots into ``Interval``s and hands them to the sink in batches.
+
+The only consumer of the ring (see ``ring.py``). Every ``readout_interval_ms`` (pure polling: the
+training thread never signals it, since setting a ``threading.Event`` takes a lock) it drains the ring
+in order:
+
+* a slot with CUDA events waits for its last event's ``query()``; while that is False the drain STOPS
+  at that slot (head-of-line: completion order is preserved, nothing blocks on an unfinished event)
+  unless the slot is older than ``readout_timeout_s``: then the interval goes out host-only
+  (``readout_timeout``) and its events move to a bounded quarantine; they return to the pool only once
+  ``query()`` is True (or at shutdown), so a recorded-but-unfinished event is never re-recorded;
+* device time is ``start.elapsed_time(end)``; any CUDA exception makes the interval host-only
+  (``cuda_error``) and quarantines its events;
+* the batch goes to ``sink.submit``; about once a second ``sink.publish_stats(counters.snapshot())``.
+  Sink exceptions are caught and counted.
+
+``flush`` asks the thread to drain now (bounded); ``stop`` flushes, stops the thread and, once it has
+exited, drains the rest in the caller (unfinished events then count as ``readout_timeout``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from otel_straggler.counters import CUDA_ERROR, READOUT_TIMEOUT, EmitterCounters
+from otel_straggler.interval import Interval
+from otel_straggler.ring import Ring
+
+_clock = time.perf_counter_ns
+
+STATS_PERIOD_NS = 1_000_000_000
+MAX_BATCH = 4096
+
+
+class Readout:
+    def __init__(
+        self,
+        ring: Ring,
+        pool: Any,
+        counters: EmitterCounters,
+        sink: Any,
+        *,
+        interval_ms: float = 20.0,
+        timeout_s: float = 30.0,
+        wall_anchor: tuple[int, int] | None = None,
+    ) -> None:
+        self.ring = ring
+        self.pool = pool
+        self.counters = counters
+        self.sink = sink
+        self.interval_s = max(0.001, float(interval_ms) / 1000.0)
+        self.timeout_ns = int(float(timeout_s) * 1e9)
+        wall0, mono0 = wall_anchor if wall_anchor is not None else (time.time_ns(), _clock())
+        self._wall_offset = wall0 - mono0
+        self.quarantine: list[tuple[Any, ...]] = []  # (event, ...) groups waiting for query() True
+        self.quarantine_cap = max(16, 2 * int(getattr(pool, "capacity", 0)))
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._cond = threading.Condition()
+        self._stop_req = False
+        self._flush_req = 0
+        self._flush_done = 0
+        self._flush_deadline = 0.0
+        self._flush_result = True
+        self._last_pub = _clock()
+        self._lag_max_ns = 0
+
+    # ---- thread --------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="otel-straggler-readout", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        while not self._stop_req:
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            try:
+                with self._cond:
+                    req, deadline = self._flush_req, self._flush_deadline
+                if req != self._flush_done:
+                    ok = self._drain_until(deadline)
+                    with self._cond:
+                        self._flush_result = ok
+                        self._flush_done = req
+                        self._cond.notify_all()
+                else:
+                    self.drain()
+                self._maybe_publish()
+            except Exception:
+                self.counters.faults_readout += 1
+
+    def flush(self, timeout_s: float) -> bool:
+        """Drain everything now (bounded). True when the ring was emptied."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        if not self.alive:
+            return self._drain_until(deadline)
+        with self._cond:
+            self._flush_req += 1
+            req = self._flush_req
+            self._flush_deadline = deadline
+        self._wake.set()
+        with self._cond:
+            self._cond.wait_for(lambda: self._flush_done >= req, timeout=max(0.0, deadline - time.monotonic()) + 0.05)
+            return self._flush_done >= req and self._flush_result
+
+    def stop(self, timeout_s: float) -> None:
+        """Flush, stop the thread, drain the rest (unfinished -> readout_timeout), release quarantine."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        if self.alive:
+            self.flush(max(0.0, timeout_s * 0.7))
+        self._stop_req = True
+        self._wake.set()
+        t = self._thread
+        if t is not None and t.is_alive():
+            t.join(max(0.0, deadline - time.monotonic()))
+        if t is None or not t.is_alive():
+            try:
+                self.drain(force=True)
+                self._release_quarantine(force=True)
+                self._publish()
+            except Exception:
+                self.counters.faults_readout += 1
+
+    def _drain_until(self, deadline: float) -> bool:
+        while True:
+            self.drain()
+            if self.ring.head == self.ring.tail:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.001)
+
+    # ---- draining ------------------------------------------------------------------------------
+    def drain(self, force: bool = False) -> int:
+        """Read completed slots in order; returns how many intervals went to the sink."""
+        self._collect_orphans()
+        self._release_quarantine(force=False)
+        total = 0
+        while True:
+            n, more = self._drain_batch(force)
+            total += n
+            if not more:
+                return total
+
+    def _drain_batch(self, force: bool) -> tuple[int, bool]:
+        r = self.ring
+        c = self.counters
+        tail = r.tail
+        head = r.head
+        mask = r.mask
+        now = _clock()
+        timeout_ns = self.timeout_ns
+        free = self.pool.free
+        batch: list[Interval] = []
+        more = False
+        while tail < head:
+            if len(batch) >= MAX_BATCH:
+                more = True
+                break
+            i = tail & mask
+            try:
+                sev = r.start_ev[i]
+                eev = r.end_ev[i]
+                reason = r.reason[i]
+                end_ns = r.end_ns[i]
+                device_ms = None
+                wait_ev = eev if eev is not None else sev
+                if wait_ev is not None:
+                    try:
+                        done: bool | None = bool(wait_ev.query())
+                    except Exception:
+                        done = None
+                    if done is None:
+                        reason = CUDA_ERROR
+                        self._quarantine(sev, eev)
+                    elif not done:
+                        if force or now - end_ns > timeout_ns:
+                            reason = READOUT_TIMEOUT
+                            self._quarantine(sev, eev)
+                        else:
+                            break  # head-of-line: later slots wait for this one
+                    else:
+                        if reason is None and sev is not None and eev is not None:
+                            try:
+                                device_ms = float(sev.elapsed_time(eev))
+                            except Exception:
+                                reason = CUDA_ERROR
+                        if sev is not None:
+                            free.append(sev)
+                        if eev is not None:
+                            free.append(eev)
+                if device_ms is None and reason is None:
+                    reason = CUDA_ERROR
+                timer = r.timer[i]
+                b = r.binding[i]
+                off = self._wall_offset
+                batch.append(
+                    Interval(
+                        name=timer.name,
+                        level=timer._level,
+                        group=timer._group,
+                        step=b[0],
+                        repeat=r.repeat[i],
+                        host_start_ns=r.start_ns[i] + off,
+                        host_end_ns=end_ns + off,
+                        device_ms=device_ms,
+                        degraded=None if device_ms is not None else reason,
+                        tokens=b[1],
+                        sequences=b[2],
+                        microbatches=b[3],
+                        injected=bool(r.injected[i]),
+                    )
+                )
+                c.intervals += 1
+                if device_ms is None:
+                    c.degraded[reason] = c.degraded.get(reason, 0) + 1
+                lag = now - end_ns
+                if lag > self._lag_max_ns:
+                    self._lag_max_ns = lag
+            except Exception:
+                c.faults_readout += 1
+            # reset the fields the producer writes only when non-default, then free the slot
+            r.start_ev[i] = None
+            r.end_ev[i] = None
+            r.injected[i] = False
+            tail += 1
+            r.tail = tail
+        if batch:
+            try:
+                self.sink.submit(batch)
+            except Exception:
+                c.sink_errors += 1
+        return len(batch), more
+
+    # ---- quarantine ----------------------------------------------------------------------------
+    def _collect_orphans(self) -> None:
+        orphans = self.pool.orphans
+        while orphans:
+            self._quarantine(orphans.popleft(), None)
+
+    def _quarantine(self, sev: Any, eev: Any) -> None:
+        group = tuple(e for e in (sev, eev) if e is not None)
+        if not group:
+            return
+        if len(self.quarantine) >= self.quarantine_cap:
+            return  # cannot happen with pool events only; the events are simply not reused
+        self.quarantine.append(group)
+        self.counters.quarantined += 1
+
+    def _release_quarantine(self, force: bool) -> None:
+        if not self.quarantine:
+            return
+        keep: list[tuple[Any, ...]] = []
+        free = self.pool.free
+        for group in self.quarantine:
+            done = force
+            if not done:
+                try:
+                    done = all(bool(e.query()) for e in group)
+                except Exception:
+                    done = False
+            if done:
+                free.extend(group)
+                self.counters.quarantine_released += 1
+            else:
+                keep.append(group)
+        self.quarantine = keep
+
+    # ---- stats ---------------------------------------------------------------------------------
+    def _maybe_publish(self) -> None:
+        if _clock() - self._last_pub >= STATS_PERIOD_NS:
+            self._publish()
+
+    def _publish(self) -> None:
+        self._last_pub = _clock()
+        self.counters.readout_lag_ms = int(self._lag_max_ns // 1_000_000)
+        self._lag_max_ns = 0
+        try:
+            self.sink.publish_stats(self.counters.snapshot())
+        except Exception:
+            self.counters.sink_errors += 1

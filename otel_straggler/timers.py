@@ -1,0 +1,626 @@
+"""Drop-in replacement for ``megatron.core.timers.Timers`` (megatron-core 0.12-0.16) that never syncs.
+
+Same call shapes and level filtering as Megatron: ``timers(name, log_level=None)`` returns a timer with
+``start/stop/elapsed/active_time/reset/set_elapsed``; ``log``/``write``/``get_all_timers_string`` print
+Megatron's text format. Differences, all deliberate:
+
+* No ``torch.cuda.synchronize`` and no collective anywhere: ``barrier=True`` is accepted, never
+  executed, and counted (``barriers_skipped``). ``elapsed()``/``log()``/``write()`` report THIS rank's
+  HOST time (``time.perf_counter_ns``). On CUDA that is host launch time, not GPU time (Megatron's sync
+  made them equal); the GPU stream time is measured with CUDA events and reaches the export side through
+  the readout thread. ``log`` prints this rank's value in every field (min = max = this rank).
+* Start on a started timer / stop on a stopped timer: Megatron asserts; here the call returns normally
+  and is counted (``unbalanced``). A double start keeps the first start and the interval is marked
+  host-only with reason ``unbalanced``; a stop without start records nothing.
+* Configuration errors in ``timers(name, log_level)`` (a level above 2 for a new name, a different level
+  for an existing name) raise the same ``AssertionError`` as Megatron, at lookup: the program is equally
+  (in)correct with either timers object, and the error shows at the first call, not mid-run silently.
+  ``DummyTimer.elapsed/active_time`` raise like Megatron's too.
+* Every other exception inside start/stop is caught and counted (``faults``); training never sees it.
+* ``copy.deepcopy(timers)`` returns the same object (Megatron deep-copies configs that carry it);
+  ``pickle`` gives an inert copy (host-only, no pool, no thread, no sink) that still works.
+
+Hot path (start/stop on the training thread): one ``perf_counter_ns()``; on device-sampled steps a
+pre-created event from the pool and its ``record()`` on the current stream; at stop one ring slot written
+(step, repeat index and workload bound here, at completion). No lock, no I/O, no logging, no sync.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from otel_straggler.counters import CUDA_ERROR, POOL_EXHAUSTED, UNBALANCED, EmitterCounters
+from otel_straggler.event_pool import EventPool, HostOnlyPool
+from otel_straggler.ring import Ring
+from otel_straggler.stages import stage_group
+from otel_straggler.step_context import StepContext
+
+_log = logging.getLogger("otel_straggler.timers")
+_clock = time.perf_counter_ns
+
+MAX_LOG_LEVEL = 2
+MAX_TIMER_NAMES = 1024
+
+
+class DummyTimer:
+    """Shared no-op timer for names above the configured log level (Megatron's DummyTimer)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self) -> None:
+        self.name = "dummy timer"
+
+    def start(self, barrier: bool = False) -> None:
+        return
+
+    def stop(self, barrier: bool = False) -> None:
+        return
+
+    def reset(self) -> None:
+        return
+
+    def set_elapsed(self, value: float) -> None:
+        return
+
+    def set_barrier_group(self, barrier_group: Any) -> None:
+        return
+
+    def elapsed(self, reset: bool = True, barrier: bool = False) -> float:
+        raise Exception(
+            "dummy timer should not be used to calculate elapsed time, check if timer's log_level <= self._log_level."
+        )
+
+    def active_time(self) -> float:
+        raise Exception(
+            "active timer should not be used to calculate elapsed time, check if timer's log_level <= self._log_level."
+        )
+
+    def __deepcopy__(self, memo: dict) -> DummyTimer:
+        return self
+
+
+class Timer:
+    """One named timer. State is per timer, so nesting and per-microbatch repeats just work."""
+
+    __slots__ = (
+        "_active_ns",
+        "_barrier_group",
+        "_c",
+        "_ctx",
+        "_elapsed_base",
+        "_elapsed_ns",
+        "_free",
+        "_group",
+        "_inject",
+        "_is_step",
+        "_level",
+        "_orphans",
+        "_pool_cap",
+        "_reason",
+        "_rep",
+        "_rep_step",
+        "_ring",
+        "_sev",
+        "_started",
+        "_t0",
+        "name",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        level: int,
+        *,
+        ring: Ring,
+        ctx: StepContext,
+        pool: EventPool | HostOnlyPool,
+        counters: EmitterCounters,
+        inject: Any = None,
+        is_step: bool = False,
+    ) -> None:
+        self.name = name
+        self._level = level
+        self._group = stage_group(name)
+        self._started = False
+        self._t0 = 0
+        self._elapsed_ns = 0
+        self._elapsed_base = 0.0
+        self._active_ns = 0
+        self._sev: Any = None
+        self._reason: str | None = None
+        self._rep_step = -1
+        self._rep = -1
+        self._ring = ring
+        self._ctx = ctx
+        self._free = pool.free
+        self._orphans = pool.orphans
+        self._pool_cap = pool.capacity
+        self._c = counters
+        self._inject = inject
+        self._is_step = is_step
+        self._barrier_group: Any = None
+
+    # ---- hot path -------------------------------------------------------------------------------
+    def start(self, barrier: bool = False) -> None:
+        try:
+            if barrier:
+                self._c.barriers_skipped += 1
+            if self._started:
+                self._c.unbalanced += 1
+                self._reason = UNBALANCED  # keep the first start; the interval is marked unbalanced
+                return
+            if self._is_step:
+                self._ctx.step_timer_started()
+            ctx = self._ctx
+            if ctx.device_on:
+                free = self._free
+                if free:
+                    ev = free.popleft()
+                    self._sev = ev
+                    self._reason = None
+                    try:
+                        ev.record()
+                    except Exception:
+                        self._reason = CUDA_ERROR
+                else:
+                    self._reason = POOL_EXHAUSTED
+            else:
+                self._reason = ctx.host_reason
+            self._started = True
+            self._t0 = _clock()
+        except Exception:
+            self._c.faults_training += 1
+
+    def stop(self, barrier: bool = False) -> None:
+        try:
+            if barrier:
+                self._c.barriers_skipped += 1
+            if not self._started:
+                self._c.unbalanced += 1
+                return
+            injected = False
+            if self._inject is not None:
+                injected = self._inject.apply(self._ctx.step)
+            now = _clock()
+            self._started = False
+            self._elapsed_ns += now - self._t0
+            b = self._ctx.binding
+            if b[0] == self._rep_step:
+                rep = self._rep + 1
+            else:
+                rep = 0
+                self._rep_step = b[0]
+            self._rep = rep
+            sev = self._sev
+            reason = self._reason
+            eev = None
+            if sev is not None:
+                self._sev = None
+                if reason is None:
+                    free = self._free
+                    if free:
+                        eev = free.popleft()
+                        try:
+                            eev.record()
+                        except Exception:
+                            reason = CUDA_ERROR
+                        n = self._pool_cap - len(free)
+                        if n > self._c.pool_high_water:
+                            self._c.pool_high_water = n
+                    else:
+                        reason = POOL_EXHAUSTED
+            r = self._ring
+            h = r.head
+            if h - r.tail >= r.cap:
+                self._c.dropped_ring_full += 1
+                if sev is not None:
+                    self._orphans.append(sev)
+                    if eev is not None:
+                        self._orphans.append(eev)
+                return
+            i = h & r.mask
+            # start_ev/end_ev/injected are reset by the readout thread before it frees a slot, so
+            # only non-default values are written here.
+            r.timer[i] = self
+            r.start_ns[i] = self._t0
+            r.end_ns[i] = now
+            if sev is not None:
+                r.start_ev[i] = sev
+                if eev is not None:
+                    r.end_ev[i] = eev
+            r.binding[i] = b
+            r.repeat[i] = rep
+            r.reason[i] = reason
+            if injected:
+                r.injected[i] = True
+            r.head = h + 1
+        except Exception:
+            self._c.faults_training += 1
+
+    # ---- Megatron Timer API (not per-microbatch) --------------------------------------------------
+    def reset(self) -> None:
+        """Megatron: zero the elapsed time (not the active time) and forget a running start."""
+        try:
+            if self._sev is not None:
+                self._orphans.append(self._sev)  # recorded: the readout thread frees it once complete
+                self._sev = None
+            self._active_ns += self._elapsed_ns  # active time survives reset (Megatron)
+            self._elapsed_ns = 0
+            self._elapsed_base = 0.0
+            self._started = False
+        except Exception:
+            self._c.faults_training += 1
+
+    def set_elapsed(self, value: float) -> None:
+        self._active_ns += self._elapsed_ns
+        self._elapsed_base = float(value)
+        self._elapsed_ns = 0
+
+    def set_barrier_group(self, barrier_group: Any) -> None:
+        self._barrier_group = barrier_group
+
+    def elapsed(self, reset: bool = True, barrier: bool = False) -> float:
+        """Host seconds accumulated; a running timer is stopped and restarted (Megatron semantics)."""
+        started = self._started
+        if started:
+            self.stop(barrier=barrier)
+        value = self._elapsed_base + self._elapsed_ns / 1e9
+        if reset:
+            self.reset()
+        if started:
+            is_step = self._is_step
+            self._is_step = False  # a restart inside elapsed() is not a new step
+            try:
+                self.start(barrier=barrier)
+            finally:
+                self._is_step = is_step
+        return value
+
+    def active_time(self) -> float:
+        """Host seconds the timer was active, cumulative across resets (Megatron semantics)."""
+        return (self._active_ns + self._elapsed_ns) / 1e9
+
+    @property
+    def level(self) -> int:
+        return self._level
+
+    @property
+    def group(self) -> str:
+        return self._group
+
+    def __deepcopy__(self, memo: dict) -> Timer:
+        return self
+
+    def __copy__(self) -> Timer:
+        return self
+
+    def __reduce__(self) -> tuple:
+        return (_inert_timer, (self.name, self._level))
+
+
+class Timers:
+    """Group of timers, Megatron's ``Timers(log_level, log_option)`` plus keyword-only wiring.
+
+    Built bare (``Timers(2, "minmax")``) it is a host-only timer group with nothing attached: intervals
+    are counted as dropped, ``log``/``elapsed`` work. ``install_megatron``/``configure`` build it with a
+    pool, a ring and a readout thread feeding a sink.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_dummy_timer",
+        "_log_level",
+        "_log_levels",
+        "_log_option",
+        "_max_log_level",
+        "_rank",
+        "_step_timer",
+        "_timers",
+        "_world_size",
+        "config",
+        "counters",
+        "ctx",
+        "identity",
+        "injector",
+        "names_dropped",
+        "pool",
+        "readout",
+        "ring",
+        "sink",
+        "wall_anchor",
+    )
+
+    def __init__(
+        self,
+        log_level: int,
+        log_option: str,
+        *,
+        config: Any = None,
+        pool: EventPool | HostOnlyPool | None = None,
+        counters: EmitterCounters | None = None,
+        sink: Any = None,
+        injector: Any = None,
+        identity: Any = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        start_readout: bool = False,
+    ) -> None:
+        allowed = {"max", "minmax", "all"}
+        assert log_option in allowed, f"input log option {log_option} is invalid. It must be one of {allowed}"
+        self._log_level = log_level
+        self._log_option = log_option
+        self._timers: dict[str, Timer] = {}
+        self._log_levels: dict[str, int] = {}
+        self._dummy_timer = DummyTimer()
+        self._max_log_level = MAX_LOG_LEVEL
+        self.config = config
+        self.identity = identity
+        self._rank = int(rank if rank is not None else getattr(identity, "rank", 0))
+        self._world_size = int(world_size if world_size is not None else getattr(identity, "world_size", 1))
+        self.counters = (
+            counters if counters is not None else EmitterCounters(len(getattr(config, "config_errors", ()) or ()))
+        )
+        self.pool = pool if pool is not None else HostOnlyPool()
+        self.sink = sink
+        self.injector = injector
+        self._step_timer = getattr(config, "step_timer", "forward-backward")
+        device_every = getattr(config, "device_every", 4)
+        self.ctx = StepContext(device_every=device_every, cuda=self.pool.cuda)
+        self.names_dropped = 0
+        # Wall clock derived from the monotonic clock: one anchor pair, no second clock read per call.
+        self.wall_anchor = (time.time_ns(), _clock())
+        self.readout: Any = None
+        if sink is not None:
+            from otel_straggler.readout import Readout
+
+            self.ring = Ring(getattr(config, "ring_size", 8192))
+            self.readout = Readout(
+                self.ring,
+                self.pool,
+                self.counters,
+                sink,
+                interval_ms=getattr(config, "readout_interval_ms", 20.0),
+                timeout_s=getattr(config, "readout_timeout_s", 30.0),
+                wall_anchor=self.wall_anchor,
+            )
+            if start_readout:
+                self.readout.start()
+        else:
+            self.ring = Ring(0)  # nothing consumes: every interval is counted as dropped
+
+    # ---- Megatron API ---------------------------------------------------------------------------
+    def __call__(self, name: str, log_level: int | None = None) -> Timer | DummyTimer:
+        t = self._timers.get(name)
+        if t is not None:
+            if log_level is not None:
+                assert log_level == t._level, (
+                    f"input log level {log_level} does not match already existing log level {t._level} for {name} timer"
+                )
+            return t
+        if log_level is None:
+            log_level = self._max_log_level
+        assert log_level <= self._max_log_level, (
+            f"log level {log_level} is larger than max supported log level {self._max_log_level}"
+        )
+        if log_level > self._log_level:
+            return self._dummy_timer
+        if len(self._timers) >= MAX_TIMER_NAMES:
+            self.names_dropped += 1
+            return self._dummy_timer
+        inj = self.injector if (self.injector is not None and self.injector.stage == name) else None
+        timer = Timer(
+            name,
+            log_level,
+            ring=self.ring,
+            ctx=self.ctx,
+            pool=self.pool,
+            counters=self.counters,
+            inject=inj,
+            is_step=(name == self._step_timer),
+        )
+        self._timers[name] = timer
+        self._log_levels[name] = log_level
+        return timer
+
+    def _this_rank_times(self, names: Iterable[str], reset: bool, barrier: bool, normalizer: float) -> dict:
+        if barrier:
+            self.counters.barriers_skipped += 1
+        out: dict[str, float] = {}
+        for name in names:
+            t = self._timers.get(name)
+            if t is None:
+                continue
+            v = t.elapsed(reset=reset)
+            if v > 0.0:  # Megatron filters timers with no timing
+                out[name] = v / normalizer
+        return out
+
+    # Megatron's private helpers, same signatures, this rank only (no gather, no sync).
+    def _get_elapsed_time_all_ranks(self, names: list[str], reset: bool, barrier: bool) -> Any:
+        """A [world_size, len(names)] CPU tensor with only this rank's row filled (no all-gather)."""
+        if len(names) == 0:
+            return None
+        import torch
+
+        if barrier:
+            self.counters.barriers_skipped += 1
+        out = torch.zeros((self._world_size, len(names)), dtype=torch.float)
+        for i, name in enumerate(names):
+            t = self._timers.get(name)
+            if t is not None:
+                out[self._rank, i] = t.elapsed(reset=reset)
+        return out
+
+    def _get_global_min_max_time(self, names: Iterable[str], reset: bool, barrier: bool, normalizer: float) -> dict:
+        return {n: (v, v) for n, v in self._this_rank_times(names, reset, barrier, normalizer).items()}
+
+    def _get_global_min_max_time_string(
+        self, names: Iterable[str], reset: bool, barrier: bool, normalizer: float, max_only: bool
+    ) -> str | None:
+        name_to_min_max_time = self._get_global_min_max_time(names, reset, barrier, normalizer)
+        if not name_to_min_max_time:
+            return None
+        out = "max time across ranks (ms):" if max_only else "(min, max) time across ranks (ms):"
+        for name, (lo, hi) in name_to_min_max_time.items():
+            label = (name + " ").ljust(48, ".")
+            if max_only:
+                out += f"\n    {label}: {hi:.2f}"
+            else:
+                out += f"\n    {label}: ({lo:.2f}, {hi:.2f})"
+        return out
+
+    def _get_all_ranks_time_string(
+        self, names: Iterable[str], reset: bool, barrier: bool, normalizer: float
+    ) -> str | None:
+        times = self._this_rank_times(names, reset, barrier, normalizer)
+        if not times:
+            return None
+        out = "times across ranks (ms):"
+        for name, v in times.items():
+            out += f"\n  {name}:"
+            out += f"\n     rank {self._rank:2d}: {v:.2f}"
+        return out
+
+    def get_all_timers_string(
+        self,
+        names: list[str] | None = None,
+        normalizer: float = 1.0,
+        reset: bool = True,
+        barrier: bool = False,
+    ) -> str | None:
+        """Megatron's text, with this rank's host value in every field; no collective, no sync."""
+        if names is None:
+            names = list(self._timers.keys())
+        assert normalizer > 0.0
+        if self._log_option in ("max", "minmax"):
+            return self._get_global_min_max_time_string(
+                names, reset, barrier, normalizer / 1000.0, self._log_option == "max"
+            )
+        if self._log_option == "all":
+            return self._get_all_ranks_time_string(names, reset, barrier, normalizer / 1000.0)
+        raise Exception(f"unknown timing log option {self._log_option}")
+
+    def log(
+        self,
+        names: list[str],
+        rank: int | None = None,
+        normalizer: float = 1.0,
+        reset: bool = True,
+        barrier: bool = False,
+    ) -> None:
+        """Log this rank's timers (Megatron logs on the last rank by default; so does this)."""
+        output = self.get_all_timers_string(names, normalizer, reset, barrier)
+        if rank is None:
+            rank = self._world_size - 1
+        if rank == self._rank and output is not None:
+            _log.info(output)
+
+    def write(
+        self,
+        names: list[str],
+        writer: Any,
+        iteration: int,
+        normalizer: float = 1.0,
+        reset: bool = True,
+        barrier: bool = False,
+    ) -> None:
+        """Write ``<name>-time`` scalars (this rank's host seconds / normalizer) like Megatron."""
+        assert normalizer > 0.0
+        times = self._this_rank_times(names, reset, barrier, normalizer)
+        if writer is None:
+            return
+        for name, v in times.items():
+            if hasattr(writer, "add_scalar"):
+                writer.add_scalar(name + "-time", v, iteration)
+            elif hasattr(writer, "log"):
+                writer.log({name + "-time": v}, iteration)
+
+    # ---- step context ----------------------------------------------------------------------------
+    def set_step(
+        self,
+        step: int,
+        tokens: int | None = None,
+        sequences: int | None = None,
+        microbatches: int | None = None,
+    ) -> None:
+        """Training thread: publish the step (and workload) that following stops bind to."""
+        try:
+            self.ctx.set_step(step, tokens, sequences, microbatches)
+        except Exception:
+            self.counters.faults_training += 1
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Drain the ring to the sink, then flush the sink; bounded by timeout_s. Not for the hot path."""
+        if self.readout is None:
+            return True
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        ok = self.readout.flush(timeout_s)
+        sink = self.sink
+        if sink is not None:
+            try:
+                ok = bool(sink.flush(max(0.0, deadline - time.monotonic()))) and ok
+            except Exception:
+                self.counters.sink_errors += 1
+                ok = False
+        return ok
+
+    def shutdown(self, timeout_s: float | None = None) -> None:
+        """Stop the readout (draining what it can), flush and shut the sink; bounded and idempotent."""
+        if timeout_s is None:
+            timeout_s = float(getattr(self.config, "shutdown_timeout_s", 5.0))
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        readout = self.readout
+        if readout is not None:
+            try:
+                readout.stop(max(0.0, timeout_s * 0.6))
+            except Exception:
+                self.counters.faults_readout += 1
+        sink = self.sink
+        self.sink = None
+        if sink is not None and readout is not None:
+            try:
+                sink.publish_stats(self.counters.snapshot())
+            except Exception:
+                self.counters.sink_errors += 1
+            try:
+                sink.flush(max(0.0, deadline - time.monotonic()))
+            except Exception:
+                self.counters.sink_errors += 1
+            try:
+                sink.shutdown(max(0.0, deadline - time.monotonic()))
+            except Exception:
+                self.counters.sink_errors += 1
+
+    # ---- copy / pickle ----------------------------------------------------------------------------
+    def __deepcopy__(self, memo: dict) -> Timers:
+        return self
+
+    def __copy__(self) -> Timers:
+        return self
+
+    def __reduce__(self) -> tuple:
+        return (
+            _inert_timers,
+            (self._log_level, self._log_option, dict(self._log_levels), self._rank, self._world_size),
+        )
+
+
+def _inert_timers(log_level: int, log_option: str, levels: dict, rank: int = 0, world_size: int = 1) -> Timers:
+    t = Timers(log_level, log_option, rank=rank, world_size=world_size)
+    for name, level in levels.items():
+        t(name, level)
+    return t
+
+
+_INERT: list[Timers] = []
+
+
+def _inert_timer(name: str, level: int) -> Timer:
+    if not _INERT:
+        _INERT.append(Timers(MAX_LOG_LEVEL, "minmax"))
+    owner = _INERT[0]
+    return Timer(name, level, ring=owner.ring, ctx=owner.ctx, pool=owner.pool, counters=owner.counters)

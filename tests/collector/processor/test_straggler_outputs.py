@@ -1,0 +1,195 @@
+"""Events, evidence dicts, verdict spans and the Prometheus view; attribution and impact rules."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from prometheus_client import generate_latest
+from straggler_build import step_request
+from straggler_sim import Clock, make_processor
+
+from collector_processor.processor.straggler.attribution import attribute, collective_evidence
+from collector_processor.processor.straggler.config import Config, MetricsConfig
+from collector_processor.processor.straggler.events import verdict_span, verdict_to_dict, verdicts_to_logs
+from collector_processor.processor.straggler.impact import impact, step_period_ms
+from collector_processor.processor.straggler.model import Verdict
+from otel_straggler import schema as s
+
+
+def _verdict(**kw: object) -> Verdict:
+    base = dict(job="j", cohort="c", rank=3, host="h3", gpu="GPU-3", stage="forward-compute", group="forward",
+                verdict=s.VERDICT_STRAGGLER, reason="slower_than_reference", deviation=0.1, value_ms=66.0,
+                reference_rank=0, reference_ms=60.0, measurement=s.MEASUREMENT_DEVICE, window_start=50,
+                window_end=54, step=54, attribution=s.ATTRIBUTION_GPU, step_time_lost_ms=6.0,
+                gpu_seconds_per_hour=100.0, cohort_size=8, collective_evidence="waits_least:grad-sync",
+                trace_id=s.trace_id_for_step("j", 54).to_bytes(16, "big"), emitted_unix_ns=123)
+    base.update(kw)
+    return Verdict(**base)  # type: ignore[arg-type]
+
+
+def test_attribution_rule() -> None:
+    kw = dict(tolerance=0.05, floor_ms=5.0, host_explains_fraction=0.8, host_ambiguous_fraction=0.25)
+    dev = s.MEASUREMENT_DEVICE
+
+    def a(dd, dg, hd, hg, m=dev):  # type: ignore[no-untyped-def]
+        return attribute(measurement=m, device_deviation=dd, device_gap_ms=dg, host_deviation=hd, host_gap_ms=hg,
+                         **kw)
+
+    assert a(0.1, 6, 0.0, 0) == s.ATTRIBUTION_GPU  # device up, host flat
+    assert a(0.1, 6, 0.1, 1) == s.ATTRIBUTION_GPU  # host up a little: share 0.17
+    assert a(0.1, 6, 0.3, 6) == s.ATTRIBUTION_HOST  # host excess explains the device stretch (starved stream)
+    assert a(0.1, 6, 0.2, 3) == s.ATTRIBUTION_UNKNOWN  # both grew, neither explains the other
+    assert a(0.01, 1, 0.2, 12) == s.ATTRIBUTION_HOST  # device flat, host up
+    assert a(None, None, 0.2, 12, s.MEASUREMENT_HOST_ONLY) == s.ATTRIBUTION_HOST
+    assert a(0.01, 1, 0.01, 0.1) == s.ATTRIBUTION_UNKNOWN
+
+
+def test_collective_evidence_is_lowest_wait_only() -> None:
+    per = {"grad-sync": {0: 20.0, 1: 21.0, 2: 20.5, 3: 12.0}, "p2p": {0: 5.0, 1: 5.0, 2: 5.0, 3: 5.0}}
+    assert collective_evidence(3, per, 0.05) == "waits_least:grad-sync"
+    assert collective_evidence(0, per, 0.05) == ""
+
+
+def test_impact_formula() -> None:
+    assert step_period_ms([300.0, 310.0, 290.0], 0, 0) == 300.0
+    assert step_period_ms([], 5 * 250_000_000, 5) == 250.0
+    # 6 ms/step lost, 7 waiting ranks, 12000 steps/h -> 504 GPU-s/h
+    assert math.isclose(impact(6.0, 8, 300.0), 0.006 * 7 * 12000)
+    assert impact(6.0, 8, None) == 0.0
+
+
+def test_log_record_carries_the_event_contract() -> None:
+    v = _verdict()
+    req = verdicts_to_logs([v, _verdict(verdict=s.VERDICT_RECOVERED, reason="within_tolerance"),
+                            _verdict(verdict=s.VERDICT_UNCERTAIN, reason="below_absolute_floor", step=None,
+                                     trace_id=b"")])
+    rl = req.resource_logs[0]
+    assert {a.key: a.value.string_value for a in rl.resource.attributes}[s.RES_SERVICE_NAME] == \
+        "otel-straggler-collector"
+    recs = rl.scope_logs[0].log_records
+    assert [r.severity_text for r in recs] == ["WARN", "INFO", "DEBUG"]
+    attrs = {a.key: a.value for a in recs[0].attributes}
+    assert attrs[s.EVENT_NAME_ATTR].string_value == s.EVENT_VERDICT
+    for name in (s.EV_JOB, s.EV_COHORT, s.EV_RANK, s.EV_HOST, s.EV_GPU, s.EV_STAGE, s.EV_STAGE_GROUP, s.EV_VERDICT,
+                 s.EV_REASON, s.EV_DEVIATION, s.EV_VALUE_MS, s.EV_REFERENCE_RANK, s.EV_REFERENCE_MS,
+                 s.EV_MEASUREMENT, s.EV_WINDOW_START, s.EV_WINDOW_END, s.EV_STEP, s.EV_ATTRIBUTION,
+                 s.EV_STEP_TIME_LOST_MS, s.EV_GPU_SECONDS_PER_HOUR, s.EV_COHORT_SIZE, s.EV_COLLECTIVE_EVIDENCE,
+                 s.EV_TRACE_ID):
+        assert name in attrs, name
+    assert attrs[s.EV_RANK].int_value == 3 and attrs[s.EV_DEVIATION].double_value == 0.1
+    assert recs[0].trace_id == v.trace_id and attrs[s.EV_TRACE_ID].string_value == v.trace_id.hex()
+    assert "rank 3" in recs[0].body.string_value and "\n" not in recs[0].body.string_value
+    assert recs[2].trace_id == b""
+
+
+def test_evidence_dict_is_json_safe() -> None:
+    d = verdict_to_dict(_verdict(deviation=math.inf, value_ms=math.nan))
+    line = json.dumps(d, allow_nan=False)
+    assert json.loads(line)["trace_id"] == s.trace_id_for_step("j", 54).to_bytes(16, "big").hex()
+    assert d["deviation"] is None and d["value_ms"] is None
+
+
+def test_verdict_span_is_child_of_the_job_step() -> None:
+    sp = verdict_span(_verdict())
+    assert sp is not None and sp.name == s.SPAN_VERDICT
+    assert sp.parent_span_id == s.job_step_span_id("j", 54).to_bytes(8, "big")
+    assert verdict_span(_verdict(step=None, trace_id=b"")) is None
+
+
+def test_prometheus_view_follows_the_alert() -> None:
+    clock = Clock()
+    cfg = Config(metrics=MetricsConfig(series_ttl_s=60.0))
+    proc, _, tel = make_processor(cfg, clock)
+
+    def feed(steps, slow):  # type: ignore[no-untyped-def]
+        for st in steps:
+            proc.process_traces(step_request(st, {r: (72.0 if (r == 3 and slow) else 60.0, 10.0) for r in range(8)}))
+            clock.t += 0.3
+
+    feed(range(0, 30), True)
+    text = generate_latest(tel.registry).decode()
+    active = [ln for ln in text.splitlines() if ln.startswith(s.M_STRAGGLER_ACTIVE + "{")]
+    assert len(active) == 1 and 'rank="3"' in active[0] and active[0].endswith(" 1.0")
+    assert 'attribution="gpu_stream_stall"' in active[0]
+    lost = tel.registry.get_sample_value(s.M_STEP_TIME_LOST, {
+        "job": "job-1", "cohort": proc.active()[0].cohort, "rank": "3", "host": "h3", "gpu": "GPU-3",
+        "stage": "forward-compute", "attribution": "gpu_stream_stall"})
+    assert lost is not None and math.isclose(lost, 0.012)
+    assert tel.registry.get_sample_value(s.M_VERDICTS, {"job": "job-1", "verdict": "straggler",
+                                                        "reason": "slower_than_reference"}) == 1
+    assert tel.registry.get_sample_value(s.M_RANK_DEVIATION, {"job": "job-1", "cohort": proc.active()[0].cohort,
+                                                              "rank": "3"}) is not None
+    assert f'{s.M_RANK_STAGE_SECONDS}{{' in text
+    feed(range(30, 45), False)
+    text = generate_latest(tel.registry).decode()
+    active = [ln for ln in text.splitlines() if ln.startswith(s.M_STRAGGLER_ACTIVE + "{")]
+    assert len(active) == 1 and active[0].endswith(" 0.0")
+    # no update for longer than the TTL: the series disappears
+    clock.t += 120.0
+    proc.tick(clock.t)
+    text = generate_latest(tel.registry).decode()
+    assert not [ln for ln in text.splitlines() if ln.startswith(s.M_STRAGGLER_ACTIVE + "{")]
+
+
+def test_config_is_strict_and_has_documented_defaults() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    cfg = Config()
+    assert (cfg.window_steps, cfg.tolerance, cfg.absolute_floor_ms, cfg.warmup_windows, cfg.persistence_windows,
+            cfg.min_cohort_size, cfg.workload_tolerance, cfg.reference) == (5, 0.05, 5.0, 2, 2, 3, 0.05, "fastest")
+    with pytest.raises(ValidationError):
+        Config(unknown_knob=1)  # type: ignore[call-arg]
+    with pytest.raises(ValidationError):
+        Config(judged_groups=["forwards"])
+    from collector_processor.processor.straggler import factory
+    assert factory.TYPE == "straggler" and isinstance(factory.create_default_config(), Config)
+
+
+def test_scrape_on_another_thread_while_processing() -> None:
+    """The scrape thread reads snapshots only; processing and scraping run concurrently without errors."""
+    import threading
+
+    from straggler_sim import Sim
+
+    clock = Clock()
+    proc, _, tel = make_processor(clock=clock)
+    sim = Sim(device_factor=lambda r, n, st: 1.2 if r == 3 and n == "forward-compute" else 1.0)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    scrapes = [0]
+
+    def scrape() -> None:
+        while not stop.is_set():
+            try:
+                generate_latest(tel.registry)
+                scrapes[0] += 1
+            except BaseException as e:
+                errors.append(e)
+                return
+
+    th = threading.Thread(target=scrape, daemon=True)
+    th.start()
+    try:
+        for st in range(0, 60):
+            proc.process_traces(sim.request([st]))
+            clock.t += 0.3
+    finally:
+        stop.set()
+        th.join(timeout=5)
+    assert not errors and scrapes[0] > 0
+    assert 'rank="3"' in generate_latest(tel.registry).decode()
+
+
+def test_verdict_spans_fed_back_are_not_judged() -> None:
+    """A collector downstream of another receives verdict spans (they carry straggler.stage): skipped."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from collector_processor.processor.straggler.events import verdict_resource_spans
+
+    proc, _, _ = make_processor()
+    rs = verdict_resource_spans([_verdict(), _verdict(rank=4)])
+    assert rs is not None
+    proc.process_traces(ExportTraceServiceRequest(resource_spans=[rs]))
+    assert proc.last_rejected == 0 and proc.stats()["spans_accepted"] == 0

@@ -1,0 +1,314 @@
+"""One test per detector rule, on hand-built requests with exact values. Where a rule can be switched off
+through the config, the test also shows the outcome without it (so the assertion can fail)."""
+
+from __future__ import annotations
+
+import math
+
+from straggler_build import span, step_request
+from straggler_sim import Clock, Sim, make_processor, run
+
+from collector_processor.processor.straggler.config import Config
+from otel_straggler import schema as s
+
+PAR = 60.0
+
+
+def feed(proc, steps, value_of, stage="forward-compute", group="forward", tokens_of=None, clock=None, ranks=8):  # type: ignore[no-untyped-def]
+    """value_of(rank, step) -> (device, host) or None (rank silent that step)."""
+    for st in steps:
+        vals = {}
+        for r in range(ranks):
+            v = value_of(r, st)
+            if v is not None:
+                vals[r] = v
+        toks = {r: tokens_of(r, st) for r in vals} if tokens_of else None
+        proc.process_traces(step_request(st, vals, stage=stage, group=group, tokens=toks))
+        if clock is not None:
+            clock.t += 0.3
+
+
+def kinds(emitted, rank=None, stage="forward-compute"):  # type: ignore[no-untyped-def]
+    for v in emitted:  # every verdict speaks the schema's vocabulary
+        assert v.verdict in s.VERDICTS and v.reason in s.REASONS and v.attribution in s.ATTRIBUTIONS
+    return [(v.verdict, v.reason) for v in emitted if (rank is None or v.rank == rank) and v.stage == stage]
+
+
+def stragglers(emitted):  # type: ignore[no-untyped-def]
+    return [(v.rank, v.stage) for v in emitted if v.verdict == s.VERDICT_STRAGGLER]
+
+
+def test_cohorts_are_never_compared_across_keys() -> None:
+    """Rank 0..3 in cohort A at 60 ms, rank 4..7 in cohort B at 80 ms (another pipeline stage): no verdict."""
+    proc, emitted, _ = make_processor()
+    sim = Sim(cohort_of=lambda r: "A" if r < 4 else "B", noise=0.0,
+              device_factor=lambda r, n, st: 1.33 if r >= 4 else 1.0)
+    run(proc, sim, range(0, 60))
+    assert stragglers(emitted) == []
+    assert proc.stats()["cohorts"] == 2
+    # the same data in one cohort convicts ranks 4..7 (the rule is what prevents it)
+    proc2, emitted2, _ = make_processor()
+    run(proc2, Sim(noise=0.0, device_factor=lambda r, n, st: 1.33 if r >= 4 else 1.0), range(0, 60))
+    assert {r for r, _ in stragglers(emitted2)} == {4, 5, 6, 7}
+
+
+def test_persistence_requires_consecutive_windows_and_flapping_never_fires() -> None:
+    proc, emitted, _ = make_processor()
+    # rank 3 slow in every other window (steps 10-14, 20-24, ...)
+    feed(proc, range(0, 100), lambda r, st: ((PAR * 1.2 if r == 3 and (st // 5) % 2 == 0 else PAR), 10.0))
+    assert stragglers(emitted) == []
+    cfg = Config(persistence_windows=1)
+    proc1, emitted1, _ = make_processor(cfg)
+    feed(proc1, range(0, 100), lambda r, st: ((PAR * 1.2 if r == 3 and (st // 5) % 2 == 0 else PAR), 10.0))
+    assert (3, "forward-compute") in stragglers(emitted1)
+
+
+def test_a_gap_in_window_indices_resets_onset() -> None:
+    """Slow in window 4, silent in window 5, slow in window 6: not consecutive, no straggler."""
+    proc, emitted, _ = make_processor()
+
+    def val(r, st):  # type: ignore[no-untyped-def]
+        w = st // 5
+        if r == 3 and w == 5:
+            return None
+        return (PAR * 1.2 if r == 3 and w in (4, 6) else PAR, 10.0)
+
+    feed(proc, range(0, 35), val)
+    assert stragglers(emitted) == []
+    assert proc.stats()["windows_closed"] >= 6
+
+
+def test_a_window_nobody_reported_breaks_persistence() -> None:
+    """Steps 25-29 never arrive (e.g. an evaluation pause): slow windows 4 and 6 are not consecutive."""
+    proc, emitted, _ = make_processor()
+    steps = [st for st in range(0, 40) if not 25 <= st < 30]
+    feed(proc, steps, lambda r, st: ((PAR * 1.2 if r == 3 and st // 5 in (4, 6) else PAR), 10.0))
+    assert stragglers(emitted) == []
+    proc2, emitted2, _ = make_processor()
+    feed(proc2, range(0, 40), lambda r, st: ((PAR * 1.2 if r == 3 and st // 5 in (4, 5) else PAR), 10.0))
+    assert stragglers(emitted2) == [(3, "forward-compute")]
+
+
+def test_straggler_after_two_consecutive_slow_windows() -> None:
+    proc, emitted, _ = make_processor()
+    feed(proc, range(0, 30), lambda r, st: ((PAR * 1.2 if r == 3 and st >= 10 else PAR), 10.0))
+    assert stragglers(emitted) == [(3, "forward-compute")]
+    v = next(v for v in emitted if v.verdict == s.VERDICT_STRAGGLER)
+    assert (v.window_start, v.window_end, v.step) == (15, 19, 19)
+    assert math.isclose(v.deviation or 0, 0.2)
+    assert math.isclose(v.step_time_lost_ms, 12.0)
+    assert v.cohort_size == 8
+
+
+def test_reference_median_mode() -> None:
+    cfg = Config(reference="median")
+    proc, emitted, _ = make_processor(cfg)
+    # rank 0 is a fast outlier at 40 ms, peers at 60, rank 7 at 66: +10% vs the median, +65% vs the fastest
+    val = lambda r, st: ({0: 40.0, 7: 66.0}.get(r, PAR), 10.0)  # noqa: E731
+    feed(proc, range(0, 30), val)
+    v = [v for v in emitted if v.verdict == s.VERDICT_STRAGGLER]
+    assert [x.rank for x in v] == [7]
+    assert math.isclose(v[0].reference_ms or 0, 60.0)
+    proc_f, emitted_f, _ = make_processor()
+    feed(proc_f, range(0, 30), val)
+    assert len(stragglers(emitted_f)) == 7
+
+
+def test_absolute_floor_makes_tiny_stages_uncertain_and_rate_limited() -> None:
+    proc, emitted, _ = make_processor()
+    # 1 ms stage, rank 1 at +50%: relative beyond tolerance, absolute gap 0.5 ms under the 5 ms floor
+    feed(proc, range(0, 200), lambda r, st: ((1.5 if r == 1 else 1.0), 2.0), stage="batch-generator", group="data")
+    assert stragglers(emitted) == []
+    unc = kinds(emitted, rank=1, stage="batch-generator")
+    assert unc and set(unc) == {(s.VERDICT_UNCERTAIN, "below_absolute_floor")}
+    # 37 judged windows (2 in warmup, the last still open): one on the change, then at most one per 20
+    # windows; the rest are counted
+    assert len(unc) == 2
+    assert proc.stats()["uncertain_suppressed"] == 37 - 2
+    # without the floor the same data convicts
+    proc0, emitted0, _ = make_processor(Config(absolute_floor_ms=0.0))
+    feed(proc0, range(0, 30), lambda r, st: ((1.5 if r == 1 else 1.0), 2.0), stage="batch-generator", group="data")
+    assert stragglers(emitted0) == [(1, "batch-generator")]
+
+
+def test_gap_under_floor_on_a_large_stage_is_uncertain() -> None:
+    proc, emitted, _ = make_processor()
+    # 60 ms stage, rank 2 at +7% = 4.2 ms: relative beyond 5%, absolute under 5 ms
+    feed(proc, range(0, 40), lambda r, st: ((PAR * 1.07 if r == 2 else PAR), 10.0))
+    assert stragglers(emitted) == []
+    assert (s.VERDICT_UNCERTAIN, "below_absolute_floor") in kinds(emitted, rank=2)
+
+
+def test_warmup_windows_are_excluded() -> None:
+    """Lazy CUDA-event allocation: rank 4 is +25% in its first two windows only."""
+    def val(r, st):  # type: ignore[no-untyped-def]
+        return ((PAR * 1.25 if r == 4 and st < 10 else PAR), 10.0)
+
+    proc, emitted, _ = make_processor()
+    feed(proc, range(0, 40), val)
+    assert stragglers(emitted) == []
+    assert proc.stats()["warmup_excluded"] == 16
+    proc0, emitted0, _ = make_processor(Config(warmup_windows=0))
+    feed(proc0, range(0, 40), val)
+    assert stragglers(emitted0) == [(4, "forward-compute")]
+
+
+def test_late_starting_rank_neither_blocks_windows_nor_is_judged_in_warmup() -> None:
+    """Rank 7 starts at step 40 with warmup skew; windows before it close on the others' progress."""
+    proc, emitted, _ = make_processor()
+
+    def val(r, st):  # type: ignore[no-untyped-def]
+        if r == 7:
+            if st < 40:
+                return None
+            return (PAR * 1.3 if st < 50 else PAR, 10.0)
+        return (PAR, 10.0)
+
+    feed(proc, range(0, 40), val)
+    assert proc.stats()["windows_closed"] == 7
+    feed(proc, range(40, 90), val)
+    assert stragglers(emitted) == []
+    assert proc.stats()["windows_closed"] == 17
+
+
+def test_unequal_workload_is_uncertain_and_excluded_from_references() -> None:
+    """Rank 2 processes 20% more tokens and takes 20% longer; rank 5 processes 20% fewer and is faster."""
+    def val(r, st):  # type: ignore[no-untyped-def]
+        return ({2: PAR * 1.2, 5: PAR * 0.8}.get(r, PAR), 10.0)
+
+    def tok(r, st):  # type: ignore[no-untyped-def]
+        return {2: 9830, 5: 6554}.get(r, 8192)
+
+    proc, emitted, _ = make_processor()
+    feed(proc, range(0, 40), val, tokens_of=tok)
+    assert stragglers(emitted) == []
+    assert (s.VERDICT_UNCERTAIN, "workload_incomparable") in kinds(emitted, rank=2)
+    assert (s.VERDICT_UNCERTAIN, "workload_incomparable") in kinds(emitted, rank=5)
+    # without token information the same timings convict rank 2 and, against rank 5, everyone else
+    proc0, emitted0, _ = make_processor()
+    feed(proc0, range(0, 40), val)
+    assert (2, "forward-compute") in stragglers(emitted0)
+    assert len(stragglers(emitted0)) == 7
+
+
+def test_min_cohort_size_counts_only_comparable_peers() -> None:
+    proc, emitted, _ = make_processor()
+    feed(proc, range(0, 40), lambda r, st: ((PAR * 1.2 if r == 1 else PAR), 10.0), ranks=2)
+    assert stragglers(emitted) == []
+    assert (s.VERDICT_UNCERTAIN, "cohort_below_min_size") in kinds(emitted, rank=1)
+    # 4 ranks reporting, but ranks 2 and 3 lost device timing: rank 1 has one comparable device peer
+    proc2, emitted2, _ = make_processor()
+    feed(proc2, range(0, 40), lambda r, st: ((PAR * 1.2 if r == 1 else PAR) if r < 2 else None, 10.0), ranks=4)
+    assert stragglers(emitted2) == []
+    assert (s.VERDICT_UNCERTAIN, "cohort_below_min_size") in kinds(emitted2, rank=1)
+    proc3, emitted3, _ = make_processor(Config(min_cohort_size=2))
+    feed(proc3, range(0, 40), lambda r, st: ((PAR * 1.2 if r == 1 else PAR), 10.0), ranks=2)
+    assert stragglers(emitted3) == [(1, "forward-compute")]
+
+
+def test_non_finite_samples_are_rejected_and_never_a_reference() -> None:
+    """Rank 6 reports NaN/negative device and host times: counted, uncertain, never the fastest peer."""
+    proc, emitted, _ = make_processor()
+    rejected = []
+    for st in range(0, 40):
+        vals = {r: (PAR, 10.0) for r in range(8)}
+        vals[6] = (math.nan, -1.0)
+        vals[3] = (PAR * 1.2, 10.0) if st >= 10 else (PAR, 10.0)
+        proc.process_traces(step_request(st, vals))
+        rejected.append(proc.last_rejected)
+    assert set(rejected) == {1}
+    st = proc.stats()
+    assert st["rejected_non_finite"] == 40 and st["non_finite_values"] == 80
+    assert stragglers(emitted) == [(3, "forward-compute")]
+    v = next(v for v in emitted if v.verdict == s.VERDICT_STRAGGLER)
+    assert v.reference_rank != 6 and v.cohort_size == 7
+    assert (s.VERDICT_UNCERTAIN, "non_finite_sample") in kinds(emitted, rank=6)
+
+
+def test_device_and_host_are_never_mixed_in_one_comparison() -> None:
+    """Peers: device 30 ms, host 40 ms. Rank 5 lost device timing (host 40 ms only). Mixing would make it
+    +33% against a device reference; host-vs-host it is at par."""
+    proc, emitted, _ = make_processor()
+    feed(proc, range(0, 40), lambda r, st: ((None, 40.0) if r == 5 else (30.0, 40.0)))
+    assert stragglers(emitted) == []
+    # and a rank whose host time is truly up against peers' host times is judged host-only
+    proc2, emitted2, _ = make_processor()
+    feed(proc2, range(0, 40), lambda r, st: ((None, 40.0) if r >= 5 else (30.0, 40.0)) if r != 6
+         else (None, 50.0))
+    v = [v for v in emitted2 if v.verdict == s.VERDICT_STRAGGLER]
+    assert [(x.rank, x.measurement, x.attribution, x.reference_ms) for x in v] == [
+        (6, s.MEASUREMENT_HOST_ONLY, s.ATTRIBUTION_HOST, 40.0)]
+
+
+def test_recovery_needs_positive_evidence_and_unusable_windows_hold_the_alert() -> None:
+    proc, emitted, _ = make_processor()
+    slow = lambda r, st: ((PAR * 1.2 if r == 3 else PAR), 10.0)  # noqa: E731
+    feed(proc, range(0, 30), slow)
+    assert stragglers(emitted) == [(3, "forward-compute")]
+    # rank 3's work becomes incomparable (while at par): no recovery, alert held, reported once
+    feed(proc, range(30, 50), lambda r, st: (PAR, 10.0), tokens_of=lambda r, st: 12000 if r == 3 else 8192)
+    k = kinds(emitted, rank=3)
+    assert (s.VERDICT_RECOVERED, "within_tolerance") not in k
+    assert k.count((s.VERDICT_UNCERTAIN, "recovery_evidence_insufficient")) == 1
+    assert [a.rank for a in proc.active()] == [3]
+    # rank 3 silent for a while: still held, not reported again
+    feed(proc, range(50, 60), lambda r, st: None if r == 3 else (PAR, 10.0))
+    assert [a.rank for a in proc.active()] == [3]
+    assert kinds(emitted, rank=3).count((s.VERDICT_UNCERTAIN, "recovery_evidence_insufficient")) == 1
+    # still slow when evidence returns: held, no new onset verdict
+    feed(proc, range(60, 75), slow)
+    assert stragglers(emitted) == [(3, "forward-compute")]
+    # at par (gap 0 is under the floor: the floor never blocks recovery)
+    feed(proc, range(75, 90), lambda r, st: (PAR, 10.0))
+    assert kinds(emitted, rank=3)[-1] == (s.VERDICT_RECOVERED, "within_tolerance")
+    assert proc.active() == []
+
+
+def test_grace_closes_a_window_held_by_a_silent_rank() -> None:
+    clock = Clock()
+    cfg = Config(warmup_windows=0, rank_timeout_s=1000.0)
+    proc, _, _ = make_processor(cfg, clock)
+    feed(proc, range(0, 5), lambda r, st: (PAR, 10.0), clock=clock)
+    t5 = clock.t  # step 5 (first sample of window 1) arrives now
+    feed(proc, range(5, 12), lambda r, st: None if r == 7 else (PAR, 10.0), clock=clock)  # rank 7 silent
+    assert proc.stats()["windows_closed"] == 0  # window 0 waits for rank 7 (step 4 was its last)
+    proc.tick(t5 + cfg.grace_s - 0.1)
+    assert proc.stats()["windows_closed"] == 0
+    proc.tick(t5 + cfg.grace_s + 0.1)
+    assert proc.stats()["windows_closed"] == 1
+    assert proc.stats()["windows_closed_by_grace"] == 1
+    proc.tick(t5 + 10 * 0.3 + cfg.grace_s + 0.1)  # window 2 began at step 10
+    assert proc.stats()["windows_closed"] == 2
+
+
+def test_wall_clock_windows_without_iteration() -> None:
+    """No dl.iteration: windows of wall_window_s from the cohort's first observation, closed by progress
+    or tick; integer arithmetic keeps 4.1 s and 4.0 s in the same 1 s... boundaries exact."""
+    clock = Clock()
+    cfg = Config(wall_window_s=1.0, warmup_windows=1)
+    proc, emitted, _ = make_processor(cfg, clock)
+    t0 = 1_700_000_000_000_000_000 + 123  # anchor is not a whole second: boundaries follow it
+    from straggler_build import request
+    for i in range(40):  # 4 samples per second per rank
+        start = t0 + i * 250_000_000
+        proc.process_traces(request({r: [span("forward-compute", None, PAR * 1.2 if r == 2 else PAR, 10.0,
+                                               start_ns=start)] for r in range(6)}))
+        clock.t += 0.25
+    proc.tick(clock.t + 100)
+    assert stragglers(emitted) == [(2, "forward-compute")]
+    v = next(v for v in emitted if v.verdict == s.VERDICT_STRAGGLER)
+    assert v.step is None and v.trace_id == b""
+    assert proc.stats()["windows_closed"] == 10
+
+
+def test_host_up_with_device_flat_is_a_host_only_stall() -> None:
+    """Device measured and at par, host interval +20 ms (e.g. the rank waits for its data loader): the step
+    is delayed by the host; the verdict compares host-vs-host and says host_only_stall."""
+    proc, emitted, _ = make_processor()
+    feed(proc, range(0, 30), lambda r, st: (30.0, 40.0 if r == 2 and st >= 10 else 20.0), stage="batch-generator",
+         group="data")
+    v = [x for x in emitted if x.verdict == s.VERDICT_STRAGGLER]
+    assert [(x.rank, x.measurement, x.attribution, x.reference_ms) for x in v] == [
+        (2, s.MEASUREMENT_HOST_ONLY, s.ATTRIBUTION_HOST, 20.0)]
+    feed(proc, range(30, 45), lambda r, st: (30.0, 20.0), stage="batch-generator", group="data")
+    assert kinds(emitted, rank=2, stage="batch-generator")[-1] == (s.VERDICT_RECOVERED, "within_tolerance")

@@ -1,0 +1,108 @@
+"""Shared fixtures for the emitter tests.
+
+CUDA cannot run on the CI machines, so device timing is driven through ``FakeDevice``/``FakeEvent``
+(``otel_straggler.event_pool``): a fake stream clock whose events complete when the test says so.
+Everything else is real (threads, ring, readout, Megatron's own Timers for parity).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from otel_straggler.config import EmitterConfig
+from otel_straggler.event_pool import EventPool, FakeDevice
+from otel_straggler.interval import Interval
+from otel_straggler.timers import Timers
+
+
+class RecordingSink:
+    """IntervalSink that records what the readout thread hands it (thread-safe for test reads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.intervals: list[Interval] = []
+        self.batches = 0
+        self.stats: list[dict[str, int]] = []
+        self.submit_threads: set[str] = set()
+        self.flushed = 0
+        self.shut = 0
+        self.raise_on_submit = False
+        self.raise_on_stats = False
+
+    def submit(self, intervals: Sequence[Interval]) -> None:
+        self.submit_threads.add(threading.current_thread().name)
+        if self.raise_on_submit:
+            raise RuntimeError("sink down")
+        with self._lock:
+            self.intervals.extend(intervals)
+            self.batches += 1
+
+    def publish_stats(self, stats: dict[str, int]) -> None:
+        if self.raise_on_stats:
+            raise RuntimeError("stats down")
+        with self._lock:
+            self.stats.append(dict(stats))
+
+    def flush(self, timeout_s: float) -> bool:
+        self.flushed += 1
+        return True
+
+    def shutdown(self, timeout_s: float) -> None:
+        self.shut += 1
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return [iv.name for iv in self.intervals]
+
+
+@pytest.fixture
+def sink() -> RecordingSink:
+    return RecordingSink()
+
+
+@pytest.fixture
+def device() -> FakeDevice:
+    return FakeDevice(auto_complete=True)
+
+
+MakeTimers = Callable[..., Timers]
+
+
+@pytest.fixture
+def make_timers(sink: RecordingSink, device: FakeDevice) -> MakeTimers:
+    """Timers on the fake device; readout thread NOT started (tests drain deterministically)."""
+    made: list[Timers] = []
+
+    def make(
+        *,
+        device_every: int = 1,
+        pool_size: int = 32,
+        ring_size: int = 64,
+        readout_timeout_s: float = 30.0,
+        log_level: int = 2,
+        start_readout: bool = False,
+        fake: FakeDevice | None = None,
+        sink_: Any = None,
+        **kw: Any,
+    ) -> Timers:
+        dev = fake or device
+        cfg = EmitterConfig(
+            enabled=True,
+            device_every=device_every,
+            pool_size=pool_size,
+            ring_size=ring_size,
+            readout_timeout_s=readout_timeout_s,
+            readout_interval_ms=5,
+        )
+        pool = EventPool(pool_size, dev.factory, synchronize=None)
+        t = Timers(log_level, "minmax", config=cfg, pool=pool, sink=sink_ or sink, start_readout=start_readout, **kw)
+        made.append(t)
+        return t
+
+    yield make
+    for t in made:
+        t.shutdown(1.0)

@@ -1,0 +1,271 @@
+"""The export child process and the failure modes around it: collector absent, pipe full, child crash,
+parent SIGKILL / SIGTERM, fork. Real child processes, real OTLP exporters, real receiver."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from export_e2e_support import check_spans, otlp_env, run_ranks, start_rank
+from export_otlp_receiver import GrpcReceiver
+from export_rank_driver import identity, make_intervals
+
+from otel_straggler import schema
+from otel_straggler.export.process_sink import ProcessSink
+from otel_straggler.export.thread_sink import ThreadSink
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def grpc_receiver():
+    rcv = GrpcReceiver()
+    yield rcv
+    rcv.stop()
+
+
+def closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def use_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
+    for key in [k for k in os.environ if k.startswith("OTEL_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+
+def process_sink(job: str, **kw) -> ProcessSink:
+    return ProcessSink(identity(0, 1, job).resource_attributes(), rank=0, job_id=job, **kw)
+
+
+def gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+def assert_never_blocks(durations: list[float]) -> None:
+    """Every submit under 5 ms, except for rare scheduler preemptions on a loaded 2-core runner: the 99th
+    percentile must be under 5 ms and the worst far below anything network- or pipe-bound (the exporter's
+    timeout here is 1 s; a blocking pipe write would wait for the stuck child forever)."""
+    durations = sorted(durations)
+    p99 = durations[int(len(durations) * 0.99) - 1]
+    assert p99 < 0.005, f"p99 submit {p99 * 1000:.2f} ms"
+    assert durations[-1] < 0.25, f"worst submit {durations[-1] * 1000:.2f} ms"
+
+
+def wait_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if gone(pid):
+            return True
+        time.sleep(0.05)
+    return gone(pid)
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_collector_absent_never_blocks_and_counts(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    use_env(
+        monkeypatch,
+        otlp_env(
+            f"http://127.0.0.1:{closed_port()}", OTEL_EXPORTER_OTLP_TIMEOUT="1", OTEL_METRIC_EXPORT_INTERVAL="60000"
+        ),
+    )
+    job = f"absent-{mode}"
+    sink = (
+        process_sink(job, shutdown_timeout_s=2.0)
+        if mode == "process"
+        else ThreadSink(identity(0, 1, job).resource_attributes(), rank=0, job_id=job)
+    )
+    durations, cpu = [], []
+    for step in range(200):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        sink.submit(make_intervals(0, step))
+        durations.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
+    if mode == "process":
+        assert_never_blocks(durations)
+    else:
+        # In-process span building competes for the GIL with the batch processor's worker (Python hands the
+        # GIL over every 5 ms), so wall time can exceed 5 ms without any blocking on the network: check
+        # the caller's own CPU time, and that the worst wall time is far below the exporter's 1 s timeout.
+        assert_never_blocks(cpu)
+        assert max(durations) < 0.25
+    assert sink.flush(3.0) is False  # nothing could be exported
+    counters = sink.child_counters if mode == "process" else sink.counters.snapshot()
+    assert counters.get("dropped_export_failed", 0) > 0
+    assert counters.get("spans_exported", 0) == 0
+    t0 = time.monotonic()
+    sink.shutdown(2.0)
+    assert time.monotonic() - t0 < 2.0 + 1.0
+
+
+def test_pipe_full_drops_batches_and_shutdown_kills_stuck_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child that never reads: the pipe fills, batches are dropped and counted, nothing blocks."""
+    stuck = [sys.executable, "-c", "import sys, time; sys.stdin.readline(); time.sleep(30)"]
+    sink = process_sink("stuck", command=stuck, shutdown_timeout_s=1.0)
+    durations = []
+    for step in range(6000):  # ~3.4 MB of records: beyond any pipe buffer
+        t0 = time.perf_counter()
+        sink.submit(make_intervals(0, step))
+        durations.append(time.perf_counter() - t0)
+    assert_never_blocks(durations)
+    dropped = sink.counters.get("dropped_pipe_full")
+    assert dropped > 0 and dropped % 7 == 0  # whole batches
+    pid = sink.child_pid
+    t0 = time.monotonic()
+    sink.shutdown(1.0)
+    assert time.monotonic() - t0 < 2.0
+    assert sink.counters.get("sidecar_killed") == 1 and wait_gone(pid, 2.0)
+
+
+def test_child_crash_is_counted_restarted_then_given_up() -> None:
+    crashing = [sys.executable, "-c", "import sys; sys.stdin.readline(); sys.exit(3)"]
+    sink = process_sink("crash", command=crashing, max_restarts=2, restart_backoff_s=0.05)
+    deadline = time.monotonic() + 8.0
+    while time.monotonic() < deadline and sink.counters.get("sidecar_deaths") < 3:
+        sink.submit(make_intervals(0, 0))  # must never raise
+        time.sleep(0.02)
+    c = sink.counters.snapshot()
+    assert c["sidecar_deaths"] == 3 and c["sidecar_restarts"] == 2
+    assert c["dropped_sidecar_down"] > 0
+    before = c["dropped_sidecar_down"]
+    sink.submit(make_intervals(0, 1))  # given up: dropped and counted, no new child
+    assert sink.counters.get("dropped_sidecar_down") == before + 7 and sink.child_pid is None
+    sink.shutdown(1.0)
+
+
+def test_real_child_killed_restarts_and_exports_again(monkeypatch, grpc_receiver: GrpcReceiver) -> None:
+    use_env(monkeypatch, otlp_env(grpc_receiver.endpoint))
+    job = f"restart-{uuid.uuid4().hex[:6]}"
+    sink = process_sink(job, restart_backoff_s=0.05)
+    sink.submit(make_intervals(0, 0))
+    assert sink.flush(10.0)
+    first = sink.child_pid
+    os.kill(first, signal.SIGINT)  # ignored: Ctrl-C on the process group must not kill the exporter
+    time.sleep(0.2)
+    assert not gone(first)
+    os.kill(first, signal.SIGKILL)
+    assert wait_gone(first, 5.0)
+    deadline = time.monotonic() + 5.0
+    step = 1
+    while time.monotonic() < deadline and (sink.child_pid in (None, first)):
+        sink.submit(make_intervals(0, step))
+        step += 1
+        time.sleep(0.02)
+    assert sink.child_pid not in (None, first)
+    sink.submit(make_intervals(0, 100))
+    assert sink.flush(10.0)
+    assert sink.counters.get("sidecar_restarts") == 1 and sink.counters.get("sidecar_deaths") == 1
+    names = {(s.name, s.a(schema.ATTR_ITERATION)) for s in grpc_receiver.store.spans() if s.r(schema.RES_JOB_ID) == job}
+    assert ("forward-compute", 0) in names and ("forward-compute", 100) in names
+    sink.shutdown(2.0)
+
+    def restarts_metric() -> bool:  # the parent's counters travel over the pipe into the new child's metrics
+        return any(
+            res.get(schema.RES_JOB_ID) == job and name == schema.SM_SIDECAR_RESTARTS and value == 1
+            for res, name, _, value in grpc_receiver.store.metric_points()
+        )
+
+    assert grpc_receiver.store.wait_for(restarts_metric, 5.0)
+
+
+def _ready(proc) -> dict:
+    line = proc.stdout.readline()
+    assert line, proc.stderr.read()[-3000:]
+    return json.loads(line)
+
+
+def test_parent_sigkill_child_flushes_on_eof(grpc_receiver: GrpcReceiver) -> None:
+    job = f"sigkill-{uuid.uuid4().hex[:6]}"
+    env = otlp_env(grpc_receiver.endpoint, OTEL_BSP_SCHEDULE_DELAY="30000")  # nothing leaves before EOF
+    proc = start_rank(env, rank=0, world=1, job_id=job, mode="process", steps=5, scenario="hang")
+    info = _ready(proc)
+    proc.kill()
+    proc.wait(5)
+    # The last step is still open in the child and the batch processor holds everything: EOF flushes it all.
+    assert grpc_receiver.store.wait_for(
+        lambda: len([s for s in grpc_receiver.store.spans() if s.r(schema.RES_JOB_ID) == job]) >= 25, 10.0
+    )
+    check_spans(grpc_receiver.store, job, 1, 5)
+    assert wait_gone(info["child_pid"], 6.0)
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_sigterm_handler_flushes_within_bound(grpc_receiver: GrpcReceiver, mode: str) -> None:
+    job = f"sigterm-{mode}-{uuid.uuid4().hex[:6]}"
+    env = otlp_env(grpc_receiver.endpoint, OTEL_BSP_SCHEDULE_DELAY="30000")
+    proc = start_rank(
+        env, rank=0, world=1, job_id=job, mode=mode, steps=4, scenario="lifecycle", shutdown_timeout_s=3.0
+    )
+    _ready(proc)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(10)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == -signal.SIGTERM  # the default action still ran after the flush
+    assert elapsed < 3.0 + 1.0
+    check_spans(grpc_receiver.store, job, 1, 4)
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_forked_copy_exports_nothing(grpc_receiver: GrpcReceiver, mode: str) -> None:
+    job = f"fork-{mode}-{uuid.uuid4().hex[:6]}"
+    (res,) = run_ranks(otlp_env(grpc_receiver.endpoint), 1, job_id=job, mode=mode, steps=3, scenario="fork")
+    assert res["flush"] is True
+    time.sleep(0.5)
+    check_spans(grpc_receiver.store, job, 1, 3)  # exact count: steps 3 and 4 of the forked copy never arrive
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("otel_straggler.timers") is None,
+    reason="otel_straggler.timers (training-thread side) is not in the tree",
+)
+def test_sigterm_with_real_timers_drains_ring_and_exports(grpc_receiver: GrpcReceiver) -> None:
+    """SIGTERM right after the last stop: the handler's Timers.shutdown drains the readout into the sink
+    and the export child flushes, within the bound; the default action then ends the process."""
+    job = f"sigterm-timers-{uuid.uuid4().hex[:6]}"
+    env = otlp_env(grpc_receiver.endpoint, OTEL_BSP_SCHEDULE_DELAY="30000")
+    proc = start_rank(
+        env,
+        rank=0,
+        world=1,
+        job_id=job,
+        mode="process",
+        steps=3,
+        scenario="timers",
+        sigterm=True,
+        shutdown_timeout_s=3.0,
+    )
+    info = _ready(proc)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(10)
+    assert proc.returncode == -signal.SIGTERM and time.monotonic() - t0 < 3.0 + 1.0
+    spans = [s for s in grpc_receiver.store.spans() if s.r(schema.RES_JOB_ID) == job]
+    for step in range(3):
+        names = {s.name for s in spans if s.a(schema.ATTR_ITERATION) == step}
+        assert names == {
+            schema.SPAN_JOB_STEP,
+            schema.SPAN_RANK_STEP,
+            "forward-backward",
+            "forward-compute",
+            "backward-compute",
+            "optimizer",
+        }
+    assert wait_gone(info["child_pid"], 3.0)

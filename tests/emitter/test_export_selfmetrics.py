@@ -1,0 +1,73 @@
+"""Self-metrics: the training side's cumulative stats and the export side's counters, as OTel instruments."""
+
+from __future__ import annotations
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from otel_straggler import schema
+from otel_straggler.export.selfmetrics import SelfMetrics, normalize
+
+
+def collect(snapshot: dict) -> dict[tuple[str, tuple], float]:
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    SelfMetrics(provider.get_meter("t"), lambda: snapshot)
+    out = {}
+    for rm in reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                for dp in m.data.data_points:
+                    out[(m.name, tuple(sorted(dp.attributes.items())))] = dp.value
+    provider.shutdown()
+    return out
+
+
+def test_training_stats_and_export_counters_map_to_schema_instruments() -> None:
+    training = {  # the shape EmitterCounters.snapshot() publishes
+        "intervals": 120,
+        "dropped_ring_full": 3,
+        "degraded_no_cuda": 100,
+        "degraded_unbalanced": 2,
+        "barriers_skipped": 4,
+        "unbalanced": 5,
+        "faults": 6,
+        "faults_training": 1,
+        "faults_readout": 2,
+        "faults_config_error": 0,
+        "faults_sink": 3,
+        "pool_high_water": 9,
+        "readout_lag_ms": 12,
+        "quarantined": 0,
+    }
+    snap = normalize(training)
+    for key, value in {
+        "dropped_pipe_full": 7,
+        "dropped_queue_full": 8,
+        "spans_exported": 50,
+        "steps_evicted": 2,
+        "sidecar_restarts": 1,
+        "faults_export": 1,
+    }.items():
+        snap[key] = value
+    m = collect(snap)
+    assert m[(schema.SM_INTERVALS, ())] == 120
+    assert m[(schema.SM_SPANS_EXPORTED, ())] == 50
+    r = schema.SM_REASON_ATTR
+    assert m[(schema.SM_DROPPED, ((r, "ring_full"),))] == 3
+    assert m[(schema.SM_DROPPED, ((r, "pipe_full"),))] == 7
+    assert m[(schema.SM_DROPPED, ((r, "queue_full"),))] == 8
+    assert m[(schema.SM_DEGRADED, ((r, "no_cuda"),))] == 100
+    assert m[(schema.SM_DEGRADED, ((r, "unbalanced"),))] == 2  # not overwritten by the call counter
+    faults = {k[1][0][1]: v for k, v in m.items() if k[0] == schema.SM_FAULTS}
+    assert faults == {"training": 1, "readout": 2, "config_error": 0, "sink": 3, "export": 1}
+    assert sum(faults.values()) == training["faults"] + 1  # no double count of the total
+    assert m[(schema.SM_BARRIERS_SKIPPED, ())] == 4
+    assert m[(schema.SM_POOL_HIGH_WATER, ())] == 9
+    assert m[(schema.SM_READOUT_LAG, ())] == 12.0
+    assert m[(schema.SM_STEPS_EVICTED, ())] == 2 and m[(schema.SM_SIDECAR_RESTARTS, ())] == 1
+
+
+def test_faults_total_alone_is_training_faults() -> None:
+    m = collect(normalize({"faults": 4, "intervals": 1}))
+    assert m[(schema.SM_FAULTS, (("where", "training"),))] == 4

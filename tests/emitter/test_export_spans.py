@@ -1,0 +1,132 @@
+"""Span building through the real SDK (ThreadSink, in-memory and failing exporters): ids, parents,
+resource, and the silent SDK drops made visible."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+import pytest
+from export_rank_driver import identity, make_intervals
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from otel_straggler import schema
+from otel_straggler.export.thread_sink import ThreadSink
+
+
+def sink_for(rank: int, exporter: SpanExporter, job: str = "job-a", **kw) -> ThreadSink:
+    ident = identity(rank, 4, job)
+    return ThreadSink(
+        ident.resource_attributes(), rank=rank, job_id=job, span_exporter=exporter, metric_exporter=None, **kw
+    )
+
+
+@pytest.fixture(autouse=True)
+def _no_metrics_export(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+
+
+def test_ids_parents_and_resource(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test,dl.rank=99")
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    mem0, mem2 = InMemorySpanExporter(), InMemorySpanExporter()
+    s0, s2 = sink_for(0, mem0), sink_for(2, mem2)
+    for step in (10, 11):
+        s0.submit(make_intervals(0, step))
+        s2.submit(make_intervals(2, step))
+    assert s0.flush(5.0) and s2.flush(5.0)
+    spans0, spans2 = mem0.get_finished_spans(), mem2.get_finished_spans()
+    assert [s.name for s in spans2].count(schema.SPAN_JOB_STEP) == 0
+    for step in (10, 11):
+        tid = schema.trace_id_for_step("job-a", step)
+        (root,) = [s for s in spans0 if s.name == schema.SPAN_JOB_STEP and s.attributes[schema.ATTR_ITERATION] == step]
+        assert root.context.trace_id == tid and root.context.span_id == schema.job_step_span_id("job-a", step)
+        assert root.parent is None
+        for rank, spans in ((0, spans0), (2, spans2)):
+            mine = [
+                s for s in spans if s.attributes.get(schema.ATTR_ITERATION) == step and s.name != schema.SPAN_JOB_STEP
+            ]
+            (rs,) = [s for s in mine if s.name == schema.SPAN_RANK_STEP]
+            assert rs.context.span_id == schema.rank_step_span_id("job-a", step, rank)
+            assert rs.parent.span_id == root.context.span_id and rs.context.trace_id == tid
+            stages = [s for s in mine if s.name != schema.SPAN_RANK_STEP]
+            assert sorted(s.name for s in stages) == ["backward-compute", "forward-compute", "optimizer"]
+            for s in stages:
+                assert s.context.trace_id == tid and s.parent.span_id == rs.context.span_id
+                assert s.start_time >= rs.start_time and s.end_time <= rs.end_time
+    res = spans2[0].resource.attributes
+    assert res[schema.RES_RANK] == 2  # identity wins over OTEL_RESOURCE_ATTRIBUTES
+    assert res["deployment.environment"] == "test"
+    assert res[schema.RES_SERVICE_NAME] == "megatron-training"
+    assert spans2[0].instrumentation_scope.name == schema.SCOPE_NAME
+    s0.shutdown(2.0)
+    s2.shutdown(2.0)
+
+
+def test_service_name_env_and_interval_detail(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "my-train")
+    mem = InMemorySpanExporter()
+    sink = sink_for(1, mem, detail=schema.DETAIL_INTERVAL)
+    sink.submit(make_intervals(1, 0))
+    sink.flush(5.0)
+    spans = mem.get_finished_spans()
+    stages = [s for s in spans if s.name == "forward-compute"]
+    assert sorted(s.attributes[schema.ATTR_MICROBATCH_ID] for s in stages) == [0, 1, 2]
+    assert all(s.attributes[schema.ATTR_DETAIL] == schema.DETAIL_INTERVAL for s in stages)
+    assert spans[0].resource.attributes[schema.RES_SERVICE_NAME] == "my-train"
+    sink.shutdown(2.0)
+
+
+class BlockingExporter(SpanExporter):
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.exported = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.release.wait(10)
+        self.exported += len(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self.release.set()
+
+
+def test_queue_full_evictions_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "16")
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4")
+    exp = BlockingExporter()
+    sink = sink_for(1, exp, detail=schema.DETAIL_INTERVAL)
+    for step in range(10):  # 10 steps x (7 stage + 1 rank-step) = 80 spans, queue 16, exporter stuck
+        sink.submit(make_intervals(1, step))
+    sink.pipeline.close_steps()
+    dropped = sink.counters.get("dropped_queue_full")
+    assert 80 - 16 - 4 <= dropped <= 80 - 16  # the worker may hold one batch outside the queue
+    exp.release.set()
+    assert sink.flush(5.0)
+    assert exp.exported + dropped == 80
+    assert sink.counters.get("spans_exported") == exp.exported
+    sink.shutdown(2.0)
+
+
+class RaisingExporter(SpanExporter):
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        raise RuntimeError("exporter bug")
+
+    def shutdown(self) -> None:
+        return None
+
+
+def test_raising_exporter_is_counted_and_caller_unaffected() -> None:
+    sink = sink_for(0, RaisingExporter())
+    for step in range(3):
+        sink.submit(make_intervals(0, step))  # must not raise
+    sink.flush(5.0)
+    c = sink.counters.snapshot()
+    assert c["dropped_export_failed"] == 3 * 5  # per step: train-step, rank-step, 3 stages
+    assert c["faults_export"] >= 1 and c.get("spans_exported", 0) == 0
+    t0 = time.monotonic()
+    sink.shutdown(2.0)
+    assert time.monotonic() - t0 < 3.0

@@ -1,0 +1,258 @@
+"""The training thread's start/stop path: no device sync, no collective, no I/O, no logging, no lock.
+
+Two guards: a static one over the source of the hot functions, and a runtime spy that replaces the
+forbidden entry points with raisers on the training thread while the real start/stop path runs many
+steps (device side on the fake event backend: CUDA cannot run on the CI machines).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import gc
+import inspect
+import logging
+import socket
+import textwrap
+import threading
+import tracemalloc
+from pathlib import Path
+
+import pytest
+import torch
+
+import otel_straggler
+from otel_straggler.inject import Injector
+
+PKG = Path(otel_straggler.__file__).parent
+
+# (module file, qualified function names on the hot path; "*" = every function in the module)
+HOT = {
+    "timers.py": ["Timer.start", "Timer.stop", "Timers.__call__"],
+    "step_context.py": ["*"],
+    "ring.py": ["*"],
+    "inject.py": ["Injector.apply"],
+}
+# calls the start/stop path is allowed to make, by attribute or function name
+ALLOWED_CALLS = {
+    "_clock",
+    "popleft",
+    "record",
+    "append",
+    "apply",
+    "step_timer_started",
+    "len",
+    "_apply",
+    "_opt_int",
+    "int",
+    "bool",
+    "max",
+    "_pow2",
+    "range",
+    "sleep",
+    "_gpu_fn",
+    "list",
+    "get",  # dict.get in the name lookup
+    "Timer",  # first lookup of a name only: creates its Timer
+}
+FORBIDDEN = {
+    "synchronize",
+    "item",
+    "tolist",
+    "cpu",
+    "barrier",
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "_all_gather_base",
+    "broadcast",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "gather",
+    "scatter",
+    "print",
+    "open",
+    "socket",
+    "write",
+    "flush",
+    "info",
+    "debug",
+    "warning",
+    "error",
+    "exception",
+    "log",
+    "acquire",
+    "wait",
+    "set",
+    "put",
+    "submit",
+    "publish_stats",
+}
+
+
+def _functions(tree: ast.Module, wanted: list[str]):
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and ("*" in wanted or node.name in wanted):
+            yield node.name, node
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                q = f"{node.name}.{item.name}" if isinstance(item, ast.FunctionDef) else None
+                if q and ("*" in wanted or q in wanted):
+                    yield q, item
+
+
+def _call_name(call: ast.Call) -> str:
+    f = call.func
+    if isinstance(f, ast.Attribute):
+        return f.attr
+    if isinstance(f, ast.Name):
+        return f.id
+    return "?"
+
+
+def test_static_guard_over_hot_functions() -> None:
+    seen = []
+    for fname, wanted in HOT.items():
+        tree = ast.parse((PKG / fname).read_text())
+        for qual, fn in _functions(tree, wanted):
+            seen.append(qual)
+            for node in ast.walk(fn):
+                assert not isinstance(node, (ast.Import, ast.ImportFrom)), f"{fname}:{qual} imports"
+                assert not isinstance(node, (ast.With, ast.AsyncWith)), f"{fname}:{qual} uses a context manager/lock"
+                if isinstance(node, ast.Name):
+                    assert node.id not in {"torch", "logging", "_log", "socket", "print", "open"}, f"{fname}:{qual}"
+                if isinstance(node, ast.Call):
+                    name = _call_name(node)
+                    assert name not in FORBIDDEN, f"{fname}:{qual} calls {name}"
+                    if fname != "inject.py":
+                        assert name in ALLOWED_CALLS, f"{fname}:{qual} calls {name} (not on the allow-list)"
+    assert {"Timer.start", "Timer.stop", "Timers.__call__", "StepContext.set_step", "Injector.apply"} <= set(seen)
+
+
+def test_static_guard_catches_a_violation() -> None:
+    bad = textwrap.dedent(
+        """
+        class Timer:
+            def stop(self):
+                torch.cuda.synchronize()
+        """
+    )
+    tree = ast.parse(bad)
+    calls = [
+        _call_name(n) for _, fn in _functions(tree, ["Timer.stop"]) for n in ast.walk(fn) if isinstance(n, ast.Call)
+    ]
+    assert "synchronize" in calls and FORBIDDEN & set(calls)
+
+
+class _Spy:
+    def __init__(self, training: threading.Thread) -> None:
+        self.training = training
+        self.calls: list[str] = []
+
+    def wrap(self, name: str, real):
+        def spy(*a, **k):
+            if threading.current_thread() is self.training:
+                self.calls.append(name)
+                raise AssertionError(f"forbidden call on the training thread: {name}")
+            return real(*a, **k)
+
+        return spy
+
+
+def test_runtime_spy_zero_forbidden_calls(make_timers, sink, device, monkeypatch: pytest.MonkeyPatch) -> None:
+    inj = Injector("batch-generator", host_ms=0.01, from_step=5, until_step=6)
+    t = make_timers(start_readout=True, ring_size=8192, pool_size=64, device_every=2, injector=inj)
+    spy = _Spy(threading.current_thread())
+    targets = [
+        (torch.cuda, "synchronize"),
+        (torch.distributed, "barrier"),
+        (torch.distributed, "all_reduce"),
+        (torch.distributed, "all_gather"),
+        (torch.distributed, "all_gather_into_tensor"),
+        (torch.distributed, "broadcast"),
+        (torch.distributed, "reduce_scatter_tensor"),
+        (torch.distributed, "send"),
+        (torch.distributed, "recv"),
+        (torch.Tensor, "item"),
+        (torch.Tensor, "tolist"),
+        (socket, "socket"),
+        (builtins, "open"),
+        (builtins, "print"),
+        (logging.Logger, "_log"),
+        (logging.Logger, "isEnabledFor"),  # every logger call asks this first, even at a disabled level
+        (threading.Event, "set"),
+        (threading.Condition, "wait"),
+    ]
+    for obj, attr in targets:
+        monkeypatch.setattr(obj, attr, spy.wrap(f"{getattr(obj, '__name__', obj)}.{attr}", getattr(obj, attr)))
+    for s in range(300):
+        t.set_step(s, tokens=1000)
+        fb = t("forward-backward", 1)
+        fb.start(barrier=True)
+        for _ in range(4):
+            t("forward-compute").start()
+            t("batch-generator").start()
+            t("batch-generator").stop()
+            device.work(0.2)
+            t("forward-compute").stop()
+            t("backward-compute").start()
+            device.work(0.4)
+            t("backward-compute").stop()
+        fb.stop(barrier=True)
+        t("optimizer", 1).start()
+        t("optimizer").stop()
+    monkeypatch.undo()
+    assert spy.calls == []
+    assert t.counters.faults_training == 0
+    assert t.flush(3.0)
+    n = 300 * (1 + 4 * 3 + 1)
+    assert len(sink.intervals) + t.counters.dropped_ring_full == n
+    assert len(sink.intervals) > 0
+    assert sum(iv.injected for iv in sink.intervals) == 8
+
+
+def test_steady_state_start_stop_allocates_nothing_that_grows(make_timers, device) -> None:
+    class Null:
+        def submit(self, b):
+            pass
+
+        def publish_stats(self, s):
+            pass
+
+        def flush(self, t):
+            return True
+
+        def shutdown(self, t):
+            pass
+
+    t = make_timers(ring_size=256, sink_=Null())
+    x = t("forward-compute")
+
+    def cycle(n: int) -> None:
+        for _ in range(n):
+            x.start()
+            x.stop()
+        t.readout.drain()
+
+    for _ in range(20):
+        cycle(200)  # wrap the ring a few times: every slot already holds an int
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for _ in range(100):
+            t.set_step(0)
+            for _ in range(200):
+                x.start()
+                x.stop()
+            # drain outside the measured path allocates Intervals; they are dropped right away
+            t.readout.drain()
+        grown = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert grown < 64 * 1024, grown
+    assert inspect.isfunction(type(x).start)

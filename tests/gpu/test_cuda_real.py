@@ -1,0 +1,187 @@
+"""CUDA-only paths, on a real GPU (skipped without one; run on the GPU machine with ``pytest -m cuda``).
+
+These are the checks the CPU suite can only do with a fake event backend: real CUDA events, created and
+warmed at install, measuring real device work; no device sync on the training thread; the device-side
+slowdown injection; and a real megatron-core GPT with the shim as ``config.timers``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+from otel_straggler.config import EmitterConfig  # noqa: E402
+from otel_straggler.event_pool import create_pool  # noqa: E402
+from otel_straggler.timers import Timers  # noqa: E402
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.intervals: list = []
+        self.lock = threading.Lock()
+
+    def submit(self, intervals) -> None:
+        with self.lock:
+            self.intervals.extend(intervals)
+
+    def publish_stats(self, stats) -> None:
+        self.stats = dict(stats)
+
+    def flush(self, timeout_s: float) -> bool:
+        return True
+
+    def shutdown(self, timeout_s: float) -> None:
+        pass
+
+
+def _gpu_sleep_ms(ms: float) -> None:
+    """Occupy the current stream for about ``ms`` (torch.cuda._sleep spins a known number of cycles)."""
+    rate_khz = torch.cuda.clock_rate() if hasattr(torch.cuda, "clock_rate") else 1_800_000
+    torch.cuda._sleep(int(ms * rate_khz))
+
+
+def _timers(device_every: int = 1, **kw) -> tuple[Timers, RecordingSink]:
+    cfg = EmitterConfig.from_env({}, enabled=True, device_every=device_every, readout_interval_ms=5)
+    sink = RecordingSink()
+    t = Timers(2, "minmax", config=cfg, pool=create_pool(64), sink=sink, start_readout=True, **kw)
+    return t, sink
+
+
+def test_pool_is_real_cuda_and_warmed_at_install() -> None:
+    pool = create_pool(32)
+    assert pool.cuda and pool.capacity == 32
+    ev = pool.free.popleft()
+    # a warmed event was already recorded once: query() answers without creating it
+    assert ev.query() is True
+    # warm records are cheaper than the first record of a fresh event (which creates it)
+    fresh = [torch.cuda.Event(enable_timing=True) for _ in range(200)]
+    warm = [pool.free.popleft() for _ in range(20)]
+    t_fresh, t_warm = [], []
+    for i in range(20):
+        t0 = time.perf_counter_ns()
+        fresh[i].record()
+        t_fresh.append(time.perf_counter_ns() - t0)
+        t0 = time.perf_counter_ns()
+        warm[i].record()
+        t_warm.append(time.perf_counter_ns() - t0)
+    print(f"first record of a fresh event {statistics.median(t_fresh) / 1e3:.1f} us, "
+          f"record of a warmed pool event {statistics.median(t_warm) / 1e3:.1f} us")
+    assert statistics.median(t_warm) < statistics.median(t_fresh)
+
+
+def test_device_time_measures_gpu_work_not_launch_time() -> None:
+    timers, sink = _timers()
+    timers.set_step(4)
+    for _ in range(5):
+        timers("forward-compute", log_level=2).start()
+        _gpu_sleep_ms(8.0)
+        timers("forward-compute").stop()
+    assert timers.flush(10.0)
+    timers.shutdown(5.0)
+    got = [iv for iv in sink.intervals if iv.name == "forward-compute"]
+    assert len(got) == 5
+    for iv in got:
+        assert iv.device_ms is not None and iv.degraded is None
+        host_ms = (iv.host_end_ns - iv.host_start_ns) / 1e6
+        assert 4.0 < iv.device_ms < 20.0, iv.device_ms
+        assert host_ms < iv.device_ms  # the launch returns long before the GPU finishes
+    assert [iv.repeat for iv in got] == [0, 1, 2, 3, 4]
+
+
+def test_no_device_sync_on_the_training_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    timers, sink = _timers()
+    main = threading.get_ident()
+    calls: list[str] = []
+
+    def spy(name, real):
+        def wrapped(*a, **k):
+            if threading.get_ident() == main:
+                calls.append(name)
+            return real(*a, **k)
+        return wrapped
+
+    monkeypatch.setattr(torch.cuda, "synchronize", spy("torch.cuda.synchronize", torch.cuda.synchronize))
+    monkeypatch.setattr(torch.cuda.Event, "synchronize", spy("Event.synchronize", torch.cuda.Event.synchronize))
+    monkeypatch.setattr(torch.cuda.Event, "elapsed_time", spy("Event.elapsed_time", torch.cuda.Event.elapsed_time))
+    for step in range(1, 41):
+        timers.set_step(step)
+        timers("forward-backward", log_level=1).start()
+        for _ in range(4):
+            timers("forward-compute", log_level=2).start()
+            _gpu_sleep_ms(0.2)
+            timers("forward-compute").stop()
+        timers("forward-backward").stop()
+    assert calls == []
+    monkeypatch.undo()
+    assert timers.flush(10.0)
+    timers.shutdown(5.0)
+    assert len([iv for iv in sink.intervals if iv.name == "forward-compute"]) == 160
+    assert any(iv.device_ms is not None for iv in sink.intervals)
+
+
+def test_device_sampling_times_every_nth_step_on_the_device() -> None:
+    timers, sink = _timers(device_every=4)
+    for step in range(1, 13):
+        timers.set_step(step)
+        timers("optimizer", log_level=1).start()
+        _gpu_sleep_ms(0.5)
+        timers("optimizer").stop()
+    timers.flush(10.0)
+    timers.shutdown(5.0)
+    dev_steps = sorted(iv.step for iv in sink.intervals if iv.device_ms is not None)
+    assert dev_steps == [4, 8, 12]
+    assert all(iv.degraded == "sampled_out" for iv in sink.intervals if iv.device_ms is None)
+
+
+def test_device_injection_adds_gpu_time_inside_the_stage() -> None:
+    from otel_straggler.inject import Injector
+
+    inj = Injector("forward-compute", device_ms=5.0, from_step=3)
+    inj.calibrate(True)
+    timers, sink = _timers(injector=inj)
+    for step in range(1, 7):
+        timers.set_step(step)
+        timers("forward-compute", log_level=2).start()
+        _gpu_sleep_ms(2.0)
+        timers("forward-compute").stop()
+    timers.flush(10.0)
+    timers.shutdown(5.0)
+    by_step = {iv.step: iv for iv in sink.intervals}
+    base = statistics.median(by_step[s].device_ms for s in (1, 2))
+    slow = statistics.median(by_step[s].device_ms for s in (3, 4, 5, 6))
+    print(f"device ms without injection {base:.2f}, with +5 ms injected {slow:.2f}")
+    assert by_step[4].injected and not by_step[1].injected
+    assert 3.0 < slow - base < 8.0
+
+
+def test_megatron_gpt_with_the_shim_as_config_timers() -> None:
+    pytest.importorskip("megatron.core")
+    import socket
+
+    from otel_straggler.demo.megatron_gpt import LAUNCH_BOUND, MegatronGPT, init_single_process
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    init_single_process(port)
+    model = MegatronGPT(LAUNCH_BOUND)
+    timers, sink = _timers(device_every=2)
+    model.set_timers(timers)
+    for _ in range(6):
+        model.train_step()  # auto step: forward-backward's start advances it
+    torch.cuda.synchronize()
+    timers.flush(10.0)
+    names = {iv.name for iv in sink.intervals}
+    assert {"forward-backward", "forward-compute", "backward-compute", "optimizer"} <= names
+    fc = [iv for iv in sink.intervals if iv.name == "forward-compute"]
+    assert len(fc) == 6 * LAUNCH_BOUND.microbatches
+    assert any(iv.device_ms is not None for iv in fc) and any(iv.device_ms is None for iv in fc)
+    text = timers.get_all_timers_string(["forward-backward", "optimizer"], normalizer=6, reset=True)
+    assert "forward-backward" in text and "(ms)" in text
+    timers.shutdown(5.0)

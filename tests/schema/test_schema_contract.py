@@ -1,0 +1,75 @@
+"""The schema document and the schema module describe the same contract, name for name."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from otel_straggler import schema as s
+
+DOC = (Path(__file__).resolve().parents[2] / "docs" / "schema.md").read_text(encoding="utf-8")
+PREFIXES = ("RES_", "ATTR_", "EV_", "M_", "SM_", "SPAN_")
+
+
+def _constants() -> dict[str, str]:
+    return {k: v for k, v in vars(s).items() if k.startswith(PREFIXES) and isinstance(v, str)}
+
+
+def _documented_names() -> set[str]:
+    names: set[str] = set()
+    for cell in re.findall(r"`([^`]+)`", DOC):
+        for part in re.split(r"\s*/\s*", cell):
+            names.add(part.strip())
+    # "`dl.tensor_parallel.rank` / `.size`" style: expand the suffix cells against the previous name
+    for base, suffix in re.findall(r"`([a-z_.]+)\.[a-z_]+` / `\.([a-z_]+)`", DOC):
+        names.add(f"{base}.{suffix}")
+    return names
+
+
+def test_every_constant_is_documented() -> None:
+    documented = _documented_names()
+    missing = sorted(
+        f"{k}={v}" for k, v in _constants().items()
+        if v not in documented and not (k == "M_EMITTER_PREFIX" and "otel_straggler_emitter_<name>_total" in DOC)
+        and not k.startswith("SM_REASON")
+    )
+    assert not missing, f"constants missing from docs/schema.md: {missing}"
+
+
+def test_every_documented_metric_is_a_constant() -> None:
+    values = set(_constants().values())
+    doc_metrics = set(re.findall(r"`(otel_straggler_[a-z_]+)`", DOC))
+    unknown = sorted(m for m in doc_metrics if m not in values and not m.startswith(s.M_EMITTER_PREFIX))
+    assert not unknown, f"metrics in docs/schema.md without a constant in schema.py: {unknown}"
+    doc_instruments = set(re.findall(r"`(otel_straggler\.emitter\.[a-z_.]+)`", DOC))
+    assert doc_instruments <= values, sorted(doc_instruments - values)
+
+
+def test_every_documented_attribute_is_a_constant() -> None:
+    values = set(_constants().values())
+    rows = re.findall(r"^\| `((?:dl|straggler|host|service|process)\.[a-z_.]+)`", DOC, flags=re.M)
+    unknown = sorted(r for r in rows if r not in values)
+    assert not unknown, f"attributes in docs/schema.md without a constant: {unknown}"
+
+
+def test_enumerations_are_documented() -> None:
+    for value in (*s.VERDICTS, *s.REASONS, *s.ATTRIBUTIONS, *s.DEGRADED_REASONS, *s.STAGE_GROUPS):
+        assert f"`{value}`" in DOC, value
+
+
+def test_trace_id_rule_is_deterministic_and_shared_by_ranks() -> None:
+    a = s.trace_id_for_step("job-1", 7)
+    assert a == s.trace_id_for_step("job-1", 7)
+    assert a != s.trace_id_for_step("job-1", 8)
+    assert a != s.trace_id_for_step("job-2", 7)
+    assert 0 < a < 2**128
+    assert s.rank_step_span_id("job-1", 7, 0) != s.rank_step_span_id("job-1", 7, 1)
+    assert 0 < s.job_step_span_id("job-1", 7) < 2**64
+
+
+def test_cohort_key_excludes_data_parallel_and_includes_epoch() -> None:
+    base = dict(stage_schema="megatron-v1", tp=1, pp=2, cp=0, ep=3)
+    assert s.cohort_key(topology_epoch=0, **base) == s.cohort_key(topology_epoch=0, **base)
+    assert s.cohort_key(topology_epoch=0, **base) != s.cohort_key(topology_epoch=1, **base)
+    assert "dp" not in s.cohort_key(topology_epoch=0, **base)
+    assert s.cohort_key(topology_epoch=0, **base) != s.cohort_key(topology_epoch=0, **{**base, "ep": 2})
