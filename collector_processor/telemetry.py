@@ -38,3 +38,5 @@ class Telemetry:
         self.unauthenticated = Counter(_base(s.M_UNAUTHENTICATED), "Requests refused for credentials",
                                        ["endpoint"], registry=r)
         self.memory_bytes = Gauge(s.M_MEMORY_BYTES, "Process RSS seen by the memory limiter", registry=r)
+        self.component_errors = Counter(_base(s.M_COMPONENT_ERRORS), "Exceptions caught in components",
+                                        ["component"], registry=r)

@@ -2,14 +2,15 @@
 
 Resolved once at install (never on the hot path), every probe guarded and failing open:
 
-* rank / local rank / world size: ``torch.distributed`` when initialised, else env ``RANK``,
-  ``LOCAL_RANK``, ``WORLD_SIZE``, else the keyword arguments (default 0 / 0 / 1);
+* rank / local rank / world size: the keyword arguments when given, else ``torch.distributed`` when
+  initialised, else env ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` (default 0 / 0 / 1);
 * job id: ``OTEL_STRAGGLER_JOB_ID``, ``SLURM_JOB_ID``, ``TORCHELASTIC_RUN_ID``, else ``local``
   (a non-empty ``job_id`` argument wins);
 * GPU: ``torch.cuda.get_device_properties(index)`` (``uuid``, PCI domain/bus/device) for the current
   device; ``cpu`` / ``""`` / -1 without CUDA, ``unknown`` when a probe fails (no nvidia-smi);
-* parallel position from ``megatron.core.parallel_state`` getters when model parallel is initialised;
-  otherwise keyword arguments, else env ``OTEL_STRAGGLER_{TP,PP,VPP,CP,EP,ETP,DP}_{RANK,SIZE}`` and
+* parallel position from ``megatron.core.parallel_state`` getters when model parallel is initialised
+  (keyword arguments override single dimensions); otherwise keyword arguments, else env
+  ``OTEL_STRAGGLER_{TP,PP,VPP,CP,EP,ETP,DP}_{RANK,SIZE}`` and
   ``OTEL_STRAGGLER_MODEL_CHUNK``; defaults rank 0 / size 1;
 * cohort key: ``schema.cohort_key`` (DP excluded; topology epoch and stage schema included).
 """
@@ -219,15 +220,22 @@ def resolve_identity(
     else:
         r = _env_int(env, "RANK")
         w = _env_int(env, "WORLD_SIZE")
-        r = r if r is not None else (rank if rank is not None else 0)
-        w = w if w is not None else (world_size if world_size is not None else 1)
-    lr = _env_int(env, "LOCAL_RANK")
-    lr = lr if lr is not None else (local_rank if local_rank is not None else 0)
+        r = r if r is not None else 0
+        w = w if w is not None else 1
+    # explicit arguments win (e.g. independent replicas that each run a one-process world)
+    r = rank if rank is not None else r
+    w = world_size if world_size is not None else w
+    lr = local_rank if local_rank is not None else _env_int(env, "LOCAL_RANK")
+    lr = lr if lr is not None else 0
     pos: dict[str, int] = {}
     source = "default"
     ps = _parallel_state_position() if use_parallel_state else None
     if ps is not None:
         pos, source = ps, "parallel_state"
+        for key, value in position.items():
+            if value is not None and key in pos:
+                pos[key] = int(value)
+                source = "parallel_state+args"
     else:
         for dim in DIMS:
             for kind in ("rank", "size"):

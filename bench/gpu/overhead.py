@@ -49,9 +49,10 @@ def start_collector(workdir: Path) -> tuple[subprocess.Popen, int, int]:
     grpc_port, http_port, metrics_port, tap_port = (_free_port() for _ in range(4))
     cfg = collector_config(grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
                            tap_port=tap_port, evidence=workdir / "verdicts.jsonl")
-    # no trace tap in the benchmark: keep only the processor, evidence and metrics
+    # no trace backend in the benchmark: the processor runs, spans end in a one-line debug summary
     cfg["exporters"].pop("otlp_grpc/tap")
-    cfg["service"]["pipelines"]["traces"]["exporters"] = []
+    cfg["exporters"]["debug"] = {"verbosity": "basic"}
+    cfg["service"]["pipelines"]["traces"]["exporters"] = ["debug"]
     path = workdir / "collector.yaml"
     path.write_text(yaml.safe_dump(cfg))
     log = (workdir / "collector.log").open("w")

@@ -40,10 +40,20 @@ class RecordingSink:
         pass
 
 
+_CYCLES_PER_MS: list[float] = []
+
+
 def _gpu_sleep_ms(ms: float) -> None:
-    """Occupy the current stream for about ``ms`` (torch.cuda._sleep spins a known number of cycles)."""
-    rate_khz = torch.cuda.clock_rate() if hasattr(torch.cuda, "clock_rate") else 1_800_000
-    torch.cuda._sleep(int(ms * rate_khz))
+    """Occupy the current stream for about ``ms`` (torch.cuda._sleep spins cycles; calibrated once)."""
+    if not _CYCLES_PER_MS:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000_000)
+        a.record()
+        torch.cuda._sleep(20_000_000)
+        b.record()
+        b.synchronize()
+        _CYCLES_PER_MS.append(20_000_000 / max(a.elapsed_time(b), 1e-3))
+    torch.cuda._sleep(int(ms * _CYCLES_PER_MS[0]))
 
 
 def _timers(device_every: int = 1, **kw) -> tuple[Timers, RecordingSink]:

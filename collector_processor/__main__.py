@@ -1,0 +1,7 @@
+"""``python -m collector_processor`` runs the collector (same as ``otel-straggler-collector``)."""
+
+import sys
+
+from collector_processor.cli import main
+
+sys.exit(main())

@@ -1,0 +1,74 @@
+"""Value types shared by component configs: durations (``1s``, ``500ms``), endpoints, TLS blocks."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict
+
+_DUR = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s|m|h)?\s*$")
+_UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from ``1s`` / ``250ms`` / ``2m`` / a bare number of seconds."""
+    if isinstance(value, bool):
+        raise ValueError("a duration such as 1s or 500ms is required")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError("durations cannot be negative")
+        return float(value)
+    if isinstance(value, str):
+        m = _DUR.match(value)
+        if m:
+            return float(m.group(1)) * _UNIT[m.group(2)]
+    raise ValueError(f"not a duration: {value!r} (use e.g. 1s, 500ms, 2m)")
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def split_host_port(endpoint: str, default_port: int | None = None) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too). An empty host means loopback: nothing binds every interface by
+    accident."""
+    ep = endpoint.strip()
+    for scheme in ("http://", "https://"):
+        if ep.startswith(scheme):
+            ep = ep[len(scheme):]
+    ep = ep.split("/", 1)[0]
+    if ep.startswith("["):
+        host, _, rest = ep[1:].partition("]")
+        port_s = rest.lstrip(":")
+    else:
+        host, sep, port_s = ep.rpartition(":")
+        if not sep:
+            host, port_s = ep, ""
+    if not port_s:
+        if default_port is None:
+            raise ValueError(f"endpoint {endpoint!r} has no port")
+        return host or "127.0.0.1", default_port
+    port = int(port_s)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port out of range in {endpoint!r}")
+    return host or "127.0.0.1", port
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ServerTLS(Strict):
+    cert_file: str | None = None
+    key_file: str | None = None
+    client_ca_file: str | None = None  # set -> clients must present a certificate (mTLS)
+
+    def enabled(self) -> bool:
+        return bool(self.cert_file)
+
+
+class ClientTLS(Strict):
+    insecure: bool = False
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None

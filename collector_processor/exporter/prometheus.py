@@ -1,0 +1,205 @@
+"""``prometheus`` exporter: ``/metrics`` and ``/healthz`` over HTTP.
+
+``/metrics`` serves the collector's shared registry (self-telemetry and the straggler processor's series) plus the
+emitter self-metrics that ranks send over OTLP metrics, re-exported as ``otel_straggler_emitter_<name>_total
+{job,rank,reason}`` (counters) or ``otel_straggler_emitter_<name>{job,rank,reason}`` (gauges). ``<name>`` is the OTel
+instrument name after ``otel_straggler.emitter.`` with dots as underscores; ``reason`` is the data point's
+``reason`` attribute (or ``where`` for faults), empty when absent. New series past ``max_series`` are not created
+and are counted in ``evictions_total{structure="metric_series"}``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.metrics.v1 import metrics_pb2
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from pydantic import Field
+
+from collector_processor.config.types import Strict, split_host_port
+from collector_processor.receiver.auth import AuthConfig, BearerAuth
+from collector_processor.telemetry import Telemetry
+from otel_straggler import schema as s
+
+log = logging.getLogger(__name__)
+OTEL_PREFIX = "otel_straggler.emitter."
+_BAD = re.compile(r"[^a-zA-Z0-9_]")
+LABELS = ("job", "rank", "reason")
+
+
+class Config(Strict):
+    endpoint: str = "127.0.0.1:9464"
+    max_series: int = Field(20000, ge=1, le=10_000_000)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+
+
+def create_default_config() -> Config:
+    return Config()
+
+
+def _attrs(kvs) -> dict[str, str]:
+    out = {}
+    for kv in kvs:
+        v = kv.value
+        which = v.WhichOneof("value")
+        if which in ("string_value", "int_value", "bool_value", "double_value"):
+            out[kv.key] = str(getattr(v, which))
+    return out
+
+
+def _num(dp) -> float:
+    return float(dp.as_int) if dp.WhichOneof("value") == "as_int" else float(dp.as_double)
+
+
+class EmitterMetrics(Collector):
+    """Capped store of emitter self-metrics, collected on each scrape."""
+
+    def __init__(self, telemetry: Telemetry, max_series: int) -> None:
+        self.t = telemetry
+        self.max_series = max_series
+        self._lock = threading.Lock()
+        self._series: dict[tuple[str, str, str, str, str], float] = {}  # (kind, name, job, rank, reason)
+
+    def update(self, req: ExportMetricsServiceRequest) -> None:
+        with self._lock:
+            for rm in req.resource_metrics:
+                res = _attrs(rm.resource.attributes)
+                job, rank = res.get(s.RES_JOB_ID, ""), res.get(s.RES_RANK, "")
+                for sm in rm.scope_metrics:
+                    for m in sm.metrics:
+                        if m.name.startswith(OTEL_PREFIX):
+                            self._metric(m, job, rank)
+
+    def _metric(self, m: metrics_pb2.Metric, job: str, rank: str) -> None:
+        name = s.M_EMITTER_PREFIX + _BAD.sub("_", m.name[len(OTEL_PREFIX):].replace(".", "_"))
+        kind = m.WhichOneof("data")
+        if kind == "sum":
+            monotonic = m.sum.is_monotonic
+            delta = m.sum.aggregation_temporality == metrics_pb2.AGGREGATION_TEMPORALITY_DELTA
+            pts, prom_kind = m.sum.data_points, "counter" if monotonic else "gauge"
+        elif kind == "gauge":
+            pts, prom_kind, delta = m.gauge.data_points, "gauge", False
+        else:
+            return  # histograms are not part of the emitter's self-metrics
+        for dp in pts:
+            a = _attrs(dp.attributes)
+            reason = a.get(s.SM_REASON_ATTR) or a.get("where", "")
+            key = (prom_kind, name.removesuffix("_total"), job, rank, reason)
+            if key not in self._series and len(self._series) >= self.max_series:
+                self.t.evictions.labels("metric_series").inc()
+                continue
+            v = _num(dp)
+            self._series[key] = self._series.get(key, 0.0) + v if delta else v
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            items = sorted(self._series.items())
+        fams: dict[tuple[str, str], Metric] = {}
+        for (kind, name, job, rank, reason), v in items:
+            fam = fams.get((kind, name))
+            if fam is None:
+                if kind == "counter":
+                    fam = CounterMetricFamily(name, "Emitter self-metric re-exported from OTLP", labels=LABELS)
+                else:
+                    fam = GaugeMetricFamily(name, "Emitter self-metric re-exported from OTLP", labels=LABELS)
+                fams[(kind, name)] = fam
+            fam.add_metric([job, rank, reason], v)
+        yield from fams.values()
+
+
+class MetricsHTTPServer:
+    """``/metrics`` (registries rendered one after the other) and ``/healthz`` on a threaded HTTP server."""
+
+    def __init__(self, endpoint: str, registries: list[CollectorRegistry], auth: BearerAuth,
+                 telemetry: Telemetry, healthy: Callable[[], bool] = lambda: True, label: str = "metrics") -> None:
+        self.host, self.port = split_host_port(endpoint, 9464)
+        self.registries = registries
+        self.auth = auth
+        self.t = telemetry
+        self.healthy = healthy
+        self.label = label
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            timeout = 30
+
+            def log_message(self, format: str, *args: object) -> None:
+                log.debug(format, *args)
+
+            def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/healthz":
+                    ok = outer.healthy()
+                    self._send(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n")
+                    return
+                if path != "/metrics":
+                    self._send(404, b"not found\n")
+                    return
+                if not outer.auth.check(self.headers.get("Authorization")):
+                    outer.t.unauthenticated.labels(outer.label).inc()
+                    self._send(401, b"unauthorized\n")
+                    return
+                body = b"".join(generate_latest(r) for r in outer.registries)
+                self._send(200, body, CONTENT_TYPE_LATEST)
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+        self._server = Server((self.host, self.port), Handler)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name=f"http-{self.label}", daemon=True)
+        self._thread.start()
+        log.info("metrics (%s) on http://%s:%d/metrics", self.label, self.host, self.port)
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            if self._thread is not None:
+                self._thread.join(timeout_s)
+            self._server = None
+
+
+class PrometheusExporter:
+    def __init__(self, eid: str, cfg: Config, telemetry: Telemetry, healthy: Callable[[], bool] = lambda: True):
+        self.id = eid
+        self.t = telemetry
+        self.emitter = EmitterMetrics(telemetry, cfg.max_series)
+        own = CollectorRegistry(auto_describe=False)
+        own.register(self.emitter)
+        self.server = MetricsHTTPServer(cfg.endpoint, [telemetry.registry, own], BearerAuth(cfg.auth), telemetry,
+                                        healthy, label=eid)
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def export_metrics(self, request: ExportMetricsServiceRequest) -> None:
+        self.emitter.update(request)
+
+    def start(self) -> None:
+        self.server.start()
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        self.server.shutdown(timeout_s)

@@ -1,0 +1,97 @@
+"""Memory limiter in the OTel Collector's manner: RSS is read every ``check_interval`` from /proc/self/statm.
+
+Over ``limit_mib - spike_limit_mib`` (the soft limit) the pipelines that list it refuse new data (receivers answer
+UNAVAILABLE / 503 with a retry delay); over ``limit_mib`` a garbage collection is forced as well.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import resource
+import threading
+
+from pydantic import Field, model_validator
+
+from collector_processor.config.types import Duration, Strict
+from collector_processor.telemetry import Telemetry
+
+TYPE = "memory_limiter"
+log = logging.getLogger(__name__)
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class Config(Strict):
+    limit_mib: float = Field(1024, gt=0)
+    spike_limit_mib: float | None = Field(None, ge=0)  # default: 20% of limit_mib
+    check_interval: Duration = 1.0
+
+    @model_validator(mode="after")
+    def _spike(self) -> Config:
+        if self.spike_limit_mib is None:
+            self.spike_limit_mib = 0.2 * self.limit_mib
+        if self.spike_limit_mib >= self.limit_mib:
+            raise ValueError("spike_limit_mib must be below limit_mib")
+        if self.check_interval <= 0:
+            raise ValueError("check_interval must be positive")
+        return self
+
+
+def create_default_config() -> Config:
+    return Config()
+
+
+def rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # peak, not current: best effort
+
+
+class MemoryLimiter:
+    def __init__(self, cfg: Config, telemetry: Telemetry) -> None:
+        self.cfg = cfg
+        self.t = telemetry
+        self.hard = int(cfg.limit_mib * 1024 * 1024)
+        self.soft = int((cfg.limit_mib - (cfg.spike_limit_mib or 0)) * 1024 * 1024)
+        self._over = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="memory-limiter", daemon=True)
+        self.check()
+
+    def admit(self) -> bool:
+        return not self._over
+
+    def check(self) -> None:
+        rss = rss_bytes()
+        if rss > self.hard:
+            gc.collect()
+            rss = rss_bytes()
+        self.t.memory_bytes.set(rss)
+        over = rss > self.soft
+        if over != self._over:
+            log.warning("memory limiter: RSS %.0f MiB %s the soft limit %.0f MiB; %s", rss / 2**20,
+                        "over" if over else "back under", self.soft / 2**20,
+                        "refusing data" if over else "accepting data again")
+        self._over = over
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.cfg.check_interval):
+            try:
+                self.check()
+            except Exception:
+                log.exception("memory limiter check failed")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+
+def create_processor(cfg: Config, telemetry: Telemetry) -> MemoryLimiter:
+    return MemoryLimiter(cfg, telemetry)

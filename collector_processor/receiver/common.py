@@ -1,0 +1,91 @@
+"""What both OTLP receivers share: config, and handing a decoded request to the pipelines of its signal."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from collector_processor.config.types import Duration, ServerTLS, Strict
+from collector_processor.pipeline import Pipeline, Result
+from collector_processor.receiver.auth import AuthConfig
+from collector_processor.receiver.decode import count_items
+from collector_processor.telemetry import Telemetry
+
+MIB = 1024 * 1024
+
+
+class GrpcProtocol(Strict):
+    endpoint: str = "127.0.0.1:4317"
+    max_recv_msg_size_mib: float = Field(16, gt=0)
+    max_workers: int = Field(8, ge=1, le=256)
+
+
+class HttpProtocol(Strict):
+    endpoint: str = "127.0.0.1:4318"
+    max_request_body_size_mib: float = Field(16, gt=0)
+
+
+class Protocols(Strict):
+    """A protocol listed with no body (``grpc:``) is enabled with defaults; one left out is disabled."""
+
+    grpc: GrpcProtocol | None = None
+    http: HttpProtocol | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_means_defaults(cls, data: object) -> object:
+        if isinstance(data, dict):
+            return {k: ({} if v is None else v) for k, v in data.items()}
+        return data
+
+
+class Config(Strict):
+    protocols: Protocols = Field(default_factory=lambda: Protocols(grpc=GrpcProtocol(), http=HttpProtocol()))
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    tls: ServerTLS = Field(default_factory=ServerTLS)
+    # Delay a throttled client is told to wait (gRPC RetryInfo trailer, HTTP Retry-After rounded up to seconds).
+    retry_delay: Duration = 1.0
+    # How long a request waits for the pipeline worker so that rejected spans can be reported as partial
+    # success. 0: answer as soon as the request is queued.
+    wait_for_processing: Duration = 0.5
+
+    @model_validator(mode="after")
+    def _some_protocol(self) -> Config:
+        if self.protocols.grpc is None and self.protocols.http is None:
+            raise ValueError("enable at least one of protocols.grpc, protocols.http")
+        return self
+
+
+class Dispatcher:
+    """Routes one signal's requests from one receiver to every pipeline that lists the receiver."""
+
+    def __init__(self, label: str, telemetry: Telemetry, pipelines: dict[str, list[Pipeline]], wait_s: float) -> None:
+        self.label = label
+        self.t = telemetry
+        self.pipelines = pipelines
+        self.wait_s = wait_s
+
+    def has(self, signal: str) -> bool:
+        return bool(self.pipelines.get(signal))
+
+    def dispatch(self, signal: str, msg, nbytes: int) -> Result:
+        n = count_items(signal, msg)
+        if signal == "traces":
+            self.t.spans_received.labels(self.label).inc(n)
+        out = Result()
+        for p in self.pipelines.get(signal, ()):
+            r = p.submit(msg, nbytes, n, self.wait_s)
+            if r.status != "ok":
+                out = r
+                break
+            if r.rejected > out.rejected:
+                out.rejected, out.message = r.rejected, r.message
+        if out.status != "ok":
+            self.outcome("throttled")
+            if signal == "traces":
+                self.t.spans_dropped.labels(out.reason).inc(n)
+        else:
+            self.outcome("partial" if out.rejected else "ok")
+        return out
+
+    def outcome(self, outcome: str) -> None:
+        self.t.requests.labels(self.label, outcome).inc()

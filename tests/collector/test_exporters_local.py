@@ -1,0 +1,186 @@
+"""Local exporters: JSONL evidence (flush interval, rotation, complete lines), Prometheus ``/metrics`` with the
+emitter self-metrics re-exported from real OTel SDK metric exports, and the debug console."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace.export import SpanExportResult
+from service_support import BASE_RECEIVER, DoubleProcessor, make_spans, make_verdict, scrape, wait_for
+
+from collector_processor.exporter.evidence import Config as EvidenceConfig
+from collector_processor.exporter.evidence import EvidenceExporter
+from collector_processor.processor.straggler.events import verdict_to_dict
+from collector_processor.telemetry import Telemetry
+from otel_straggler import schema as s
+
+
+def test_evidence_lines_flushed_within_interval_while_running(start_service, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "ev" / "verdicts.jsonl"
+    text = BASE_RECEIVER + f"""
+processors:
+  double: {{verdicts: true}}
+exporters:
+  file/evidence: {{path: "{path}", flush_interval: 200ms}}
+  debug: {{}}
+service:
+  pipelines:
+    traces: {{receivers: [otlp], processors: [double], exporters: [debug]}}
+    logs/verdicts: {{receivers: [double], exporters: [file/evidence]}}
+"""
+    run = start_service(text)
+    exp = GrpcSpanExporter(endpoint=run.grpc, insecure=True, timeout=5)
+    for _ in range(3):
+        assert exp.export(make_spans(2)) == SpanExportResult.SUCCESS
+    exp.shutdown()
+    t0 = time.monotonic()
+    # no shutdown: the background flush alone must put the lines on disk (what a SIGKILL would leave)
+    assert wait_for(lambda: path.exists() and len(path.read_text().splitlines()) == 3, timeout=2)
+    assert time.monotonic() - t0 < 1.5  # flush_interval 200 ms, plus scheduling slack on a loaded machine
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2, 3]
+    assert lines[0] == json.loads(json.dumps(verdict_to_dict(make_verdict(step=1)) | {
+        "emitted_unix_ns": lines[0]["emitted_unix_ns"]}))
+    assert run.sample("otel_straggler_collector_evidence_lines_total") == 3
+
+
+def test_evidence_rotation_keeps_max_files_of_complete_lines(tmp_path: Path) -> None:
+    t = Telemetry()
+    path = tmp_path / "v.jsonl"
+    ex = EvidenceExporter("file/e", EvidenceConfig(path=str(path), flush_interval=60, max_bytes=2048, max_files=3), t)
+    ex.start()
+    for i in range(40):
+        ex.export_verdicts([make_verdict(step=i)])
+        if i % 5 == 4:
+            ex.flush()
+    ex.shutdown()
+    files = sorted(tmp_path.iterdir())
+    assert [f.name for f in files] == ["v.jsonl", "v.jsonl.1", "v.jsonl.2"]
+    steps = []
+    for f in (path.with_name("v.jsonl.2"), path.with_name("v.jsonl.1"), path):
+        assert f.stat().st_size <= 2048
+        steps += [json.loads(line)["step"] for line in f.read_text().splitlines()]
+    assert steps == list(range(40 - len(steps), 40))  # newest kept, in order, none torn
+    assert t.registry.get_sample_value("otel_straggler_collector_evidence_lines_total") == 40
+
+
+def test_prometheus_serves_self_metrics_and_reexports_emitter_metrics(start_service) -> None:  # type: ignore[no-untyped-def]
+    text = BASE_RECEIVER + """
+processors:
+  double: {}
+exporters:
+  prometheus: {endpoint: 127.0.0.1:0, max_series: 3, auth: {bearer_token: ${env:MT}}}
+  debug: {}
+service:
+  pipelines:
+    traces: {receivers: [otlp], processors: [double], exporters: [debug]}
+    metrics: {receivers: [otlp], exporters: [prometheus]}
+"""
+    run = start_service(text, env={"MT": "scrape-me"})
+    port = run.svc.exporters["prometheus"].port
+    url = f"http://127.0.0.1:{port}/metrics"
+    reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=run.grpc, insecure=True, timeout=5),
+                                           export_interval_millis=60_000)
+    mp = MeterProvider(metric_readers=[reader], shutdown_on_exit=False,
+                       resource=Resource.create({s.RES_JOB_ID: "job-9", s.RES_RANK: 5}))
+    meter = mp.get_meter(s.SCOPE_NAME)
+    dropped = meter.create_counter(s.SM_DROPPED)
+    dropped.add(4, {s.SM_REASON_ATTR: "ring_full"})
+    dropped.add(1, {s.SM_REASON_ATTR: "late"})
+    meter.create_counter(s.SM_INTERVALS).add(100)
+    meter.create_gauge(s.SM_READOUT_LAG).set(2.5)
+    meter.create_counter("unrelated.metric").add(1)
+    mp.force_flush(5000)
+    dropped.add(2, {s.SM_REASON_ATTR: "ring_full"})
+    mp.force_flush(5000)
+    mp.shutdown()
+    with pytest.raises(urllib.error.HTTPError) as ei:
+        scrape(url)
+    assert ei.value.code == 401
+    m = scrape(url, {"Authorization": "Bearer scrape-me"})
+    assert m["otel_straggler_emitter_dropped_total{job=job-9,rank=5,reason=ring_full}"] == 6  # cumulative
+    assert m["otel_straggler_emitter_dropped_total{job=job-9,rank=5,reason=late}"] == 1
+    assert m["otel_straggler_emitter_intervals_total{job=job-9,rank=5,reason=}"] == 100
+    assert not any(k.startswith("otel_straggler_emitter_readout") for k in m)  # 4th series: over the cap of 3
+    assert not any("unrelated" in k for k in m)
+    assert m["otel_straggler_collector_evictions_total{structure=metric_series}"] >= 1
+    assert m["otel_straggler_collector_requests_total{outcome=ok,receiver=otlp/grpc}"] == 3  # 2 flushes + shutdown
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+        assert resp.status == 200 and resp.read() == b"ok\n"
+
+
+def test_emitter_gauge_exported_without_total(start_service) -> None:  # type: ignore[no-untyped-def]
+    text = BASE_RECEIVER + """
+exporters:
+  prometheus: {endpoint: 127.0.0.1:0}
+service:
+  pipelines:
+    metrics: {receivers: [otlp], exporters: [prometheus]}
+"""
+    run = start_service(text)
+    reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=run.grpc, insecure=True, timeout=5),
+                                           export_interval_millis=60_000)
+    mp = MeterProvider(metric_readers=[reader], shutdown_on_exit=False,
+                       resource=Resource.create({s.RES_JOB_ID: "j", s.RES_RANK: 0}))
+    mp.get_meter("x").create_gauge(s.SM_POOL_HIGH_WATER).set(17)
+    mp.shutdown()
+    m = scrape(f"http://127.0.0.1:{run.svc.exporters['prometheus'].port}/metrics")
+    assert m["otel_straggler_emitter_pool_high_water{job=j,rank=0,reason=}"] == 17
+
+
+def test_debug_prints_one_line_per_verdict(start_service, capsys) -> None:  # type: ignore[no-untyped-def]
+    text = BASE_RECEIVER + """
+processors:
+  double: {verdicts: true}
+exporters:
+  debug: {verbosity: basic}
+service:
+  pipelines:
+    traces: {receivers: [otlp], processors: [double], exporters: [debug]}
+    logs/verdicts: {receivers: [double], exporters: [debug]}
+"""
+    run = start_service(text)
+    exp = GrpcSpanExporter(endpoint=run.grpc, insecure=True, timeout=5)
+    exp.export(make_spans(2))
+    exp.shutdown()
+    assert wait_for(lambda: len(DoubleProcessor.instances[0].requests) == 1)
+    run.svc.shutdown(2)  # drains the verdict queue; the double also emits one verdict (step 9999) at shutdown
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if "verdict=" in x]
+    assert len(lines) == 2
+    assert all("verdict=straggler" in x and "rank=3" in x and "deviation=+25.0%" in x for x in lines)
+    assert "window=9990..9999" in lines[1]
+
+
+def test_telemetry_address_serves_self_metrics_without_a_prometheus_exporter(start_service) -> None:  # type: ignore[no-untyped-def]
+    from service_support import free_port
+
+    port = free_port()
+    text = BASE_RECEIVER + f"""
+processors:
+  double: {{}}
+exporters:
+  debug: {{}}
+service:
+  pipelines:
+    traces: {{receivers: [otlp], processors: [double], exporters: [debug]}}
+  telemetry: {{metrics: {{address: "127.0.0.1:{port}"}}}}
+"""
+    run = start_service(text)
+    assert any(f"127.0.0.1:{port}/metrics" in e for e in run.svc.endpoints())
+    exp = GrpcSpanExporter(endpoint=run.grpc, insecure=True, timeout=5)
+    assert exp.export(make_spans(4)) == SpanExportResult.SUCCESS
+    exp.shutdown()
+    m = scrape(f"http://127.0.0.1:{port}/metrics")
+    assert m["otel_straggler_collector_spans_received_total{receiver=otlp/grpc}"] == 4
+    assert m["otel_straggler_collector_processing_seconds_count"] >= 1

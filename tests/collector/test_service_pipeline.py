@@ -1,0 +1,175 @@
+"""Pipeline behaviour: processor faults fail open, the queue's byte cap, the real straggler processor end to end
+(verdict span forwarded in the step's trace, verdict event as an OTLP log, Prometheus series), and TLS."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from service_support import BASE_RECEIVER, make_spans, scrape, wait_for
+
+from collector_processor.pipeline import Pipeline, Stage
+from collector_processor.simulate.faults import Fault
+from collector_processor.simulate.job import Layout
+from collector_processor.simulate.stream import JobStream, SimConfig
+from collector_processor.telemetry import Telemetry
+from otel_straggler import schema as s
+
+
+class _Exploding:
+    def process_traces(self, req):  # type: ignore[no-untyped-def]
+        raise RuntimeError("boom")
+
+    def tick(self, now_s: float) -> None:
+        raise RuntimeError("tick boom")
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.got: list[object] = []
+
+    def export_traces(self, req) -> None:  # type: ignore[no-untyped-def]
+        self.got.append(req)
+
+
+def _req(n: int = 1, name: str = "x") -> trace_service_pb2.ExportTraceServiceRequest:
+    req = trace_service_pb2.ExportTraceServiceRequest()
+    ss = req.resource_spans.add().scope_spans.add()
+    for _ in range(n):
+        ss.spans.add(trace_id=os.urandom(16), span_id=os.urandom(8), name=name)
+    return req
+
+
+def test_processor_exception_fails_open_and_is_counted() -> None:
+    t = Telemetry()
+    sink = _Sink()
+    p = Pipeline("traces", t, max_items=10, max_bytes=1 << 20, processors=[Stage("bad", _Exploding())],
+                 exporters=[("sink", sink)])
+    p.start()
+    req = _req(3)
+    assert p.submit(req, req.ByteSize(), 3, wait_s=2.0).status == "ok"
+    assert wait_for(lambda: sink.got == [req])
+    assert p.close(__import__("time").monotonic() + 2)
+    assert t.registry.get_sample_value("otel_straggler_collector_component_errors_total", {"component": "bad"}) >= 2
+
+
+def test_queue_byte_cap_refuses_and_counts() -> None:
+    t = Telemetry()
+    p = Pipeline("traces", t, max_items=100, max_bytes=1000, processors=[], exporters=[])  # worker not started
+    big = _req(5, name="y" * 100)
+    assert p.submit(big, 900, 5).status == "ok"
+    r = p.submit(big, 900, 5)
+    assert (r.status, r.reason) == ("throttled", "queue_full")
+    assert p.submit(_req(), 50, 1).status == "ok"  # what still fits is taken
+    # a single request bigger than the cap is accepted into an empty queue (it could never be sent otherwise)
+    q = Pipeline("traces", t, max_items=100, max_bytes=10, processors=[], exporters=[])
+    assert q.submit(big, 900, 5).status == "ok"
+
+
+def test_real_straggler_processor_end_to_end(grpc_sink, start_service) -> None:  # type: ignore[no-untyped-def]
+    text = BASE_RECEIVER + f"""
+processors:
+  straggler: {{}}
+exporters:
+  otlp_grpc/backend: {{endpoint: "127.0.0.1:{grpc_sink.port}", tls: {{insecure: true}}}}
+  prometheus: {{endpoint: 127.0.0.1:0}}
+service:
+  pipelines:
+    traces: {{receivers: [otlp], processors: [straggler], exporters: [otlp_grpc/backend]}}
+    logs/verdicts: {{receivers: [straggler], exporters: [otlp_grpc/backend]}}
+    metrics: {{receivers: [otlp], exporters: [prometheus]}}
+"""
+    run = start_service(text)
+    stream = JobStream(SimConfig(layout=Layout(dp=8), steps=60, job="e2e"),
+                       [Fault("device", rank=5, stages=("backward-compute",), size=0.3, onset=20)])
+    with grpc.insecure_channel(run.grpc) as ch:
+        stub = trace_service_pb2_grpc.TraceServiceStub(ch)
+        for _step, req in stream:
+            resp = stub.Export(req, timeout=10)
+            assert resp.partial_success.rejected_spans == 0
+
+    def verdict_logs() -> list[dict[str, object]]:
+        out = []
+        for lr in grpc_sink.logs:
+            for rl in lr.resource_logs:
+                for sl in rl.scope_logs:
+                    for rec in sl.log_records:
+                        out.append({kv.key: getattr(kv.value, kv.value.WhichOneof("value")) for kv in rec.attributes})
+        return out
+
+    assert wait_for(lambda: any(v.get(s.EV_VERDICT) == s.VERDICT_STRAGGLER for v in verdict_logs()), timeout=5)
+    hit = next(v for v in verdict_logs() if v.get(s.EV_VERDICT) == s.VERDICT_STRAGGLER)
+    assert (hit[s.EV_RANK], hit[s.EV_STAGE]) == (5, "backward-compute")
+    # the verdict span is forwarded inside the trace of the step where it fired
+    def verdict_spans() -> list[tuple[bytes, dict[str, object]]]:
+        return [(sp.trace_id, {kv.key: getattr(kv.value, kv.value.WhichOneof("value")) for kv in sp.attributes})
+                for r in grpc_sink.traces for rs in r.resource_spans for ss in rs.scope_spans for sp in ss.spans
+                if sp.name == s.SPAN_VERDICT]
+
+    def straggler_span() -> tuple[bytes, dict[str, object]] | None:
+        return next((x for x in verdict_spans() if x[1].get(s.EV_VERDICT) == s.VERDICT_STRAGGLER), None)
+
+    assert wait_for(straggler_span, timeout=5)
+    trace_id, attrs = straggler_span()  # type: ignore[misc]
+    assert attrs[s.EV_RANK] == 5 and attrs[s.EV_STEP] == hit[s.EV_STEP]
+    assert trace_id == s.trace_id_for_step("e2e", hit[s.EV_STEP]).to_bytes(16, "big")
+    m = scrape(f"http://127.0.0.1:{run.svc.exporters['prometheus'].port}/metrics")
+    active = [k for k, v in m.items() if k.startswith(s.M_STRAGGLER_ACTIVE + "{") and v == 1]
+    assert len(active) == 1 and "rank=5" in active[0]
+    assert m[s.M_SPANS_ACCEPTED] > 0
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=30)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl binary to make test certificates")
+def test_mutual_tls_on_grpc_and_http(start_service, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
+             "-keyout", "ca.key", "-out", "ca.pem", cwd=tmp_path)
+    for who in ("server", "client"):
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-keyout", f"{who}.key",
+                 "-out", f"{who}.csr", cwd=tmp_path)
+        (tmp_path / "ext.cnf").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+        _openssl("x509", "-req", "-in", f"{who}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                 "-days", "1", "-extfile", "ext.cnf", "-out", f"{who}.pem", cwd=tmp_path)
+    text = BASE_RECEIVER + f"""
+    tls: {{cert_file: "{tmp_path}/server.pem", key_file: "{tmp_path}/server.key",
+           client_ca_file: "{tmp_path}/ca.pem"}}
+processors:
+  double: {{}}
+exporters:
+  debug: {{}}
+service:
+  pipelines:
+    traces: {{receivers: [otlp], processors: [double], exporters: [debug]}}
+"""
+    run = start_service(text)
+    ca = (tmp_path / "ca.pem").read_bytes()
+    good = grpc.ssl_channel_credentials(ca, (tmp_path / "client.key").read_bytes(),
+                                        (tmp_path / "client.pem").read_bytes())
+    exp = OTLPSpanExporter(endpoint=f"localhost:{run.port('grpc')}", credentials=good, timeout=5)
+    assert exp.export(make_spans(2)) == SpanExportResult.SUCCESS
+    exp.shutdown()
+    no_cert = OTLPSpanExporter(endpoint=f"localhost:{run.port('grpc')}",
+                               credentials=grpc.ssl_channel_credentials(ca), timeout=1)
+    assert no_cert.export(make_spans(1)) == SpanExportResult.FAILURE
+    no_cert.shutdown()
+    import ssl
+    import urllib.request
+
+    ctx = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+    ctx.load_cert_chain(str(tmp_path / "client.pem"), str(tmp_path / "client.key"))
+    req = urllib.request.Request(f"https://localhost:{run.port('http')}/v1/traces",
+                                 data=_req().SerializeToString(),
+                                 headers={"Content-Type": "application/x-protobuf"}, method="POST")
+    with urllib.request.urlopen(req, timeout=5, context=ctx) as resp:
+        assert resp.status == 200
