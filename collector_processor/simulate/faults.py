@@ -15,7 +15,8 @@ class Fault:
 
     kind:
       device        stage device time x (1 + size) (host flat): expect straggler, gpu_stream_stall
-      host          stage host time + size x device time (device flat): expect straggler, host_only_stall
+      host          stage host time + size x device time, the starved stream stretches the device interval
+                    as much: expect straggler, host_only_stall
       dataloader    batch-generator waits ``size`` x forward time on the host: expect straggler, host_only_stall
       intermittent  device slowdown on a random ``duty`` fraction of steps: detection optional, reported
       flapping      device slowdown alternating ``period`` steps on / off: expect straggler

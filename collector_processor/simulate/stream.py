@@ -131,7 +131,11 @@ class JobStream:
                         if f.kind in ("device", "intermittent", "flapping"):
                             dev *= 1.0 + f.size
                         elif f.kind == "host":
-                            host += f.size * st.device_ms
+                            # a host stall inside a compute stage on the critical path starves the
+                            # stream: the device interval stretches by about the same time
+                            extra = f.size * st.device_ms
+                            host += extra
+                            dev += extra
                         elif f.kind == "dataloader":
                             extra = f.size * sm.stages[1].device_ms
                             host += extra

@@ -63,6 +63,12 @@ class Config(BaseModel):
     judged_groups: list[str] = Field(
         default_factory=lambda: ["forward", "backward", "optimizer", "data", "other"]
     )
+    # Groups where "device flat, host up" is itself a straggler (host-side stages such as the data
+    # loader). On a CUDA rank a compute stage's host time is launch time: a host stall there slows the job
+    # only when it starves the stream, which stretches the device interval too (judged on device time,
+    # attributed by the rule below). Measured on an H200 with replicas sharing the GPU: judging launch
+    # times of compute stages raised false alarms on healthy ranks.
+    host_stall_groups: list[str] = Field(default_factory=lambda: ["data"])
     # Attribution (see attribution.py): with share = host excess / device excess when the device comparison
     # fires, share >= host_explains_fraction -> host_only_stall (a host stall starved the stream), share <
     # host_ambiguous_fraction -> gpu_stream_stall, in between -> attribution_unknown.

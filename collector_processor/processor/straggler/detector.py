@@ -178,6 +178,12 @@ class Detector:
             self.c["non_finite_windows"] += 1
             self._unusable(ctx, out, key, st, stage, group, r, "non_finite_sample", None)
             return
+        if mine.dev is None and st.dev_recent:
+            # a rank that times this stage on the device sent none in this window: its host time is launch
+            # time, never compared as if it were the stage's duration
+            self.c["device_samples_missing_windows"] += 1
+            self._unusable(ctx, out, key, st, stage, group, r, "missing_samples", None)
+            return
         meas = DEVICE if mine.dev is not None else HOST
         value = mine.dev if mine.dev is not None else mine.host
         assert value is not None
@@ -198,7 +204,8 @@ class Detector:
             dev = math.inf if value > 0 else 0.0
         gap = value - ref_ms
         host_stall = False
-        if meas == DEVICE and mine.host is not None and not (dev > cfg.tolerance and gap >= cfg.absolute_floor_ms):
+        if meas == DEVICE and mine.host is not None and group in cfg.host_stall_groups \
+                and not (dev > cfg.tolerance and gap >= cfg.absolute_floor_ms):
             # device flat (or sub-floor): is the host interval up against the peers' host times? A host
             # stall outside the device interval (e.g. waiting for data) still delays the step.
             href, hsize, _ = self._reference(r, HOST, per, views, tok, rank_tokens)

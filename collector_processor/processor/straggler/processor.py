@@ -29,7 +29,8 @@ _MAX_PENDING_SPANS = 4096
 COUNTERS = (
     "spans_accepted", "rejected_malformed", "rejected_non_finite", "rejected_duplicate", "rejected_late",
     "non_finite_values", "windows_closed", "windows_closed_early", "windows_closed_by_grace",
-    "warmup_excluded", "missing_windows", "non_finite_windows", "workload_incomparable_windows",
+    "warmup_excluded", "missing_windows", "non_finite_windows", "device_samples_missing_windows",
+    "workload_incomparable_windows",
     "below_min_cohort_windows", "below_floor_windows", "recovery_withheld_windows", "uncertain_suppressed",
     "verdicts_straggler", "verdicts_recovered", "verdicts_uncertain", "emit_failures",
     "evicted_cohorts", "evicted_windows", "evicted_ranks", "evicted_stages", "evicted_dedup",
