@@ -1,0 +1,126 @@
+"""Real Prometheus + Alertmanager around a straggler collector, for the alerting end-to-end tests.
+
+``alert_stack`` starts Alertmanager (webhook to an in-test receiver) and Prometheus (1 s scrape and
+evaluation, the shipped rules with ``for: 1m`` -> ``for: 2s`` in a test copy) on free loopback ports.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import yaml
+from stack_support import PROM_RULES, free_ports, http_get, load_yaml, process, require_binary, tail, wait_until
+
+TEST_FOR = "2s"
+
+
+class Webhook:
+    """Alertmanager webhook receiver on 127.0.0.1: keeps every notification."""
+
+    def __init__(self) -> None:
+        self.notifications: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                with outer._lock:
+                    outer.notifications.append(json.loads(body))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/alert"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Webhook:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def alerts(self, status: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [a for n in self.notifications for a in n["alerts"]
+                    if a["status"] == status and a["labels"].get("alertname") == "StragglerDetected"]
+
+
+def rules_copy(dst: Path) -> None:
+    doc = load_yaml(PROM_RULES)
+    rule = next(r for g in doc["groups"] for r in g["rules"] if r.get("alert") == "StragglerDetected")
+    assert rule["for"] == "1m"
+    rule["for"] = TEST_FOR
+    dst.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+
+
+def am_alerts(port: int) -> list[dict[str, Any]]:
+    code, body = http_get(f"http://127.0.0.1:{port}/api/v2/alerts?active=true&silenced=false&inhibited=false")
+    if code != 200:
+        raise ValueError(f"alertmanager answered {code}")
+    return [a for a in json.loads(body) if a["labels"].get("alertname") == "StragglerDetected"]
+
+
+@dataclass
+class AlertStack:
+    hook: Webhook
+    am_port: int
+    prom_port: int
+    diag: Callable[[], str]
+
+    def active(self) -> list[dict[str, Any]]:
+        return am_alerts(self.am_port)
+
+
+@contextmanager
+def alert_stack(tmp_path: Path, metrics_port: int, collector_log: Path) -> Iterator[AlertStack]:
+    prometheus = require_binary("prometheus")
+    alertmanager = require_binary("prometheus-alertmanager")
+    prom_port, am_port = free_ports(2)
+    with Webhook() as hook:
+        am_dir = tmp_path / "alertmanager"
+        am_dir.mkdir()
+        (am_dir / "alertmanager.yml").write_text(yaml.safe_dump({
+            "route": {"receiver": "test", "group_by": ["alertname", "job", "cohort"], "group_wait": "1s",
+                      "group_interval": "1s", "repeat_interval": "1h"},
+            "receivers": [{"name": "test", "webhook_configs": [{"url": hook.url, "send_resolved": True}]}],
+        }), encoding="utf-8")
+        prom_dir = tmp_path / "prometheus"
+        prom_dir.mkdir()
+        rules_copy(prom_dir / "straggler.rules.yml")
+        (prom_dir / "prometheus.yml").write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": ["straggler.rules.yml"],
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
+            "scrape_configs": [{"job_name": "otel-straggler-collector", "honor_labels": True,
+                                "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}]}],
+        }), encoding="utf-8")
+        am_argv = [alertmanager, f"--config.file={am_dir / 'alertmanager.yml'}", f"--storage.path={am_dir}",
+                   f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="]
+        prom_argv = [prometheus, f"--config.file={prom_dir / 'prometheus.yml'}",
+                     f"--storage.tsdb.path={prom_dir / 'data'}", f"--web.listen-address=127.0.0.1:{prom_port}",
+                     "--rules.alert.resend-delay=1s", "--log.level=warn"]
+        with process(am_argv, tmp_path / "am.log") as am, process(prom_argv, tmp_path / "prom.log") as prom:
+            logs = "\n--- alertmanager:\n{}\n--- prometheus:\n{}\n--- collector:\n{}"
+
+            def diag() -> str:
+                return logs.format(tail(tmp_path / "am.log"), tail(tmp_path / "prom.log"), tail(collector_log))
+
+            wait_until(lambda: http_get(f"http://127.0.0.1:{am_port}/-/ready")[0] == 200, 20,
+                       what="alertmanager ready")
+            wait_until(lambda: http_get(f"http://127.0.0.1:{prom_port}/-/ready")[0] == 200, 20,
+                       what="prometheus ready")
+            assert am.poll() is None and prom.poll() is None
+            yield AlertStack(hook, am_port, prom_port, diag)
