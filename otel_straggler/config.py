@@ -8,7 +8,9 @@ and recorded in ``EmitterConfig.config_errors`` (the counters count each as a ``
 | OTEL_STRAGGLER_ENABLED | enabled | false | master switch (install_megatron / configure) |
 | OTEL_STRAGGLER_JOB_ID | job_id | "" | job id (identity falls back to SLURM/torchelastic/local) |
 | OTEL_STRAGGLER_DETAIL | detail | step | ``step`` (one span per timer per step) or ``interval`` |
-| OTEL_STRAGGLER_DEVICE_EVERY | device_every | 4 | CUDA events on every N-th step only (see below) |
+| OTEL_STRAGGLER_DEVICE_EVERY | device_every | auto (0) | events on every N-th step; ``auto`` adapts N |
+| OTEL_STRAGGLER_DEVICE_BUDGET | device_budget | 0.0025 | auto: event cost allowed, as a fraction of step time |
+| OTEL_STRAGGLER_DEVICE_EVERY_MAX | device_every_max | 4 | auto: largest N (>= 1 device sample per window) |
 | OTEL_STRAGGLER_POOL_SIZE | pool_size | 512 | pre-created CUDA events |
 | OTEL_STRAGGLER_RING_SIZE | ring_size | 8192 | interval ring slots (rounded up to a power of two) |
 | OTEL_STRAGGLER_READOUT_INTERVAL_MS | readout_interval_ms | 20 | readout thread poll period |
@@ -18,10 +20,12 @@ and recorded in ``EmitterConfig.config_errors`` (the counters count each as a ``
 | OTEL_STRAGGLER_STEP_TIMER | step_timer | forward-backward | timer whose start advances the auto step |
 | OTEL_STRAGGLER_SHUTDOWN_TIMEOUT_S | shutdown_timeout_s | 5 | bound on shutdown |
 
-``device_every`` defaults to 4: measured on an H200 with a launch-bound 35 ms step, CUDA events on every
-step cost ~3.8 % (an event record is 6.7-11 us of GIL time and there are ~50 per step), on every 4th step
-~0.4 %. The other steps are timed on the host (``sampled_out``); device time is still sampled often enough
-for windows of tens of steps.
+``device_every`` defaults to ``auto``: measured on an H200 with a launch-bound 35 ms step, CUDA events on
+every step cost ~3.8 % (an event record is 6.7-11 us of GIL time and there are ~50 per step), on every 4th
+step ~0.4 %; on a step of a second the same events cost < 0.1 %. Auto sampling measures the record cost when
+the pool is warmed and the step period and intervals per step as training runs, and picks the smallest N
+(1..``device_every_max``) within ``device_budget``: N = 4 launch-bound, N = 1 for long steps. The other
+steps are timed on the host (``sampled_out``). A fixed N >= 1 disables the adaptation.
 """
 
 from __future__ import annotations
@@ -82,6 +86,13 @@ def _choice(*allowed: str) -> Callable[[Any], str]:
     return parse
 
 
+def _device_every(v: Any) -> int:
+    """``auto`` (or 0) adapts N to the step time; otherwise a fixed N >= 1."""
+    if isinstance(v, str) and v.strip().lower() == "auto":
+        return 0
+    return _int_min(0)(v)
+
+
 def _text(v: Any) -> str:
     return str(v).strip()
 
@@ -98,7 +109,9 @@ class EmitterConfig:
     enabled: bool = False
     job_id: str = ""
     detail: str = schema.DETAIL_STEP
-    device_every: int = 4
+    device_every: int = 0  # 0 = auto
+    device_budget: float = 0.0025
+    device_every_max: int = 4
     pool_size: int = 512
     ring_size: int = 8192
     readout_interval_ms: float = 20.0
@@ -149,7 +162,9 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "enabled": _parse_bool,
     "job_id": _text,
     "detail": _choice(schema.DETAIL_STEP, schema.DETAIL_INTERVAL),
-    "device_every": _int_min(1),
+    "device_every": _device_every,
+    "device_budget": _float_pos,
+    "device_every_max": _int_min(1),
     "pool_size": _int_min(2),
     "ring_size": _int_min(2),
     "readout_interval_ms": _float_pos,

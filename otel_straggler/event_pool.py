@@ -17,6 +17,7 @@ reason ``no_cuda``. ``FakeEvent`` is a test backend (CUDA cannot run on the CI m
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +30,7 @@ _log = logging.getLogger(__name__)
 class EventPool:
     """``factory()`` makes one event (default: ``torch.cuda.Event(enable_timing=True)``)."""
 
-    __slots__ = ("capacity", "cuda", "free", "orphans", "reason", "warm_error")
+    __slots__ = ("capacity", "cuda", "free", "orphans", "reason", "record_cost_s", "warm_error")
 
     def __init__(
         self, size: int, factory: Callable[[], Any] | None = None, *, synchronize: Callable[[], Any] | None = None
@@ -50,6 +51,14 @@ class EventPool:
             ev.record()
         if synchronize is not None:
             synchronize()
+        # cost of one record of a warm event (adaptive device sampling budgets with it)
+        sample = events[: min(len(events), 64)]
+        t0 = time.perf_counter()
+        for ev in sample:
+            ev.record()
+        self.record_cost_s = (time.perf_counter() - t0) / max(1, len(sample))
+        if synchronize is not None:
+            synchronize()
         self.capacity = len(events)
         self.free: deque[Any] = deque(events)
 
@@ -60,10 +69,11 @@ class EventPool:
 class HostOnlyPool:
     """No device timing at all: the timers read ``cuda`` False and never touch ``free``."""
 
-    __slots__ = ("capacity", "cuda", "free", "orphans", "reason", "warm_error")
+    __slots__ = ("capacity", "cuda", "free", "orphans", "reason", "record_cost_s", "warm_error")
 
     def __init__(self, reason: str = NO_CUDA, warm_error: str | None = None) -> None:
         self.cuda = False
+        self.record_cost_s = 0.0
         self.reason = reason
         self.warm_error = warm_error
         self.capacity = 0

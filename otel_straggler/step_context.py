@@ -10,23 +10,68 @@ pure drop-in of the timers still gets steps.
 
 Device sampling: ``device_on`` is decided when the step changes (every ``device_every``-th step), not
 per call. Without CUDA it is always False and ``host_reason`` is ``no_cuda``.
+
+``device_every=0`` (auto, the default): at each step change the context reads the monotonic clock once and
+the ring's interval count, keeps moving averages of the step period and of intervals per step, and picks
+the smallest N in ``[1, max_every]`` whose event cost (2 records per interval x the record cost measured
+when the pool was warmed) stays within ``budget`` (a fraction of the step time) when paid every N-th step.
+A 35 ms launch-bound step with ~26 intervals gets N = 4; steps of a second or more get N = 1, so the
+detector sees device time on every step where it is cheap.
 """
 
 from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
 
 from otel_straggler.counters import NO_CUDA, SAMPLED_OUT
 
 
 class StepContext:
-    __slots__ = ("_cuda", "_every", "auto", "binding", "device_on", "host_reason", "step")
+    __slots__ = ("_adaptive", "_budget", "_cuda", "_every", "_intervals", "_last_count", "_last_t", "_max_every",
+                 "_n_avg", "_period_avg", "_record_cost_s", "auto", "binding", "device_on", "host_reason", "step")
 
-    def __init__(self, *, device_every: int = 4, cuda: bool = False) -> None:
-        self._every = max(1, int(device_every))
+    def __init__(self, *, device_every: int = 4, cuda: bool = False, budget: float = 0.0025, max_every: int = 4,
+                 record_cost_s: float = 10e-6, intervals: Callable[[], int] | None = None) -> None:
+        self._adaptive = int(device_every) <= 0
+        self._max_every = max(1, int(max_every))
+        self._every = self._max_every if self._adaptive else max(1, int(device_every))
+        self._budget = float(budget)
+        self._record_cost_s = float(record_cost_s)
+        self._intervals = intervals
+        self._last_t: float | None = None
+        self._last_count = 0
+        self._period_avg = 0.0
+        self._n_avg = 0.0
         self._cuda = bool(cuda)
         self.auto = True
         self._apply(0, None, None, None)
 
+    @property
+    def device_every(self) -> int:
+        return self._every
+
+    def _adapt(self) -> None:
+        """Once per step change: moving averages of step period and intervals per step -> N."""
+        now = time.perf_counter()
+        count = self._intervals() if self._intervals is not None else 0
+        if self._last_t is not None:
+            period = now - self._last_t
+            n = count - self._last_count
+            if period > 0.0 and n >= 0:
+                a = 0.2 if self._period_avg else 1.0
+                self._period_avg += a * (period - self._period_avg)
+                self._n_avg += a * (n - self._n_avg)
+                cost = 2.0 * self._n_avg * self._record_cost_s
+                every = math.ceil(cost / (self._budget * self._period_avg)) if self._budget > 0 else self._max_every
+                self._every = min(self._max_every, max(1, every))
+        self._last_t = now
+        self._last_count = count
+
     def _apply(self, step: int, tokens: int | None, sequences: int | None, microbatches: int | None) -> None:
+        if self._adaptive and self._cuda and step != getattr(self, "step", None):
+            self._adapt()
         self.step = step
         self.binding = (step, tokens, sequences, microbatches)
         on = self._cuda and step % self._every == 0

@@ -368,7 +368,11 @@ class Timers:
         self.injector = injector
         self._step_timer = getattr(config, "step_timer", "forward-backward")
         device_every = getattr(config, "device_every", 4)
-        self.ctx = StepContext(device_every=device_every, cuda=self.pool.cuda)
+        self.ctx = StepContext(device_every=device_every, cuda=self.pool.cuda,
+                               budget=getattr(config, "device_budget", 0.0025),
+                               max_every=getattr(config, "device_every_max", 4),
+                               record_cost_s=getattr(self.pool, "record_cost_s", 10e-6),
+                               intervals=self._interval_count)
         self.names_dropped = 0
         # Wall clock derived from the monotonic clock: one anchor pair, no second clock read per call.
         self.wall_anchor = (time.time_ns(), _clock())
@@ -390,6 +394,11 @@ class Timers:
                 self.readout.start()
         else:
             self.ring = Ring(0)  # nothing consumes: every interval is counted as dropped
+
+    def _interval_count(self) -> int:
+        """Intervals written so far (the ring's head; read once per step change for adaptive sampling)."""
+        ring = getattr(self, "ring", None)
+        return ring.head if ring is not None else 0
 
     # ---- Megatron API ---------------------------------------------------------------------------
     def __call__(self, name: str, log_level: int | None = None) -> Timer | DummyTimer:

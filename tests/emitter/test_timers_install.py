@@ -17,7 +17,7 @@ from otel_straggler.timers import Timers
 
 def test_config_defaults_env_and_overrides() -> None:
     c = EmitterConfig.from_env({})
-    assert (c.enabled, c.device_every, c.pool_size, c.ring_size, c.detail) == (False, 4, 512, 8192, "step")
+    assert (c.enabled, c.device_every, c.pool_size, c.ring_size, c.detail) == (False, 0, 512, 8192, "step")
     assert (c.readout_interval_ms, c.readout_timeout_s, c.export_mode, c.step_timer) == (
         20.0,
         30.0,
@@ -31,12 +31,12 @@ def test_config_defaults_env_and_overrides() -> None:
 def test_bad_values_fall_back_warn_once_and_count(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING)
     env = {
-        "OTEL_STRAGGLER_DEVICE_EVERY": "0",
+        "OTEL_STRAGGLER_DEVICE_EVERY": "-1",
         "OTEL_STRAGGLER_DETAIL": "span",
         "OTEL_STRAGGLER_READOUT_TIMEOUT_S": "nan",
     }
     c = EmitterConfig.from_env(env, bogus=1)
-    assert (c.device_every, c.detail, c.readout_timeout_s) == (4, "step", 30.0)
+    assert (c.device_every, c.detail, c.readout_timeout_s) == (0, "step", 30.0)
     assert set(c.config_errors) == {"device_every", "detail", "readout_timeout_s", "bogus"}
     EmitterConfig.from_env(env)
     warned = [r for r in caplog.records if "device_every" in r.getMessage()]
