@@ -89,6 +89,7 @@ def write_report(out: Path, points: list[StagePoint], verdicts: list[dict[str, A
         ax.scatter([], [], color=colour, marker="s", label=name)
     ax.legend(fontsize=8, loc="upper left")
     ax.set_ylim(-0.5, max(opts.ranks - 0.5, 0.5))
+    ax.set_yticks(range(opts.ranks))
     ax.set_xlim(0, opts.steps + 1)
     ax.set_title("verdict timeline (step at which each verdict fired, by rank)")
     ax.set_xlabel("step")
