@@ -343,7 +343,10 @@ def _print_summary(result: DemoResult, opts: DemoOptions, con: _Console) -> None
     con.say("")
     con.say(f"== summary ({result.elapsed_s}s, {result.spans_seen} spans through the collector, "
             f"{result.verdicts} verdict records)")
-    if not result.detected:
+    if opts.endpoint is not None:
+        con.say(f"spans went to the external collector {opts.endpoint}: its evidence, metrics and events hold "
+                "the verdicts")
+    elif not result.detected:
         con.say("no straggler detected")
     for d in result.detected:
         who = "INJECTED" if d.rank == opts.inject_rank else "FALSE ALARM"
