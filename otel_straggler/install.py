@@ -207,7 +207,7 @@ class stage:  # used like a function: ``with stage("forward-compute"):`` / ``@st
         if timers is not None:
             try:
                 self._timer = timers(self.name, self.level)
-            except AssertionError:
+            except Exception:  # AssertionError (Megatron level checks) or any internal fault: fail open
                 self._timer = None
                 timers.counters.faults_training += 1
             if self._timer is not None:

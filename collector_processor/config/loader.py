@@ -28,6 +28,14 @@ class Marks:
     """Where each key path (tuple of keys / list indices) was last defined."""
 
     where: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    # Values that came from the environment -> the ``${env:NAME}`` they came from: error messages show the
+    # reference, never the value (it may be a secret placed in the wrong key).
+    env_values: dict[str, str] = field(default_factory=dict)
+
+    def redact(self, text: str) -> str:
+        for value in sorted(self.env_values, key=len, reverse=True):
+            text = text.replace(value, self.env_values[value])
+        return text
 
     def locate(self, path: tuple[Any, ...]) -> str:
         """The file:line of the deepest known prefix of ``path``."""
@@ -87,7 +95,14 @@ def _walk(node: yaml.Node, path: tuple[Any, ...], src: str, marks: Marks, env: d
     value = node.value
     if _PH in value:
         loc = f"({src}:{node.start_mark.line + 1})"
-        value = _PH_RE.sub(lambda m: substitute_env(tokens[int(m.group(1))], env, loc), value)
+        def sub(m: re.Match[str]) -> str:
+            token = tokens[int(m.group(1))]
+            out = substitute_env(token, env, loc)
+            if len(out) >= 4:
+                marks.env_values[out] = token.split(":-", 1)[0].rstrip("}") + "}"
+            return out
+
+        value = _PH_RE.sub(sub, value)
         if node.style is None:  # plain scalar: re-resolve the type after substitution (ports, booleans, numbers)
             if value == "":
                 return ""
@@ -100,6 +115,15 @@ def _walk(node: yaml.Node, path: tuple[Any, ...], src: str, marks: Marks, env: d
             return loaded if isinstance(loaded, int | float) else value
         return value
     return _scalar(node)
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """The parser's problem and line, without PyYAML's snippet of the offending line (it may hold a secret)."""
+    if isinstance(e, yaml.MarkedYAMLError):
+        mark = e.problem_mark or e.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        return f"{e.context + ': ' if e.context else ''}{e.problem or 'syntax error'}{where}"
+    return type(e).__name__
 
 
 def load_text(text: str, src: str = "<string>", env: dict[str, str] | None = None,
@@ -117,7 +141,7 @@ def load_text(text: str, src: str = "<string>", env: dict[str, str] | None = Non
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as e:
-        raise ConfigError(f"invalid YAML in {src}: {e}") from e
+        raise ConfigError(f"invalid YAML in {src}: {_yaml_problem(e)}") from None
     if node is None:
         return {}, marks
     if not isinstance(node, yaml.MappingNode):

@@ -100,7 +100,8 @@ def validate(raw: dict[str, Any], marks: Marks | None = None) -> CollectorConfig
     if cfg.service is not None:
         errors.extend(_check_pipelines(raw, cfg, marks))
     if errors:
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
+        text = "invalid configuration:\n  " + "\n  ".join(errors)
+        raise ConfigError(marks.redact(text) if marks is not None else text)
     return cfg
 
 

@@ -90,13 +90,13 @@ def decode(signal: str, body: bytes, content_type: str = CT_PROTOBUF) -> Message
     if ct == CT_JSON:
         try:
             obj = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise DecodeFailure(f"invalid JSON: {e}") from e
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # nesting beyond the stack
+            raise DecodeFailure(f"invalid JSON: {type(e).__name__}") from e
         if not isinstance(obj, dict):
             raise DecodeFailure("the JSON body must be an object")
         try:
             json_format.ParseDict(_hex_ids_to_base64(obj), msg, ignore_unknown_fields=True)
-        except (json_format.ParseError, binascii.Error, ValueError, TypeError) as e:
+        except (json_format.ParseError, binascii.Error, ValueError, TypeError, RecursionError) as e:
             raise DecodeFailure(f"invalid OTLP/JSON {cls.__name__}: {e}") from e
         return msg
     raise DecodeFailure(f"unsupported content type {content_type!r}; use {CT_PROTOBUF} or {CT_JSON}")

@@ -40,7 +40,20 @@ _INVALID_ARGUMENT, _RESOURCE_EXHAUSTED, _UNAUTHENTICATED, _UNAVAILABLE, _UNIMPLE
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # listen backlog; socketserver's 5 stalls connection bursts for 1 s (SYN retry)
     receiver: OtlpHttpReceiver
+    ssl_context: ssl.SSLContext | None = None
+
+    def finish_request(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
+        """TLS handshake here, on the connection's own thread and under the read timeout: done in ``accept`` (a
+        wrapped listening socket) one client that connects and never handshakes would block every other."""
+        if self.ssl_context is not None:
+            try:
+                request.settimeout(READ_TIMEOUT_S)
+                request = self.ssl_context.wrap_socket(request, server_side=True)
+            except (OSError, ValueError):  # ssl.SSLError is an OSError; a failed handshake just ends here
+                return
+        super().finish_request(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -201,7 +214,7 @@ class OtlpHttpReceiver:
             if tls.client_ca_file:
                 ctx.load_verify_locations(tls.client_ca_file)
                 ctx.verify_mode = ssl.CERT_REQUIRED
-            server.socket = ctx.wrap_socket(server.socket, server_side=True)
+            server.ssl_context = ctx
         self.port = server.server_address[1]
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},

@@ -1,0 +1,225 @@
+"""A training loop on the REAL Timers (host-only on CPU, default export_mode=process) while the collector is absent,
+stalls after accepting the connection, refuses with retryable or permanent codes, or goes down and comes back.
+
+Step time stays flat (median within 1.5x of a no-export baseline measured in the same test), what cannot be
+delivered is dropped and counted in the export child's counters, and export resumes when a collector returns.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "emitter"))
+from export_otlp_receiver import GrpcReceiver
+from rel_support import Stalling
+
+from otel_straggler import schema
+from otel_straggler.install import build_timers
+
+pytestmark = pytest.mark.slow
+STEPS = 50
+
+
+def free_port() -> int:
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        return so.getsockname()[1]
+
+
+def use_env(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
+    for key in [k for k in os.environ if k.startswith("OTEL_")]:
+        monkeypatch.delenv(key)
+    base = dict(OTEL_METRIC_EXPORT_INTERVAL="60000", OTEL_BSP_SCHEDULE_DELAY="50", OTEL_EXPORTER_OTLP_TIMEOUT="1",
+                OTEL_BSP_MAX_QUEUE_SIZE="64", OTEL_BSP_MAX_EXPORT_BATCH_SIZE="16", OTEL_BSP_EXPORT_TIMEOUT="1000")
+    base.update(env)
+    for k, v in base.items():
+        monkeypatch.setenv(k, v)
+
+
+def train(timers, first: int, steps: int) -> list[float]:  # type: ignore[no-untyped-def]
+    """A Megatron-like step: forward/backward per microbatch, optimizer; ~6 ms of host work per step."""
+    out = []
+    for step in range(first, first + steps):
+        t0 = time.perf_counter()
+        if timers is not None:
+            timers.set_step(step, 4096, 8, 2)
+            timers("forward-backward", log_level=1).start()
+        for _ in range(2):
+            if timers is not None:
+                timers("forward-compute", log_level=2).start()
+            time.sleep(0.001)
+            if timers is not None:
+                timers("forward-compute").stop()
+                timers("backward-compute", log_level=2).start()
+            time.sleep(0.002)
+            if timers is not None:
+                timers("backward-compute").stop()
+        if timers is not None:
+            timers("forward-backward").stop()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+class _Refuse(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grpc.MetricsServiceServicer):
+    def __init__(self, code: grpc.StatusCode) -> None:
+        self.code = code
+        self.calls = 0
+
+    def Export(self, request, context):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        context.abort(self.code, "refused by test")
+
+
+class Http400:
+    def __init__(self) -> None:
+        outer = self
+        self.posts = 0
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                outer.posts += 1
+                self.send_response(400)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def baseline() -> Iterator[float]:
+    t = build_timers(enabled=True, export_mode="off", register_lifecycle=False, readout_interval_ms=5, job_id="base")
+    train(t, 0, 10)
+    yield statistics.median(train(t, 10, STEPS))
+    t.shutdown(2.0)
+
+
+def run_with(endpoint: str, job: str) -> tuple[object, list[float]]:
+    timers = build_timers(enabled=True, register_lifecycle=False, readout_interval_ms=5, job_id=job,
+                          shutdown_timeout_s=3.0)
+    assert timers is not None and type(timers.sink).__name__ == "ProcessSink"  # the default export mode
+    train(timers, 0, 10)
+    return timers, train(timers, 10, STEPS)
+
+
+def check_flat(durations: list[float], base: float, label: str) -> float:
+    ratio = statistics.median(durations) / base
+    print(f"{label}: median step {statistics.median(durations) * 1e3:.2f} ms, baseline {base * 1e3:.2f} ms, "
+          f"ratio {ratio:.3f}, worst {max(durations) * 1e3:.1f} ms")
+    assert ratio < 1.5, f"{label}: step time ratio {ratio:.2f}"
+    return ratio
+
+
+@pytest.mark.parametrize("fault", ["absent", "stall", "unavailable", "invalid_argument", "http_400"])
+def test_step_time_flat_and_losses_counted(monkeypatch: pytest.MonkeyPatch, baseline: float, fault: str) -> None:
+    server: object = None
+    if fault == "absent":
+        use_env(monkeypatch, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{free_port()}")
+    elif fault == "stall":
+        server = Stalling()
+        use_env(monkeypatch, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{server.port}")
+    elif fault in ("unavailable", "invalid_argument"):
+        code = grpc.StatusCode.UNAVAILABLE if fault == "unavailable" else grpc.StatusCode.INVALID_ARGUMENT
+        svc = _Refuse(code)
+        gs = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(svc, gs)
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(svc, gs)
+        port = gs.add_insecure_port("127.0.0.1:0")
+        gs.start()
+        server = (gs, svc)
+        use_env(monkeypatch, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}")
+    else:
+        server = Http400()
+        use_env(monkeypatch, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{server.port}",
+                OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf")
+    timers, durations = run_with("", f"fault-{fault}")
+    try:
+        check_flat(durations, baseline, fault)
+        t0 = time.monotonic()
+        assert timers.flush(4.0) is False  # nothing could be delivered
+        flush_s = time.monotonic() - t0
+        assert flush_s < 4.0 + 0.5
+        c = timers.sink.child_counters
+        assert c.get("spans_exported", 0) == 0
+        lost = c.get("dropped_export_failed", 0) + c.get("dropped_queue_full", 0)
+        assert lost > 0, c
+        if fault == "stall":  # a hanging collector backs the batch queue up: spans beyond it are dropped, counted
+            assert c.get("dropped_queue_full", 0) > 0, c
+        if fault in ("unavailable", "invalid_argument"):
+            assert server[1].calls > 0  # type: ignore[index]
+        if fault == "http_400":
+            assert server.posts > 0  # type: ignore[union-attr]
+    finally:
+        t0 = time.monotonic()
+        timers.shutdown(3.0)
+        assert time.monotonic() - t0 < 3.0 + 1.0
+        if isinstance(server, tuple):
+            server[0].stop(0)
+        elif server is not None:
+            server.stop()  # type: ignore[union-attr]
+
+
+def test_export_resumes_when_the_collector_comes_back(monkeypatch: pytest.MonkeyPatch, baseline: float) -> None:
+    port = free_port()
+    use_env(monkeypatch, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}")
+    job = f"comeback-{uuid.uuid4().hex[:6]}"
+    timers, down = run_with("", job)
+    rcv = None
+    try:
+        check_flat(down, baseline, "collector down")
+        rcv = GrpcReceiver.__new__(GrpcReceiver)  # the same port, now served
+        from export_otlp_receiver import Store, _Metrics, _Trace
+
+        rcv.store = Store()
+        rcv.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_Trace(rcv.store), rcv.server)
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_Metrics(rcv.store), rcv.server)
+        assert rcv.server.add_insecure_port(f"127.0.0.1:{port}") == port
+        rcv.server.start()
+        up = train(timers, 100, STEPS)
+        check_flat(up, baseline, "collector back")
+
+        def iterations() -> set[int]:
+            return {sp.a(schema.ATTR_ITERATION) for sp in rcv.store.spans()
+                    if sp.r(schema.RES_JOB_ID) == job and sp.a(schema.ATTR_ITERATION) is not None}
+
+        # resumed: steps trained after the restart arrive (the backlog beyond the 64-span queue was dropped, counted)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not any(i >= 100 for i in iterations()):
+            timers.flush(3.0)
+        assert any(i >= 100 for i in iterations())
+        assert timers.sink.child_counters.get("dropped_queue_full", 0) > 0
+        # once reconnected nothing is lost: every later step arrives
+        check_flat(train(timers, 200, 20), baseline, "reconnected")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not set(range(200, 220)) <= iterations():
+            timers.flush(3.0)
+        assert set(range(200, 220)) <= iterations()
+    finally:
+        timers.shutdown(3.0)
+        if rcv is not None:
+            rcv.stop()
