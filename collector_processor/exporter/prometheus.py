@@ -164,6 +164,7 @@ class MetricsHTTPServer:
         class Server(ThreadingHTTPServer):
             daemon_threads = True
             allow_reuse_address = True
+            request_queue_size = 128  # listen backlog (socketserver's 5 stalls bursts of scrapers)
 
         self._server = Server((self.host, self.port), Handler)
         self.port = self._server.server_address[1]
