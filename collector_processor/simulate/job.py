@@ -78,3 +78,13 @@ class StepModel:
     ])
     grad_sync_ms: float = 18.0  # all-reduce time when every peer arrives together
     step_overhead_ms: float = 4.0
+
+    @classmethod
+    def with_forward_ms(cls, forward_ms: float) -> StepModel:
+        """The default model with forward-compute at ``forward_ms`` and backward at twice that (a smaller
+        model or shorter sequences): the target scenario's 20 ms stage."""
+        m = cls()
+        m.stages = [StageModel(st.name, st.group, st.level,
+                               forward_ms * (1 if st.group == "forward" else 2) if st.group in ("forward", "backward")
+                               else st.device_ms, st.host_fraction, st.count) for st in m.stages]
+        return m

@@ -25,7 +25,11 @@ from otel_straggler import schema as s
 
 @dataclass
 class Noise:
-    jitter: float = 0.02  # Gaussian sigma, relative
+    # Gaussian sigma of device (CUDA event) time per stage and step, relative. 1 %: stage spans are per-step
+    # sums over microbatches of fixed-shape kernels; the detection defaults are shown against 0.5-2 % in
+    # docs/detection-defaults.md.
+    jitter: float = 0.01
+    host_jitter: float | None = 0.03  # same for host (launch) time, noisier (scheduling); None: as jitter
     spike_prob: float = 0.004  # per rank-step: one stage x U(1.3, 3.0)
     warmup_steps: int = 12  # slow warmup for every rank
     warmup_skew: float = 0.3  # extra per-rank warmup skew (lazy CUDA events, allocator)
@@ -83,9 +87,10 @@ class JobStream:
         self.warm_skew = {r.rank: 1.0 + self.rng.uniform(0.0, cfg.noise.warmup_skew) for r in self.ranks}
         self.healthy_rank_steps = 0
 
-    def _factor(self, step: int, rank: int) -> float:
+    def _factor(self, step: int, rank: int, host: bool = False) -> float:
         n = self.cfg.noise
-        f = 1.0 + self.rng.gauss(0.0, n.jitter)
+        sigma = n.host_jitter if (host and n.host_jitter is not None) else n.jitter
+        f = 1.0 + self.rng.gauss(0.0, sigma)
         if step <= n.warmup_steps:
             f *= 1.0 + 0.6 * (n.warmup_steps - step + 1) / n.warmup_steps * self.warm_skew[rank]
         return f
@@ -117,7 +122,7 @@ class JobStream:
                 before_sync = 0.0
                 for i, st in enumerate(sm.stages):
                     dev = st.device_ms * work * self._factor(step, info.rank)
-                    host = st.device_ms * st.host_fraction * work * self._factor(step, info.rank)
+                    host = st.device_ms * st.host_fraction * work * self._factor(step, info.rank, host=True)
                     if st.group == "data":
                         host = dev
                     if i == spike_stage:

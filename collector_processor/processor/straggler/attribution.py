@@ -35,17 +35,23 @@ def attribute(
     floor_ms: float,
     host_explains_fraction: float,
     host_ambiguous_fraction: float = 0.25,
+    host_floor_ms: float | None = None,
+    host_tolerance: float | None = None,
 ) -> str:
+    """``floor_ms`` and ``tolerance`` gate the device comparison, ``host_floor_ms`` and ``host_tolerance``
+    (default: the same) the host one: host excess within the host's own noise explains nothing."""
+    hfloor = floor_ms if host_floor_ms is None else host_floor_ms
+    htol = tolerance if host_tolerance is None else host_tolerance
     if measurement == s.MEASUREMENT_HOST_ONLY:
-        if host_deviation is not None and host_gap_ms is not None and host_deviation > tolerance \
-                and host_gap_ms >= floor_ms:
+        if host_deviation is not None and host_gap_ms is not None and host_deviation > htol \
+                and host_gap_ms >= hfloor:
             return s.ATTRIBUTION_HOST
         return s.ATTRIBUTION_UNKNOWN
     if device_deviation is None or device_gap_ms is None or device_deviation <= tolerance or device_gap_ms < floor_ms:
-        host_fires = host_deviation is not None and host_gap_ms is not None and host_deviation > tolerance \
-            and host_gap_ms >= floor_ms
+        host_fires = host_deviation is not None and host_gap_ms is not None and host_deviation > htol \
+            and host_gap_ms >= hfloor
         return s.ATTRIBUTION_HOST if host_fires else s.ATTRIBUTION_UNKNOWN
-    if host_deviation is None or host_gap_ms is None or host_deviation <= tolerance:
+    if host_deviation is None or host_gap_ms is None or host_deviation <= htol:
         return s.ATTRIBUTION_GPU
     share = host_gap_ms / device_gap_ms
     if share >= host_explains_fraction:

@@ -46,10 +46,26 @@ class Config(BaseModel):
     # floor(q * (peers - 1))). Up to 10 peers that is the fastest itself; in a cohort of hundreds the single
     # fastest is an extreme value of the noise and would convict healthy ranks, the 10th percentile does not.
     fastest_quantile: float = Field(default=0.1, ge=0, lt=1)
-    # Relative deviation (value - reference) / reference beyond which a window counts as slow.
-    tolerance: float = Field(default=0.05, gt=0)
-    # Absolute gap (value - reference) under which a slow-looking window is uncertain, never slow.
+    # Relative deviation (value - reference) / reference beyond which a window counts as slow. 4 %, below
+    # the +5 % a straggler must be found at: a threshold equal to the fault size finds it only in about
+    # half of the windows (docs/detection-defaults.md).
+    tolerance: float = Field(default=0.04, gt=0)
+    # Noise-aware tolerance: per stage and window the tolerance rises to noise_z standard errors of a rank's
+    # window median, from the step-to-step noise measured within the cohort's ranks (robust: spikes and a
+    # slow rank do not move it). Device timing with <= ~1.2 % per-step noise keeps the 4 % tolerance; a
+    # noisier cohort is judged on what its noise supports instead of producing false alarms. 0 disables.
+    noise_z: float = Field(default=6.0, ge=0)
+    # Absolute gap (value - reference) under which a slow-looking window is uncertain, never slow: the floor
+    # of every HOST comparison and of device comparisons of small stages. Host intervals of sub-ms to few-ms
+    # stages jitter by 10x (launch/scheduling); 5 ms keeps that from ever reading as a straggler.
     absolute_floor_ms: float = Field(default=5.0, ge=0)
+    # Device (CUDA event) time of a stage that is not launch-bound is precise: for a device comparison whose
+    # reference is at least device_min_stage_ms the floor is device_floor_ms instead, so +5 % on a 20 ms
+    # stage (1 ms) is judged on the relative tolerance. Below device_min_stage_ms a device interval is about
+    # as long as its launches and inherits host jitter (stream bubbles), so the host floor applies.
+    # See docs/detection-defaults.md for the measurements behind both.
+    device_floor_ms: float = Field(default=0.5, ge=0)
+    device_min_stage_ms: float = Field(default=10.0, ge=0)
     # First windows of every rank excluded from judging and from references (lazy CUDA-event warmup skew).
     warmup_windows: int = Field(default=2, ge=0)
     # Consecutive window indices beyond tolerance before a straggler verdict.

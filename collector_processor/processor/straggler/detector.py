@@ -20,6 +20,7 @@ from collector_processor.processor.straggler.state import RankStageState, StateS
 from collector_processor.processor.straggler.statistics import (
     SortedPeers,
     median,
+    pooled_relative_sigma,
     reference_of,
     relative_deviation,
     within_relative,
@@ -29,6 +30,7 @@ from otel_straggler import schema as s
 
 DEVICE = s.MEASUREMENT_DEVICE
 HOST = s.MEASUREMENT_HOST_ONLY
+_MEDIAN_SE = 1.2533  # standard error of the median of n normal samples = 1.2533 sigma / sqrt(n)
 
 
 @dataclass(slots=True)
@@ -37,7 +39,9 @@ class RankStat:
     host: float | None
     non_finite: int
     dev_samples: list[float]
+    host_samples: list[float]
     fresh: int = 0  # samples of this window behind the device statistic (0: all of them)
+    dev_used: list[float] | None = None  # the samples behind the device statistic when pooled
 
 
 @dataclass(slots=True)
@@ -100,6 +104,7 @@ class Detector:
                     median(cell.host) if cell.host else None,
                     cell.non_finite,
                     cell.dev,
+                    cell.host,
                 )
             stats[stage] = per
         rank_tokens = {r: median(v) for r, v in tokens.items() if r in warm}
@@ -142,8 +147,9 @@ class Detector:
                 continue
             self._pool_device(cohort, stage, window.index, per)
             views = self._views(per) if uniform else None
+            tols = self._tolerances(per)
             for r in sorted(per):
-                self._judge_rank(ctx, out, stage, group, r, per, rank_tokens, tok_median, views)
+                self._judge_rank(ctx, out, stage, group, r, per, rank_tokens, tok_median, views, tols)
             self._missing(ctx, out, stage, group, per, warm)
         return out
 
@@ -163,13 +169,31 @@ class Detector:
                 hist.popleft()
             hist.extend((idx, v) for v in rs.dev_samples)
             if len(rs.dev_samples) < k and len(hist) > len(rs.dev_samples):
-                rs.dev = median([v for _, v in hist])
+                rs.dev_used = [v for _, v in hist]
+                rs.dev = median(rs.dev_used)
                 rs.fresh = len(rs.dev_samples)
+
+    def _tolerances(self, per: dict[int, RankStat]) -> tuple[float, float]:
+        """(device, host) tolerance of this stage in this window: ``tolerance``, raised to ``noise_z`` standard
+        errors of a rank's window median when the cohort's step-to-step noise is larger. The per-step sigma is
+        estimated robustly within each rank (``pooled_relative_sigma``: spikes and a slow rank do not move
+        it); the standard error of a median of k samples is 1.2533 sigma / sqrt(k). A +5 % fault is found
+        wherever the measured noise allows it; a noisier timing never convicts on noise
+        (docs/detection-defaults.md)."""
+        cfg = self.cfg
+        if cfg.noise_z <= 0:
+            return cfg.tolerance, cfg.tolerance
+        need = cfg.min_cohort_size
+        scale = cfg.noise_z * _MEDIAN_SE / math.sqrt(cfg.window_steps)
+        dev = pooled_relative_sigma((st.dev_used or st.dev_samples for st in per.values()), need)
+        host = pooled_relative_sigma((st.host_samples for st in per.values()), need)
+        return (cfg.tolerance if dev is None else max(cfg.tolerance, scale * dev),
+                cfg.tolerance if host is None else max(cfg.tolerance, scale * host))
 
     # --- one rank, one stage ------------------------------------------------------------------------
     def _judge_rank(self, ctx: _Ctx, out: WindowOutcome, stage: str, group: str, r: int,
                     per: dict[int, RankStat], rank_tokens: dict[int, float], tok_median: float | None,
-                    views: tuple[SortedPeers, SortedPeers] | None) -> None:
+                    views: tuple[SortedPeers, SortedPeers] | None, tols: tuple[float, float]) -> None:
         cfg = self.cfg
         key = (ctx.cohort.job, ctx.cohort.key, r, stage)
         st = self.states.get(key)
@@ -204,27 +228,29 @@ class Detector:
             dev = math.inf if value > 0 else 0.0
         gap = value - ref_ms
         host_stall = False
+        tol = tols[0] if meas == DEVICE else tols[1]
         if meas == DEVICE and mine.host is not None and group in cfg.host_stall_groups \
-                and not (dev > cfg.tolerance and gap >= cfg.absolute_floor_ms):
+                and not (dev > tol and gap >= self.floor(DEVICE, ref_ms)):
             # device flat (or sub-floor): is the host interval up against the peers' host times? A host
             # stall outside the device interval (e.g. waiting for data) still delays the step.
             href, hsize, _ = self._reference(r, HOST, per, views, tok, rank_tokens)
             if href is not None:
                 hdev = relative_deviation(mine.host, href[1])
-                if hdev is not None and hdev > cfg.tolerance and mine.host - href[1] >= cfg.absolute_floor_ms:
+                if hdev is not None and hdev > tols[1] and mine.host - href[1] >= cfg.absolute_floor_ms:
                     meas, value, (ref_rank, ref_ms), dev, gap, size = HOST, mine.host, href, hdev, \
                         mine.host - href[1], hsize
                     host_stall = True
+                    tol = tols[1]
         prev = out.rank_deviation.get(r)
         if math.isfinite(dev) and (prev is None or dev > prev):
             out.rank_deviation[r] = dev
         base = dict(measurement=meas, value=value, ref_rank=ref_rank, ref_ms=ref_ms, dev=dev, size=size)
         idx = ctx.window.index
-        if dev > cfg.tolerance and gap < cfg.absolute_floor_ms:
+        if dev > tol and gap < self.floor(meas, ref_ms):
             self.c["below_floor_windows"] += 1
             self._unusable(ctx, out, key, st, stage, group, r, "below_absolute_floor", (meas, value), size, base)
             return
-        if dev > cfg.tolerance:
+        if dev > tol:
             # persistence is counted in samples: the first slow window counts its whole statistic (k), later
             # ones only their fresh samples, so pooled sparse device samples shared by consecutive windows
             # are not counted twice; with every step measured this is exactly N consecutive windows
@@ -234,7 +260,7 @@ class Detector:
             st.last_slow_index = idx
             st.held_reported = False
             attribution = s.ATTRIBUTION_HOST if host_stall else self._attribution(
-                meas, mine, r, per, peers_all if peers_all is not None else [p for p in per if p != r])
+                meas, mine, r, per, peers_all if peers_all is not None else [p for p in per if p != r], tols)
             if st.alert is not None:
                 st.alert = self._verdict(ctx, stage, group, r, s.VERDICT_STRAGGLER, "slower_than_reference",
                                          attribution=st.alert.attribution, **base)
@@ -247,6 +273,16 @@ class Detector:
                 out.alerts[(r, stage)] = v
                 out.verdicts.append(v)
             return
+        if st.alert is not None and dev > cfg.tolerance:
+            # within the noise-raised tolerance but not back within the base tolerance: a noisy window is no
+            # evidence of par, so the alert holds (refreshed, no verdict)
+            st.streak = 0
+            st.last_slow_index = None
+            st.alert = self._verdict(ctx, stage, group, r, s.VERDICT_STRAGGLER, "slower_than_reference",
+                                     attribution=st.alert.attribution, **base)
+            self.states.set_active(key, st, st.alert)
+            out.alerts[(r, stage)] = st.alert
+            return
         # within tolerance: positive evidence of par (the floor never blocks recovery)
         st.streak = 0
         st.last_slow_index = None
@@ -257,6 +293,14 @@ class Detector:
             self.states.set_active(key, st, None)
             out.alerts[(r, stage)] = None
             out.verdicts.append(v)
+
+    def floor(self, kind: str, ref_ms: float) -> float:
+        """Absolute gap floor of one comparison: the host floor, or for a device comparison of a stage of
+        at least ``device_min_stage_ms`` (not launch-bound, precise) the device floor."""
+        cfg = self.cfg
+        if kind == DEVICE and ref_ms >= cfg.device_min_stage_ms:
+            return cfg.device_floor_ms
+        return cfg.absolute_floor_ms
 
     def _reference(self, r: int, kind: str, per: dict[int, RankStat],
                    views: tuple[SortedPeers, SortedPeers] | None, tok: float | None, rank_tokens: dict[int, float]
@@ -286,13 +330,15 @@ class Detector:
         return (SortedPeers({r: st.dev for r, st in per.items() if st.dev is not None}),
                 SortedPeers({r: st.host for r, st in per.items() if st.host is not None}))
 
-    def _attribution(self, meas: str, mine: RankStat, r: int, per: dict[int, RankStat], peers: list[int]) -> str:
+    def _attribution(self, meas: str, mine: RankStat, r: int, per: dict[int, RankStat], peers: list[int],
+                     tols: tuple[float, float]) -> str:
         cfg = self.cfg
-        dev_d = dev_g = host_d = host_g = None
+        dev_d = dev_g = host_d = host_g = ref_d = None
         if mine.dev is not None:
             dev_vals = {p: v for p in peers if (v := per[p].dev) is not None}
             ref = reference_of(dev_vals, cfg.reference, cfg.fastest_quantile)
             if ref is not None:
+                ref_d = ref[1]
                 dev_d = relative_deviation(mine.dev, ref[1])
                 dev_g = mine.dev - ref[1]
         if mine.host is not None:
@@ -303,7 +349,9 @@ class Detector:
                 host_d = relative_deviation(mine.host, ref[1])
                 host_g = mine.host - ref[1]
         return attribute(measurement=meas, device_deviation=dev_d, device_gap_ms=dev_g, host_deviation=host_d,
-                         host_gap_ms=host_g, tolerance=cfg.tolerance, floor_ms=cfg.absolute_floor_ms,
+                         host_gap_ms=host_g, tolerance=tols[0], host_tolerance=tols[1],
+                         floor_ms=self.floor(DEVICE, ref_d) if ref_d is not None else cfg.absolute_floor_ms,
+                         host_floor_ms=cfg.absolute_floor_ms,
                          host_explains_fraction=cfg.host_explains_fraction,
                          host_ambiguous_fraction=cfg.host_ambiguous_fraction)
 

@@ -59,8 +59,12 @@ class StragglerMetrics(Collector):
     def _series_count(self) -> int:
         return len(self._alerts) + len(self._rank_stage) + len(self._rank_dev) + len(self._verdicts)
 
-    def _room(self) -> bool:
-        if self._series_count() < self.cfg.max_series:
+    def _room(self, priority: bool = False) -> bool:
+        """Room for one more series. Per-rank dashboard series stop at 90 % of ``max_series``: the rest is
+        kept for alert and verdict-count series, so a job with more ranks than the cap covers still alerts
+        (with 10 series per rank the default cap holds ~900 ranks' dashboard series per process)."""
+        limit = self.cfg.max_series if priority else self.cfg.max_series - max(1, self.cfg.max_series // 10)
+        if self._series_count() < limit:
             return True
         self.series_refused += 1
         self._evictions.inc()
@@ -95,7 +99,7 @@ class StragglerMetrics(Collector):
         cur = self._alerts.get(key)
         if cur is not None:
             cur[:] = [active, dev, lost, gpu, now_s]
-        elif self._room():
+        elif self._room(priority=True):
             self._alerts[key] = [active, dev, lost, gpu, now_s]
         self._dirty = True
 
@@ -104,7 +108,7 @@ class StragglerMetrics(Collector):
             key = (v.job, v.verdict, v.reason)
             if key in self._verdicts:
                 self._verdicts[key] += 1
-            elif self._room():
+            elif self._room(priority=True):
                 self._verdicts[key] = 1
             self._dirty = True
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 
 def median(values: Sequence[float]) -> float:
@@ -21,6 +21,39 @@ def median(values: Sequence[float]) -> float:
 
 def median_or_none(values: Sequence[float]) -> float | None:
     return median(values) if values else None
+
+
+# Median of |x - sample median| over samples of n standard normals, the sample median's own zero deviation
+# left out for odd n (computed by simulation): divides a pooled median deviation into a sigma estimate.
+_SPREAD_CONSISTENCY = {3: 0.697, 4: 0.483, 5: 0.690, 6: 0.527, 7: 0.680, 8: 0.564, 9: 0.678, 10: 0.587,
+                       11: 0.678, 12: 0.607}
+
+
+def pooled_relative_sigma(groups: Iterable[Sequence[float]], min_groups: int = 3) -> float | None:
+    """Robust estimate of the relative per-sample sigma shared by several groups (one rank's samples of one
+    stage each): every sample's distance to its group's median, relative to that median and scaled to a
+    sigma for the group's size, pooled, then the median. Spikes and a group that is offset as a whole (a
+    slow rank) do not move it. None with fewer than ``min_groups`` groups of at least 3 positive samples."""
+    pooled: list[float] = []
+    groups_used = 0
+    for vals in groups:
+        n = len(vals)
+        if n < 3:
+            continue
+        ordered = sorted(vals)
+        mid = n // 2
+        m = ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+        if m <= 0.0:
+            continue
+        c = _SPREAD_CONSISTENCY.get(n, 0.65) * m
+        devs = [abs(v - m) / c for v in ordered]
+        if n % 2:
+            del devs[mid]
+        pooled.extend(devs)
+        groups_used += 1
+    if groups_used < min_groups:
+        return None
+    return median(pooled)
 
 
 def relative_deviation(value: float, reference: float) -> float | None:

@@ -115,7 +115,9 @@ def test_metric_series_cap_is_counted() -> None:
     proc, _, tel = make_processor(cfg, clock)
     run(proc, Sim(), range(0, 30), clock=clock)
     st = proc.stats()
-    assert st["metric_series"] == 5 and st["metric_series_refused"] > 0
+    # per-rank series stop one short of the cap (max(1, 10 %) is kept for alert series; rule changed with
+    # test_alert_series_keep_room_when_rank_series_fill_the_cap)
+    assert st["metric_series"] == 4 and st["metric_series_refused"] > 0
     assert _counter(tel, s.M_EVICTIONS, structure="metric_series") == st["metric_series_refused"]
 
 
@@ -140,3 +142,21 @@ def test_emit_failure_fails_open() -> None:
     for st in range(0, 12):
         assert proc.process_traces(step_request(st, {r: (90.0 if r == 1 else 60.0, 10.0) for r in range(4)}))
     assert proc.stats()["emit_failures"] >= 1
+
+
+def test_alert_series_keep_room_when_rank_series_fill_the_cap() -> None:
+    """More ranks than the series cap covers (a job of thousands of ranks per process): per-rank dashboard
+    series stop at 90 % of the cap, so a straggler's alert series is still created and can fire."""
+    from prometheus_client import generate_latest
+
+    clock = Clock()
+    proc, emitted, tel = make_processor(Config(metrics=MetricsConfig(max_series=50)), clock=clock)
+    sim = Sim(ranks=40, seed=2, noise=0.005,
+              device_factor=lambda r, n, st: 1.3 if (r == 3 and n == "forward-compute" and st >= 15) else 1.0)
+    run(proc, sim, range(0, 40), clock=clock)
+    assert [(v.rank, v.stage) for v in emitted if v.verdict == s.VERDICT_STRAGGLER] == [(3, "forward-compute")]
+    assert proc.stats()["metric_series_refused"] > 0  # the per-rank series did overflow
+    assert proc.stats()["metric_series"] <= 50
+    text = generate_latest(tel.registry).decode()
+    active = [ln for ln in text.splitlines() if ln.startswith(s.M_STRAGGLER_ACTIVE + "{")]
+    assert len(active) == 1 and 'rank="3"' in active[0] and active[0].endswith(" 1.0")

@@ -137,8 +137,10 @@ def test_config_is_strict_and_has_documented_defaults() -> None:
     from pydantic import ValidationError
 
     cfg = Config()
-    assert (cfg.window_steps, cfg.tolerance, cfg.absolute_floor_ms, cfg.warmup_windows, cfg.persistence_windows,
-            cfg.min_cohort_size, cfg.workload_tolerance, cfg.reference) == (5, 0.05, 5.0, 2, 2, 3, 0.05, "fastest")
+    # tolerance 4 % and the device floor: docs/detection-defaults.md (+5 % on a 20 ms stage must be found)
+    assert (cfg.window_steps, cfg.tolerance, cfg.absolute_floor_ms, cfg.device_floor_ms, cfg.device_min_stage_ms,
+            cfg.warmup_windows, cfg.persistence_windows, cfg.min_cohort_size, cfg.workload_tolerance,
+            cfg.reference) == (5, 0.04, 5.0, 0.5, 10.0, 2, 2, 3, 0.05, "fastest")
     with pytest.raises(ValidationError):
         Config(unknown_knob=1)  # type: ignore[call-arg]
     with pytest.raises(ValidationError):

@@ -1,0 +1,152 @@
+"""Load for throughput and scale benches: OTLP requests as the ranks' SDKs batch them.
+
+Each rank's exporter (BatchSpanProcessor) sends requests of up to 512 spans of its own resource, so a request
+holds one ``ResourceSpans`` (one rank) with that rank's next spans in step order. Per rank-step: per
+microbatch forward-compute, backward-compute, batch-generator and two p2p stages, then the step's collectives
+and optimizer stages and the ``rank-step`` span (``spans_per_rank_step`` in all, ~50 by default). Requests
+are round-robin over ranks, so all ranks advance together as real exporters do.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from collector_processor.simulate.job import Layout, ranks_of
+from collector_processor.simulate.stream import SimConfig, resource_for
+from otel_straggler import schema as s
+
+SDK_BATCH = 512
+
+# (stage, group, level, device ms) per microbatch, then per step
+_PER_MICROBATCH = (("batch-generator", "data", 2, 0.4), ("forward-compute", "forward", 2, 6.0),
+                   ("backward-compute", "backward", 2, 12.0), ("forward-send", "p2p", 2, 0.8),
+                   ("backward-recv", "p2p", 2, 0.9))
+_PER_STEP = (("all-grads-sync", "grad-sync", 1, 18.0), ("params-all-gather", "param-gather", 1, 6.0),
+             ("optimizer", "optimizer", 1, 14.0), ("optimizer-inner-step", "optimizer", 1, 12.0),
+             ("optimizer-copy-main-to-model-params", "optimizer", 1, 1.5),
+             ("optimizer-clip-main-grad", "optimizer", 1, 2.0), ("optimizer-count-zeros", "optimizer", 1, 0.3),
+             ("forward-backward", "step", 1, 170.0))
+
+
+@dataclass
+class LoadConfig:
+    layout: Layout
+    microbatches: int = 8
+    step_s: float = 5.0
+    device_every: int = 1
+    job: str = "load-job"
+    seed: int = 0
+    spans_per_request: int = SDK_BATCH
+
+    @property
+    def spans_per_rank_step(self) -> int:
+        return self.microbatches * len(_PER_MICROBATCH) + len(_PER_STEP) + 1
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _ld(field: int, payload: bytes) -> bytes:
+    """A length-delimited field (wire type 2)."""
+    return _varint(field << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _kv_bytes(key: str, value: object) -> bytes:
+    """A span attribute (Span.attributes = 9) as wire bytes: KeyValue{key = 1, value = 2: AnyValue}."""
+    if isinstance(value, int):
+        any_value = b"\x18" + _varint(value)  # int_value = 3 (non-negative here)
+    elif isinstance(value, float):
+        any_value = b"\x21" + _F64.pack(value)  # double_value = 4
+    else:
+        any_value = _ld(1, str(value).encode())  # string_value = 1
+    return _ld(9, _ld(1, key.encode()) + _ld(2, any_value))
+
+
+_F64 = struct.Struct("<d")
+_U64 = struct.Struct("<Q")
+
+
+def _rank_spans(cfg: LoadConfig, rank: int, steps: range, rng: random.Random) -> Iterator[bytes]:
+    """One rank's spans in step order, each as the bytes of a ``ScopeSpans.spans`` entry (values: nominal x
+    Gaussian 1 % noise). Encoded from per-stage templates: the protobuf object path costs ~40 us per span,
+    too slow to build the 16k-rank scale load."""
+    step_ns = int(cfg.step_s * 1e9)
+    t_base = 1_800_000_000_000_000_000
+    stages = [st for _ in range(cfg.microbatches) for st in _PER_MICROBATCH] + list(_PER_STEP)
+    const = {name: (_ld(5, name.encode()) + b"\x30\x01"  # name = 5, kind = 6 (INTERNAL)
+                    + _kv_bytes(s.ATTR_STAGE, name) + _kv_bytes(s.ATTR_STAGE_GROUP, group)
+                    + _kv_bytes(s.ATTR_STAGE_LEVEL, level) + _kv_bytes(s.ATTR_COUNT, 1)
+                    + _kv_bytes(s.ATTR_DETAIL, s.DETAIL_STEP) + _kv_bytes(s.ATTR_WORKLOAD_TOKENS, 32768))
+             for name, group, level, _ms in stages}
+    meas_dev = _kv_bytes(s.ATTR_MEASUREMENT, s.MEASUREMENT_DEVICE)
+    meas_host = _kv_bytes(s.ATTR_MEASUREMENT, s.MEASUREMENT_HOST_ONLY)
+    k_host = _ld(1, s.ATTR_HOST_MS.encode())
+    k_dev = _ld(1, s.ATTR_DEVICE_MS.encode())
+    rank_step_const = (_ld(5, s.SPAN_RANK_STEP.encode()) + _kv_bytes(s.ATTR_STAGE, s.SPAN_RANK_STEP)
+                       + _kv_bytes(s.ATTR_STAGE_GROUP, "step"))
+
+    def dbl(key: bytes, v: float) -> bytes:
+        return b"\x4a" + _varint(len(key) + 11) + key + b"\x12\x09\x21" + _F64.pack(v)
+
+    for step in steps:
+        trace = b"\x0a\x10" + s.trace_id_for_step(cfg.job, step).to_bytes(16, "big")
+        parent_id = s.rank_step_span_id(cfg.job, step, rank).to_bytes(8, "big")
+        parent = b"\x22\x08" + parent_id
+        it = _kv_bytes(s.ATTR_ITERATION, step)
+        t = t_base + step * step_ns
+        measured = step % cfg.device_every == 0
+        for name, _group, _level, ms in stages:
+            dev = ms * (1.0 + rng.gauss(0.0, 0.01))
+            d = int(dev * 1e6)
+            body = (trace + b"\x12\x08" + rng.getrandbits(64).to_bytes(8, "big") + parent + const[name]
+                    + b"\x39" + _U64.pack(t) + b"\x41" + _U64.pack(t + d) + it + dbl(k_host, dev * 0.3)
+                    + ((dbl(k_dev, dev) + meas_dev) if measured else meas_host))
+            yield b"\x12" + _varint(len(body)) + body
+            t += d
+        t0 = t_base + step * step_ns
+        body = (trace + b"\x12\x08" + parent_id + b"\x22\x08"
+                + s.job_step_span_id(cfg.job, step).to_bytes(8, "big") + rank_step_const
+                + b"\x39" + _U64.pack(t0) + b"\x41" + _U64.pack(t) + it + dbl(k_host, (t - t0) / 1e6))
+        yield b"\x12" + _varint(len(body)) + body
+
+
+def sdk_requests(cfg: LoadConfig, steps: range, ranks: list[int] | None = None) -> Iterator[bytes]:
+    """Encoded ``ExportTraceServiceRequest``s: per rank up to ``spans_per_request`` spans of one resource,
+    round-robin over ranks (``ranks``: a subset of the layout's ranks, e.g. one shard's cohorts)."""
+    infos = ranks_of(cfg.layout)
+    if ranks is not None:
+        keep = set(ranks)
+        infos = [i for i in infos if i.rank in keep]
+    sim = SimConfig(layout=cfg.layout, job=cfg.job)
+    rng = random.Random(cfg.seed)
+    gens = {i.rank: _rank_spans(cfg, i.rank, steps, random.Random(rng.getrandbits(32))) for i in infos}
+    # ResourceSpans{resource = 1, scope_spans = 2: ScopeSpans{scope = 1, spans = 2}}
+    heads = {i.rank: _ld(1, resource_for(i, sim).SerializeToString()) for i in infos}
+    scope = _ld(1, _ld(1, s.SCOPE_NAME.encode()))
+    live = list(gens)
+    while live:
+        still = []
+        for r in live:
+            batch = []
+            for sp in gens[r]:
+                batch.append(sp)
+                if len(batch) == cfg.spans_per_request:
+                    break
+            if not batch:
+                continue
+            yield _ld(1, heads[r] + _ld(2, scope + b"".join(batch)))  # ExportTraceServiceRequest.resource_spans
+            if len(batch) == cfg.spans_per_request:
+                still.append(r)
+        live = still

@@ -1,0 +1,47 @@
+"""Each bench script runs in a tiny mode and ends with its ``key=value`` contract line (what CI and the
+result files rely on). Real code paths: the detection bench drives the processor and, with ``--otlp 1``, a
+real collector subprocess over OTLP/gRPC; the throughput bench starts both gRPC servers; the scale bench
+spawns its measuring child."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def last_line_fields(script: str, *args: str, timeout: float = 120.0) -> dict[str, str]:
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], capture_output=True, text=True,
+                         timeout=timeout, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    last = out.stdout.strip().splitlines()[-1]
+    fields = dict(kv.split("=", 1) for kv in last.split())
+    assert all(fields.values()), last
+    return fields
+
+
+def test_detection_bench_tiny() -> None:
+    f = last_line_fields("detection.py", "--quick", "--reps", "1", "--target-reps", "2", "--steps", "80",
+                         "--otlp", "1")
+    assert {"recall", "recall_within_15", "p95_steps_to_detect", "false_alarms_per_1e5", "attribution_accuracy",
+            "otlp_equal"} <= f.keys()
+    assert 0.0 <= float(f["recall"]) <= 1.0 and float(f["false_alarms_per_1e5"]) >= 0.0
+    assert f["otlp_equal"] == "True"
+    assert int(f["target_runs"]) == 2 and int(f["healthy_rank_steps"]) > 0
+
+
+def test_processor_throughput_bench_tiny() -> None:
+    f = last_line_fields("processor_throughput.py", "--spans", "3000", "--dp", "8", "--cohorts", "1")
+    assert list(f)[:4] == ["spans_per_s", "parse_only_spans_per_s", "ratio", "rss_mb"]
+    b, a, ratio = float(f["spans_per_s"]), float(f["parse_only_spans_per_s"]), float(f["ratio"])
+    assert a > 0 and b > 0 and abs(ratio - b / a) < 0.01 and float(f["rss_mb"]) > 10
+
+
+def test_scale_bench_tiny() -> None:
+    f = last_line_fields("scale.py", "--sizes", "128", "--steps", "20", "--long-steps", "0")
+    assert {"ranks", "processes", "needed_spans_per_s_per_process", "achieved_spans_per_s", "keeps_up",
+            "peak_rss_mb"} <= f.keys()
+    assert int(f["ranks"]) == 16384 and float(f["achieved_spans_per_s"]) > 0
+    assert f["keeps_up"] == "False"  # 128 ranks measured cannot stand for a 8192-rank shard
