@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from collector_processor.otlp_values import key_value
 from collector_processor.simulate.faults import Fault
 from collector_processor.simulate.job import Layout, RankInfo, StepModel, ranks_of
 from otel_straggler import schema as s
@@ -51,14 +51,7 @@ class SimConfig:
     start_unix_ns: int = 1_800_000_000_000_000_000
 
 
-def _kv(key: str, value: object) -> KeyValue:
-    if isinstance(value, bool):
-        return KeyValue(key=key, value=AnyValue(bool_value=value))
-    if isinstance(value, int):
-        return KeyValue(key=key, value=AnyValue(int_value=value))
-    if isinstance(value, float):
-        return KeyValue(key=key, value=AnyValue(double_value=value))
-    return KeyValue(key=key, value=AnyValue(string_value=str(value)))
+_kv = key_value
 
 
 def resource_for(info: RankInfo, cfg: SimConfig) -> Resource:

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 from prometheus_client.parser import text_string_to_metric_families
 
+from collector_processor.otlp_values import key_value
 from otel_straggler import schema as s
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,14 +48,7 @@ def wait_for(pred: Callable[[], object], timeout: float = 10.0, interval: float 
 # ---- OTLP spans ------------------------------------------------------------------------------------------------
 
 
-def kv(key: str, value: object) -> KeyValue:
-    if isinstance(value, bool):
-        return KeyValue(key=key, value=AnyValue(bool_value=value))
-    if isinstance(value, int):
-        return KeyValue(key=key, value=AnyValue(int_value=value))
-    if isinstance(value, float):
-        return KeyValue(key=key, value=AnyValue(double_value=value))
-    return KeyValue(key=key, value=AnyValue(string_value=str(value)))
+kv = key_value
 
 
 def rank_resource(rank: int, cohort: str = "c0", job: str = "rel-job", world: int = 8, extra: dict | None = None

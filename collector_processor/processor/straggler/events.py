@@ -7,11 +7,12 @@ import math
 from collections.abc import Iterable
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs, SeverityNumber
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
+from collector_processor.otlp_values import key_value
 from collector_processor.processor.straggler.decode import COLLECTOR_SERVICE_NAME
 from collector_processor.processor.straggler.model import Verdict
 from otel_straggler import schema as s
@@ -23,14 +24,7 @@ _SEVERITY = {
 }
 
 
-def _kv(key: str, value: object) -> KeyValue:
-    if isinstance(value, bool):
-        return KeyValue(key=key, value=AnyValue(bool_value=value))
-    if isinstance(value, int):
-        return KeyValue(key=key, value=AnyValue(int_value=value))
-    if isinstance(value, float):
-        return KeyValue(key=key, value=AnyValue(double_value=value))
-    return KeyValue(key=key, value=AnyValue(string_value=str(value)))
+_kv = key_value
 
 
 def event_attributes(v: Verdict) -> list[tuple[str, object]]:
