@@ -192,6 +192,7 @@ def _rank_env(opts: DemoOptions, rank: int, endpoint: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update({
         "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(opts.ranks),
+        "OTEL_STRAGGLER_DP_RANK": str(rank), "OTEL_STRAGGLER_DP_SIZE": str(opts.ranks),
         "OTEL_STRAGGLER_ENABLED": "1", "OTEL_STRAGGLER_JOB_ID": opts.job_id,
         "OTEL_SERVICE_NAME": env.get("OTEL_SERVICE_NAME", "otel-straggler-demo"),
         "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": opts.protocol,

@@ -25,6 +25,7 @@ class Cohort:
     key: str
     last_seen_s: float
     ranks: dict[int, RankInfo] = field(default_factory=dict)
+    expected_ranks: int = 0  # largest dl.data_parallel.size published by its ranks (0: unknown)
     stages: dict[str, str] = field(default_factory=dict)  # stage -> group
     steps: WindowSet = field(default_factory=lambda: WindowSet(KIND_STEP))
     wall: WindowSet = field(default_factory=lambda: WindowSet(KIND_WALL))

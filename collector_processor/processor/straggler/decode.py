@@ -34,6 +34,7 @@ class ResourceIdentity:
     host: str = ""
     gpu: str = ""
     world_size: int = 0
+    dp_size: int = 0
     service: str = ""
 
     @property
@@ -79,6 +80,8 @@ def resource_identity(rs: ResourceSpans) -> ResourceIdentity:
             ident.gpu = v.string_value
         elif k == s.RES_WORLD_SIZE:
             ident.world_size = _int_of(v)
+        elif k == s.RES_DP_SIZE:
+            ident.dp_size = _int_of(v)
         elif k == s.RES_SERVICE_NAME:
             ident.service = v.string_value
     return ident
@@ -166,6 +169,7 @@ def decode_resource_spans(rs: ResourceSpans, out: DecodeResult, skip_service: st
                 ident.job, ident.cohort, ident.rank, ident.host, ident.gpu, ident.world_size,
                 stage, group, step, dev, host, count if count > 0 else 1, tokens,
                 span.start_time_unix_nano, span.end_time_unix_nano, span.trace_id, span.span_id,
+                ident.dp_size,
             ))
 
 

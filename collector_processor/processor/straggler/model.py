@@ -29,6 +29,7 @@ class StageSample:
     end_unix_ns: int
     trace_id: bytes  # 16 bytes
     span_id: bytes  # 8 bytes
+    dp_size: int = 0  # dl.data_parallel.size: the ranks the cohort should have (0 = not published)
 
 
 @dataclass(slots=True)

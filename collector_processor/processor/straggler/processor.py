@@ -30,6 +30,7 @@ COUNTERS = (
     "spans_accepted", "rejected_malformed", "rejected_non_finite", "rejected_duplicate", "rejected_late",
     "non_finite_values", "windows_closed", "windows_closed_early", "windows_closed_by_grace",
     "warmup_excluded", "missing_windows", "non_finite_windows", "device_samples_missing_windows",
+    "progress_close_deferred",
     "workload_incomparable_windows",
     "below_min_cohort_windows", "below_floor_windows", "recovery_withheld_windows", "uncertain_suppressed",
     "verdicts_straggler", "verdicts_recovered", "verdicts_uncertain", "emit_failures",
@@ -197,6 +198,8 @@ class StragglerProcessor:
                 return "capped"
 
             info = cohort.ranks[smp.rank] = RankInfo(smp.host, smp.gpu, smp.world_size, now)
+            if smp.dp_size > cohort.expected_ranks:
+                cohort.expected_ranks = min(smp.dp_size, cfg.max_ranks_per_cohort)
         else:
             info.last_seen_s = now
         stage = smp.stage
@@ -258,6 +261,12 @@ class StragglerProcessor:
             idxs = [(r.max_step_index if step_kind else r.max_wall_index) for r in cohort.ranks.values()
                     if now - r.last_seen_s <= timeout]
             idxs = [i for i in idxs if i != _NO_INDEX]
+            if len(idxs) < cohort.expected_ranks:
+                # not every rank the cohort should have has reported yet (a first request can carry many
+                # steps of one rank): closing by progress would judge windows its peers have not reached;
+                # the grace period closes them if a rank stays away
+                self.c["progress_close_deferred"] += 1
+                continue
             due = due_by_progress(ws, idxs)
             if due is not None:
                 self._close(cohort, ws, due, now)
