@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from otel_straggler.export import wire
+from otel_straggler.export.fork_guard import ForkGuarded
 from otel_straggler.export.provider import Counters
 from otel_straggler.interval import Interval
 
@@ -35,7 +36,7 @@ F_SETPIPE_SZ = 1031  # Linux
 PIPE_BYTES = 1 << 20
 
 
-class ProcessSink:
+class ProcessSink(ForkGuarded):
     def __init__(
         self,
         resource_attributes: Mapping[str, Any],
@@ -67,7 +68,7 @@ class ProcessSink:
         self.max_restarts = int(max_restarts)
         self.restart_backoff_s = float(restart_backoff_s)
         self._command = list(command) if command else [sys.executable, "-m", "otel_straggler.export.sidecar"]
-        self._pid = os.getpid()
+        self._init_guard()
         self._lock = threading.Lock()  # the pipe: readout thread vs. flush/shutdown caller; never the training thread
         self._ack_lock = threading.Lock()  # the ack channel (flush callers)
         self._proc: subprocess.Popen[bytes] | None = None
@@ -80,8 +81,6 @@ class ProcessSink:
         self._stats: dict[str, Any] = {}
         self._stats_sent: dict[str, Any] | None = None
         self._flush_seq = 0
-        self._closed = False
-        self._inert = False
         self.child_counters: dict[str, int] = {}  # the export child's counters, as of the last flush ack
 
     # --- child management -----------------------------------------------------------------------
@@ -177,12 +176,6 @@ class ProcessSink:
         if n < len(data):
             self._pending = data[n:]
         return True
-
-    def _usable(self) -> bool:
-        if self._inert or os.getpid() != self._pid:
-            self._inert = True
-            return False
-        return not self._closed
 
     # --- IntervalSink ----------------------------------------------------------------------------
     def submit(self, intervals: Sequence[Interval]) -> None:

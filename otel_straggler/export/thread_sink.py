@@ -6,17 +6,17 @@ For CPU runs and tests. Costs the training process GIL time per span (see ``benc
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from otel_straggler.export.fork_guard import ForkGuarded
 from otel_straggler.export.pipeline import ExportPipeline
 from otel_straggler.export.provider import Counters
 from otel_straggler.interval import Interval
 
 
-class ThreadSink:
+class ThreadSink(ForkGuarded):
     def __init__(
         self,
         resource_attributes: Mapping[str, Any],
@@ -45,15 +45,7 @@ class ThreadSink:
             metric_exporter=metric_exporter,
         )
         self._lock = threading.Lock()  # readout thread vs. flush/shutdown caller; never the training thread
-        self._pid = os.getpid()
-        self._closed = False
-        self._inert = False
-
-    def _usable(self) -> bool:
-        if self._inert or os.getpid() != self._pid:
-            self._inert = True
-            return False
-        return not self._closed
+        self._init_guard()
 
     def submit(self, intervals: Sequence[Interval]) -> None:
         if not intervals or not self._usable():
