@@ -26,16 +26,10 @@ from google.rpc.error_details_pb2 import RetryInfo
 from pydantic import Field
 
 from collector_processor.config.types import ClientTLS, Duration, Strict
-from collector_processor.receiver.decode import count_items
+from collector_processor.receiver.decode import CT_PROTOBUF, GRPC_SERVICES, HTTP_PATHS, RETRY_INFO_KEY, count_items
 from collector_processor.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
-_METHODS = {
-    "traces": "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
-    "logs": "/opentelemetry.proto.collector.logs.v1.LogsService/Export",
-    "metrics": "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
-}
-_HTTP_PATHS = {"traces": "/v1/traces", "logs": "/v1/logs", "metrics": "/v1/metrics"}
 _RETRYABLE_GRPC = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED,
                    grpc.StatusCode.CANCELLED, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.DATA_LOSS,
                    grpc.StatusCode.RESOURCE_EXHAUSTED}
@@ -210,7 +204,7 @@ class OtlpGrpcExporter(OtlpExporter):
             self._channel = grpc.secure_channel(ep, creds)
         else:
             self._channel = grpc.insecure_channel(ep)
-        self._calls = {s: self._channel.unary_unary(m) for s, m in _METHODS.items()}
+        self._calls = {s: self._channel.unary_unary(f"/{svc}/Export") for s, svc in GRPC_SERVICES.items()}
         self._md = tuple((k.lower(), v) for k, v in self.cfg.headers.items())
         self._compression = grpc.Compression.Gzip if self.cfg.compression == "gzip" else grpc.Compression.NoCompression
 
@@ -223,7 +217,7 @@ class OtlpGrpcExporter(OtlpExporter):
                 raise _Permanent(f"gRPC {code.name}") from e
             delay = None
             for k, v in (e.trailing_metadata() or ()) if hasattr(e, "trailing_metadata") else ():
-                if k == "google.rpc.retryinfo-bin":
+                if k == RETRY_INFO_KEY:
                     ri = RetryInfo.FromString(v)
                     delay = ri.retry_delay.ToNanoseconds() / 1e9
             raise _Retryable(f"gRPC {code.name}", delay) from e
@@ -252,11 +246,11 @@ class OtlpHttpExporter(OtlpExporter):
                 self._ctx.load_cert_chain(tls.cert_file, tls.key_file)
 
     def _send(self, signal: str, data: bytes, timeout_s: float) -> None:
-        headers = {"Content-Type": "application/x-protobuf", **self.cfg.headers}
+        headers = {"Content-Type": CT_PROTOBUF, **self.cfg.headers}
         if self.cfg.compression == "gzip":
             data = gzip.compress(data, compresslevel=5)
             headers["Content-Encoding"] = "gzip"
-        req = urllib.request.Request(self._base + _HTTP_PATHS[signal], data=data, headers=headers, method="POST")
+        req = urllib.request.Request(self._base + HTTP_PATHS[signal], data=data, headers=headers, method="POST")
         try:
             with urllib.request.urlopen(req, timeout=timeout_s, context=self._ctx) as resp:
                 resp.read()

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from google.protobuf.message import Message
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from pydantic import Field, model_validator
 
 from collector_processor.config.types import Duration, ServerTLS, Strict
@@ -10,7 +14,12 @@ from collector_processor.receiver.auth import AuthConfig
 from collector_processor.receiver.decode import count_items
 from collector_processor.telemetry import Telemetry
 
-MIB = 1024 * 1024
+# export response of each signal and its partial-success count field
+_RESPONSES: dict[str, tuple[type[Message], str]] = {
+    "traces": (ExportTraceServiceResponse, "rejected_spans"),
+    "metrics": (ExportMetricsServiceResponse, "rejected_data_points"),
+    "logs": (ExportLogsServiceResponse, "rejected_log_records"),
+}
 
 
 class GrpcProtocol(Strict):
@@ -89,3 +98,13 @@ class Dispatcher:
 
     def outcome(self, outcome: str) -> None:
         self.t.requests.labels(self.label, outcome).inc()
+
+
+def export_response(signal: str, r: Result) -> Message:
+    """The Export response for an accepted request, with a partial success when the processors rejected items."""
+    resp_cls, rejected_field = _RESPONSES[signal]
+    resp = resp_cls()
+    if r.rejected:
+        setattr(resp.partial_success, rejected_field, r.rejected)  # type: ignore[attr-defined]
+        resp.partial_success.error_message = r.message  # type: ignore[attr-defined]
+    return resp

@@ -1,4 +1,5 @@
-"""Decoding of OTLP request bodies: protobuf or JSON (hex trace/span ids), optionally gzip-compressed."""
+"""Decoding of OTLP request bodies: protobuf or JSON (hex trace/span ids), optionally gzip-compressed; and the OTLP
+addresses per signal that the receivers and the OTLP exporters share."""
 
 from __future__ import annotations
 
@@ -20,6 +21,14 @@ REQUEST_TYPES: dict[str, type[Message]] = {
     "metrics": ExportMetricsServiceRequest,
     "logs": ExportLogsServiceRequest,
 }
+# gRPC service of each signal (method ``/<service>/Export``) and its OTLP/HTTP path
+GRPC_SERVICES = {
+    "traces": "opentelemetry.proto.collector.trace.v1.TraceService",
+    "metrics": "opentelemetry.proto.collector.metrics.v1.MetricsService",
+    "logs": "opentelemetry.proto.collector.logs.v1.LogsService",
+}
+HTTP_PATHS = {"traces": "/v1/traces", "metrics": "/v1/metrics", "logs": "/v1/logs"}
+RETRY_INFO_KEY = "google.rpc.retryinfo-bin"  # gRPC trailer carrying google.rpc.RetryInfo
 CT_PROTOBUF = "application/x-protobuf"
 CT_JSON = "application/json"
 _ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"})

@@ -16,24 +16,15 @@ from pathlib import Path
 import grpc
 from google.protobuf.duration_pb2 import Duration
 from google.rpc.error_details_pb2 import RetryInfo
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from collector_processor.config.model import MIB
 from collector_processor.config.types import split_host_port
 from collector_processor.receiver.auth import BearerAuth
-from collector_processor.receiver.common import MIB, Config, Dispatcher, GrpcProtocol
-from collector_processor.receiver.decode import DecodeFailure, decode
+from collector_processor.receiver.common import Config, Dispatcher, GrpcProtocol, export_response
+from collector_processor.receiver.decode import GRPC_SERVICES, RETRY_INFO_KEY, DecodeFailure, decode
 from collector_processor.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
-RETRY_INFO_KEY = "google.rpc.retryinfo-bin"
-_SERVICES = {
-    "traces": ("opentelemetry.proto.collector.trace.v1.TraceService", ExportTraceServiceResponse, "rejected_spans"),
-    "metrics": ("opentelemetry.proto.collector.metrics.v1.MetricsService", ExportMetricsServiceResponse,
-                "rejected_data_points"),
-    "logs": ("opentelemetry.proto.collector.logs.v1.LogsService", ExportLogsServiceResponse, "rejected_log_records"),
-}
 
 
 HEALTH_SERVICE = "grpc.health.v1.Health"
@@ -75,8 +66,6 @@ class OtlpGrpcReceiver:
         context.abort(code, details)
 
     def _method(self, signal: str):
-        _, resp_cls, rejected_field = _SERVICES[signal]
-
         def export(raw: bytes, context: grpc.ServicerContext) -> bytes:
             if self.auth.enabled:
                 md = dict(context.invocation_metadata() or ())
@@ -99,11 +88,7 @@ class OtlpGrpcReceiver:
                 context.set_code(grpc.StatusCode.UNAVAILABLE)
                 context.set_details(r.message or "throttled")
                 return b""
-            resp = resp_cls()
-            if r.rejected:
-                setattr(resp.partial_success, rejected_field, r.rejected)
-                resp.partial_success.error_message = r.message
-            return resp.SerializeToString()
+            return export_response(signal, r).SerializeToString()
 
         return grpc.unary_unary_rpc_method_handler(export)
 
@@ -115,7 +100,7 @@ class OtlpGrpcReceiver:
             maximum_concurrent_rpcs=self.proto.max_workers * 4,
         )
         handlers = [grpc.method_handlers_generic_handler(svc, {"Export": self._method(sig)})
-                    for sig, (svc, _, _) in _SERVICES.items()]
+                    for sig, svc in GRPC_SERVICES.items()]
         handlers.append(grpc.method_handlers_generic_handler(HEALTH_SERVICE, {
             "Check": grpc.unary_unary_rpc_method_handler(
                 lambda _req, _ctx: _SERVING if self.healthy() else _NOT_SERVING)}))

@@ -14,23 +14,26 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from google.protobuf import json_format
+from google.protobuf.message import Message
 from google.rpc.status_pb2 import Status
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from collector_processor.config.model import MIB
 from collector_processor.config.types import split_host_port
 from collector_processor.receiver.auth import BearerAuth
-from collector_processor.receiver.common import MIB, Config, Dispatcher, HttpProtocol
-from collector_processor.receiver.decode import CT_JSON, CT_PROTOBUF, DecodeFailure, TooLarge, decode, gunzip_bounded
+from collector_processor.receiver.common import Config, Dispatcher, HttpProtocol, export_response
+from collector_processor.receiver.decode import (
+    CT_JSON,
+    CT_PROTOBUF,
+    HTTP_PATHS,
+    DecodeFailure,
+    TooLarge,
+    decode,
+    gunzip_bounded,
+)
 from collector_processor.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
-_PATHS = {
-    "/v1/traces": ("traces", ExportTraceServiceResponse, "rejected_spans"),
-    "/v1/metrics": ("metrics", ExportMetricsServiceResponse, "rejected_data_points"),
-    "/v1/logs": ("logs", ExportLogsServiceResponse, "rejected_log_records"),
-}
+_SIGNALS = {path: signal for signal, path in HTTP_PATHS.items()}
 MAX_CONCURRENT = 64
 READ_TIMEOUT_S = 30.0
 # gRPC code numbers for the Status body
@@ -56,6 +59,11 @@ class _Server(ThreadingHTTPServer):
         super().finish_request(request, client_address)
 
 
+def _encode(msg: Message, ctype: str) -> bytes:
+    """A reply body in the request's encoding (``ctype`` is CT_JSON or CT_PROTOBUF)."""
+    return json_format.MessageToJson(msg, indent=None).encode() if ctype == CT_JSON else msg.SerializeToString()
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
@@ -79,11 +87,9 @@ class _Handler(BaseHTTPRequestHandler):
                 headers: dict[str, str] | None = None, close: bool = False) -> None:
         rcv = self.server.receiver
         rcv.d.outcome(outcome)
-        st = Status(code=grpc_code, message=message[:300])
-        if ctype == CT_JSON:
-            body = json_format.MessageToJson(st, indent=None).encode()
-        else:
-            body, ctype = st.SerializeToString(), CT_PROTOBUF
+        if ctype != CT_JSON:
+            ctype = CT_PROTOBUF
+        body = _encode(Status(code=grpc_code, message=message[:300]), ctype)
         if close:
             self.close_connection = True
             headers = {**(headers or {}), "Connection": "close"}
@@ -113,11 +119,11 @@ class _Handler(BaseHTTPRequestHandler):
         ctype = ctype_full.split(";", 1)[0].strip().lower()
         reply_ct = CT_JSON if ctype == CT_JSON else CT_PROTOBUF
         length_h = self.headers.get("Content-Length")
-        if path not in _PATHS:
+        if path not in _SIGNALS:
             self._drain_or_close(length_h, rcv.limit)
             self._status(404, _UNIMPLEMENTED, f"unknown path {path}", reply_ct, "invalid")
             return
-        signal, resp_cls, rejected_field = _PATHS[path]
+        signal = _SIGNALS[path]
         if rcv.auth.enabled and not rcv.auth.check(self.headers.get("Authorization")):
             rcv.t.unauthenticated.labels(rcv.d.label).inc()
             self._drain_or_close(length_h, rcv.limit)
@@ -164,18 +170,9 @@ class _Handler(BaseHTTPRequestHandler):
         r = rcv.d.dispatch(signal, msg, len(body))
         if r.status != "ok":
             st = Status(code=_UNAVAILABLE, message=r.message or "throttled")
-            out = json_format.MessageToJson(st, indent=None).encode() if reply_ct == CT_JSON else st.SerializeToString()
-            self._send(503, out, reply_ct, {"Retry-After": rcv.retry_after})
+            self._send(503, _encode(st, reply_ct), reply_ct, {"Retry-After": rcv.retry_after})
             return
-        resp = resp_cls()
-        if r.rejected:
-            setattr(resp.partial_success, rejected_field, r.rejected)
-            resp.partial_success.error_message = r.message
-        if reply_ct == CT_JSON:
-            out = json_format.MessageToJson(resp, indent=None).encode()
-        else:
-            out = resp.SerializeToString()
-        self._send(200, out, reply_ct)
+        self._send(200, _encode(export_response(signal, r), reply_ct), reply_ct)
 
     def _drain_or_close(self, length_h: str | None, limit: int) -> None:
         """Read a small refused body so the connection can be reused; close it otherwise."""
