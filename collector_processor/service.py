@@ -69,7 +69,7 @@ class Service:
         cfg, svc = self.cfg, self.cfg.service
         assert svc is not None
         ctx = BuildContext(self.t, self._emit_for, self.healthy)
-        used = {x for p in svc.pipelines.values() for x in (*p.receivers, *p.processors, *p.exporters)}
+        used = svc.used_ids()
         for pid, comp in cfg.processors.items():
             if pid in used:
                 self.processors[pid] = Stage(pid, comp.factory.create(ctx, pid, comp.config))
@@ -97,7 +97,8 @@ class Service:
             by_signal: dict[str, list[Pipeline]] = {}
             for pid, pc in svc.pipelines.items():
                 if rid in pc.receivers:
-                    by_signal.setdefault(pid.split("/", 1)[0], []).append(self.pipelines[pid])
+                    pipe = self.pipelines[pid]
+                    by_signal.setdefault(pipe.signal, []).append(pipe)
             auth = BearerAuth(rc.auth)
             if rc.protocols.grpc is not None:
                 d = Dispatcher(f"{rid}/grpc", self.t, by_signal, rc.wait_for_processing)

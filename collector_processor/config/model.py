@@ -47,3 +47,7 @@ class ServiceConfig(Strict):
             if sig not in SIGNALS:
                 raise ValueError(f"pipeline id {pid!r}: signal must be one of {', '.join(SIGNALS)}")
         return v
+
+    def used_ids(self) -> set[str]:
+        """Every component id that some pipeline lists."""
+        return {x for p in self.pipelines.values() for x in (*p.receivers, *p.processors, *p.exporters)}

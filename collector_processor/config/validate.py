@@ -101,8 +101,22 @@ def validate(raw: dict[str, Any], marks: Marks | None = None) -> CollectorConfig
         errors.extend(_check_pipelines(raw, cfg, marks))
     if errors:
         text = "invalid configuration:\n  " + "\n  ".join(errors)
-        raise ConfigError(marks.redact(text) if marks is not None else text)
+        raise ConfigError(marks.redact(text))
     return cfg
+
+
+def _member(cfg: CollectorConfig, raw_sections: dict[str, Any], errors: list[str], marks: Marks, section: str,
+            cid: str, sig: str, where: tuple[Any, ...]) -> Component | None:
+    """The component a pipeline lists under ``section``, reporting one that is undefined (unless it was already
+    reported as invalid) or does not support the pipeline's signal."""
+    kind = KINDS[section]
+    comp = getattr(cfg, section).get(cid)
+    if comp is None:
+        if cid not in raw_sections[section]:
+            errors.append(_fmt(where, f"{kind} {cid!r} is not defined under {section}", marks))
+    elif sig not in comp.factory.signals:
+        errors.append(_fmt(where, f"{kind} {cid!r} does not support {sig}", marks))
+    return comp
 
 
 def _check_pipelines(raw: dict[str, Any], cfg: CollectorConfig, marks: Marks) -> list[str]:
@@ -127,28 +141,15 @@ def _check_pipelines(raw: dict[str, Any], cfg: CollectorConfig, marks: Marks) ->
             errors.append(_fmt(where, f"receiver {rid!r} is not defined under receivers"
                                + (" (nor a verdict-emitting processor)" if sig == "logs" else ""), marks))
         for i, xid in enumerate(p.processors):
-            where = (*base, "processors", i)
-            comp = cfg.processors.get(xid)
-            if comp is None:
-                if xid not in raw_sections["processors"]:
-                    errors.append(_fmt(where, f"processor {xid!r} is not defined under processors", marks))
-                continue
-            if sig not in comp.factory.signals:
-                errors.append(_fmt(where, f"processor {xid!r} does not support {sig}", marks))
-            if comp.factory.verdict_source:
+            comp = _member(cfg, raw_sections, errors, marks, "processors", xid, sig, (*base, "processors", i))
+            if comp is not None and comp.factory.verdict_source:
                 verdict_sources_in_traces.add(xid)
         if len(set(p.processors)) != len(p.processors):
             errors.append(_fmt((*base, "processors"), "a processor is listed twice", marks))
         for i, eid in enumerate(p.exporters):
             where = (*base, "exporters", i)
-            comp = cfg.exporters.get(eid)
-            if comp is None:
-                if eid not in raw_sections["exporters"]:
-                    errors.append(_fmt(where, f"exporter {eid!r} is not defined under exporters", marks))
-                continue
-            if sig not in comp.factory.signals:
-                errors.append(_fmt(where, f"exporter {eid!r} does not support {sig}", marks))
-            elif comp.factory.extra.get("verdicts_only") and not all(
+            comp = _member(cfg, raw_sections, errors, marks, "exporters", eid, sig, where)
+            if comp is not None and sig in comp.factory.signals and comp.factory.extra.get("verdicts_only") and not all(
                     r in cfg.processors and cfg.processors[r].factory.verdict_source for r in p.receivers):
                 errors.append(_fmt(where, f"exporter {eid!r} writes verdicts only; its pipeline's receivers must "
                                    "all be verdict-emitting processors", marks))
@@ -158,7 +159,7 @@ def _check_pipelines(raw: dict[str, Any], cfg: CollectorConfig, marks: Marks) ->
             if proc is not None and proc.factory.verdict_source and rid not in verdict_sources_in_traces:
                 errors.append(_fmt(("service", "pipelines", pid, "receivers", i),
                                    f"{rid} is in no traces pipeline, so it would never emit verdicts", marks))
-    used = {x for p in cfg.service.pipelines.values() for x in (*p.receivers, *p.processors, *p.exporters)}
+    used = cfg.service.used_ids()
     for section in KINDS:
         for cid in getattr(cfg, section):
             if cid not in used:
