@@ -14,6 +14,7 @@ import threading
 
 from pydantic import Field, model_validator
 
+from collector_processor.config.model import MIB
 from collector_processor.config.types import Duration, Strict
 from collector_processor.telemetry import Telemetry
 
@@ -54,8 +55,8 @@ class MemoryLimiter:
     def __init__(self, cfg: Config, telemetry: Telemetry) -> None:
         self.cfg = cfg
         self.t = telemetry
-        self.hard = int(cfg.limit_mib * 1024 * 1024)
-        self.soft = int((cfg.limit_mib - (cfg.spike_limit_mib or 0)) * 1024 * 1024)
+        self.hard = int(cfg.limit_mib * MIB)
+        self.soft = int((cfg.limit_mib - (cfg.spike_limit_mib or 0)) * MIB)
         self._over = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="memory-limiter", daemon=True)
@@ -72,8 +73,8 @@ class MemoryLimiter:
         self.t.memory_bytes.set(rss)
         over = rss > self.soft
         if over != self._over:
-            log.warning("memory limiter: RSS %.0f MiB %s the soft limit %.0f MiB; %s", rss / 2**20,
-                        "over" if over else "back under", self.soft / 2**20,
+            log.warning("memory limiter: RSS %.0f MiB %s the soft limit %.0f MiB; %s", rss / MIB,
+                        "over" if over else "back under", self.soft / MIB,
                         "refusing data" if over else "accepting data again")
         self._over = over
 
