@@ -21,8 +21,6 @@ from service_support import BASE_RECEIVER, DoubleProcessor, make_spans, scrape, 
 CFG = BASE_RECEIVER + """
 processors:
   double: {reject: %(reject)d}
-exporters:
-  prometheus: {endpoint: 127.0.0.1:0}
 service:
   pipelines:
     traces: {receivers: [otlp], processors: [double], exporters: [debug]}
