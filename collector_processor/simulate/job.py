@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from otel_straggler import schema as s
+from otel_straggler.stages import STAGE_SCHEMA, stage_group
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ def ranks_of(layout: Layout, gpus_per_host: int = 8) -> list[RankInfo]:
             for ep in range(layout.ep):
                 for cp in range(layout.cp):
                     for tp in range(layout.tp):
-                        key = s.cohort_key(topology_epoch=0, stage_schema="megatron-v1", tp=tp, pp=pp, cp=cp,
+                        key = s.cohort_key(topology_epoch=0, stage_schema=STAGE_SCHEMA, tp=tp, pp=pp, cp=cp,
                                            ep=ep)
                         idx = ((pp * layout.ep + ep) * layout.cp + cp) * layout.tp + tp
                         out.append(RankInfo(rank=rank, cohort=key, cohort_index=idx, dp_rank=dp, pp_rank=pp,
@@ -59,22 +60,25 @@ class StageModel:
     """Nominal per-step device time (ms) of each stage for one rank, and its Megatron identity."""
 
     name: str
-    group: str
     level: int
     device_ms: float
     host_fraction: float  # host (launch) time as a fraction of device time when not stalled
     count: int = 1  # per-microbatch repeats aggregated into the step span
+
+    @property
+    def group(self) -> str:
+        return stage_group(self.name)
 
 
 @dataclass
 class StepModel:
     microbatches: int = 8
     stages: list[StageModel] = field(default_factory=lambda: [
-        StageModel("batch-generator", "data", 2, 0.4, 1.0, 8),
-        StageModel("forward-compute", "forward", 2, 48.0, 0.35, 8),
-        StageModel("backward-compute", "backward", 2, 96.0, 0.25, 8),
-        StageModel("optimizer-inner-step", "optimizer", 1, 12.0, 0.3),
-        StageModel("optimizer-copy-main-to-model-params", "optimizer", 1, 1.5, 0.5),
+        StageModel("batch-generator", 2, 0.4, 1.0, 8),
+        StageModel("forward-compute", 2, 48.0, 0.35, 8),
+        StageModel("backward-compute", 2, 96.0, 0.25, 8),
+        StageModel("optimizer-inner-step", 1, 12.0, 0.3),
+        StageModel("optimizer-copy-main-to-model-params", 1, 1.5, 0.5),
     ])
     grad_sync_ms: float = 18.0  # all-reduce time when every peer arrives together
     step_overhead_ms: float = 4.0
@@ -84,7 +88,7 @@ class StepModel:
         """The default model with forward-compute at ``forward_ms`` and backward at twice that (a smaller
         model or shorter sequences): the target scenario's 20 ms stage."""
         m = cls()
-        m.stages = [StageModel(st.name, st.group, st.level,
-                               forward_ms * (1 if st.group == "forward" else 2) if st.group in ("forward", "backward")
-                               else st.device_ms, st.host_fraction, st.count) for st in m.stages]
+        scale = {"forward": 1, "backward": 2}
+        m.stages = [replace(st, device_ms=forward_ms * scale[st.group]) if st.group in scale else st
+                    for st in m.stages]
         return m

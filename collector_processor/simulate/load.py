@@ -17,18 +17,16 @@ from dataclasses import dataclass
 from collector_processor.simulate.job import Layout, ranks_of
 from collector_processor.simulate.stream import SimConfig, resource_for
 from otel_straggler import schema as s
+from otel_straggler.stages import stage_group
 
 SDK_BATCH = 512
 
-# (stage, group, level, device ms) per microbatch, then per step
-_PER_MICROBATCH = (("batch-generator", "data", 2, 0.4), ("forward-compute", "forward", 2, 6.0),
-                   ("backward-compute", "backward", 2, 12.0), ("forward-send", "p2p", 2, 0.8),
-                   ("backward-recv", "p2p", 2, 0.9))
-_PER_STEP = (("all-grads-sync", "grad-sync", 1, 18.0), ("params-all-gather", "param-gather", 1, 6.0),
-             ("optimizer", "optimizer", 1, 14.0), ("optimizer-inner-step", "optimizer", 1, 12.0),
-             ("optimizer-copy-main-to-model-params", "optimizer", 1, 1.5),
-             ("optimizer-clip-main-grad", "optimizer", 1, 2.0), ("optimizer-count-zeros", "optimizer", 1, 0.3),
-             ("forward-backward", "step", 1, 170.0))
+# (stage, level, device ms) per microbatch, then per step; the group is the emitter's (stages.stage_group)
+_PER_MICROBATCH = (("batch-generator", 2, 0.4), ("forward-compute", 2, 6.0), ("backward-compute", 2, 12.0),
+                   ("forward-send", 2, 0.8), ("backward-recv", 2, 0.9))
+_PER_STEP = (("all-grads-sync", 1, 18.0), ("params-all-gather", 1, 6.0), ("optimizer", 1, 14.0),
+             ("optimizer-inner-step", 1, 12.0), ("optimizer-copy-main-to-model-params", 1, 1.5),
+             ("optimizer-clip-main-grad", 1, 2.0), ("optimizer-count-zeros", 1, 0.3), ("forward-backward", 1, 170.0))
 
 
 @dataclass
@@ -86,10 +84,10 @@ def _rank_spans(cfg: LoadConfig, rank: int, steps: range, rng: random.Random) ->
     t_base = 1_800_000_000_000_000_000
     stages = [st for _ in range(cfg.microbatches) for st in _PER_MICROBATCH] + list(_PER_STEP)
     const = {name: (_ld(5, name.encode()) + b"\x30\x01"  # name = 5, kind = 6 (INTERNAL)
-                    + _kv_bytes(s.ATTR_STAGE, name) + _kv_bytes(s.ATTR_STAGE_GROUP, group)
+                    + _kv_bytes(s.ATTR_STAGE, name) + _kv_bytes(s.ATTR_STAGE_GROUP, stage_group(name))
                     + _kv_bytes(s.ATTR_STAGE_LEVEL, level) + _kv_bytes(s.ATTR_COUNT, 1)
                     + _kv_bytes(s.ATTR_DETAIL, s.DETAIL_STEP) + _kv_bytes(s.ATTR_WORKLOAD_TOKENS, 32768))
-             for name, group, level, _ms in stages}
+             for name, level, _ms in stages}
     meas_dev = _kv_bytes(s.ATTR_MEASUREMENT, s.MEASUREMENT_DEVICE)
     meas_host = _kv_bytes(s.ATTR_MEASUREMENT, s.MEASUREMENT_HOST_ONLY)
     k_host = _ld(1, s.ATTR_HOST_MS.encode())
@@ -107,7 +105,7 @@ def _rank_spans(cfg: LoadConfig, rank: int, steps: range, rng: random.Random) ->
         it = _kv_bytes(s.ATTR_ITERATION, step)
         t = t_base + step * step_ns
         measured = step % cfg.device_every == 0
-        for name, _group, _level, ms in stages:
+        for name, _level, ms in stages:
             dev = ms * (1.0 + rng.gauss(0.0, 0.01))
             d = int(dev * 1e6)
             body = (trace + b"\x12\x08" + rng.getrandbits(64).to_bytes(8, "big") + parent + const[name]

@@ -21,6 +21,7 @@ from collector_processor.otlp_values import key_value
 from collector_processor.simulate.faults import Fault
 from collector_processor.simulate.job import Layout, RankInfo, StepModel, ranks_of
 from otel_straggler import schema as s
+from otel_straggler.stages import STAGE_SCHEMA, stage_group
 
 
 @dataclass
@@ -61,7 +62,7 @@ def resource_for(info: RankInfo, cfg: SimConfig) -> Resource:
         s.RES_WORLD_SIZE: lay.world_size, s.RES_LOCAL_RANK: info.rank % 8, s.RES_DP_RANK: info.dp_rank,
         s.RES_DP_SIZE: lay.dp, s.RES_PP_RANK: info.pp_rank, s.RES_PP_SIZE: lay.pp, s.RES_TP_SIZE: lay.tp,
         s.RES_JOB_ID: cfg.job, s.RES_GPU_UUID: info.gpu, s.RES_COHORT_KEY: info.cohort,
-        s.RES_TOPOLOGY_EPOCH: 0, s.RES_STAGE_SCHEMA: "megatron-v1", s.RES_SCHEMA_VERSION: s.SCHEMA_VERSION,
+        s.RES_TOPOLOGY_EPOCH: 0, s.RES_STAGE_SCHEMA: STAGE_SCHEMA, s.RES_SCHEMA_VERSION: s.SCHEMA_VERSION,
     }
     return Resource(attributes=[_kv(k, v) for k, v in attrs.items()])
 
@@ -150,9 +151,9 @@ class JobStream:
             for info in self.ranks:
                 wait = by_cohort[info.cohort] - arrival[info.rank] + sm.grad_sync_ms * self._factor(step, info.rank)
                 rows = per_rank[info.rank]
-                rows.append(("all-grads-sync", "grad-sync", 1, wait, wait, 1))
+                rows.append(("all-grads-sync", stage_group("all-grads-sync"), 1, wait, wait, 1))
                 fb = arrival[info.rank] + wait
-                rows.append(("forward-backward", "step", 1, fb, fb, 1))
+                rows.append(("forward-backward", stage_group("forward-backward"), 1, fb, fb, 1))
                 total = fb + sum(r[3] for r in rows if r[1] == "optimizer") + sm.step_overhead_ms
                 step_ms = max(step_ms, total)
             request = ExportTraceServiceRequest()

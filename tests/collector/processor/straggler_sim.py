@@ -20,8 +20,9 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 from collector_processor.otlp_values import key_value
 from otel_straggler import schema as s
+from otel_straggler.stages import STAGE_SCHEMA
 
-COHORT = s.cohort_key(topology_epoch=0, stage_schema="megatron-v1")
+COHORT = s.cohort_key(topology_epoch=0, stage_schema=STAGE_SCHEMA)
 
 # (timer name, group, device base ms)
 STAGES: tuple[tuple[str, str, float], ...] = (
