@@ -21,6 +21,7 @@ synchronising copy) stretches both intervals equally and is reported as ``host_o
 
 from __future__ import annotations
 
+from collector_processor.processor.straggler.statistics import median
 from otel_straggler import schema as s
 
 
@@ -42,12 +43,9 @@ def attribute(
     (default: the same) the host one: host excess within the host's own noise explains nothing."""
     hfloor = floor_ms if host_floor_ms is None else host_floor_ms
     htol = tolerance if host_tolerance is None else host_tolerance
-    if measurement == s.MEASUREMENT_HOST_ONLY:
-        if host_deviation is not None and host_gap_ms is not None and host_deviation > htol \
-                and host_gap_ms >= hfloor:
-            return s.ATTRIBUTION_HOST
-        return s.ATTRIBUTION_UNKNOWN
-    if device_deviation is None or device_gap_ms is None or device_deviation <= tolerance or device_gap_ms < floor_ms:
+    if measurement == s.MEASUREMENT_HOST_ONLY or device_deviation is None or device_gap_ms is None \
+            or device_deviation <= tolerance or device_gap_ms < floor_ms:
+        # only the host comparison can fire
         host_fires = host_deviation is not None and host_gap_ms is not None and host_deviation > htol \
             and host_gap_ms >= hfloor
         return s.ATTRIBUTION_HOST if host_fires else s.ATTRIBUTION_UNKNOWN
@@ -70,11 +68,9 @@ def collective_evidence(rank: int, per_group: dict[str, dict[int, float]], toler
         if not values or rank not in values or len(values) < 2:
             continue
         mine = values[rank]
-        peers = sorted(v for r, v in values.items() if r != rank)
-        if mine > peers[0]:
+        peers = [v for r, v in values.items() if r != rank]
+        if mine > min(peers):
             continue
-        n = len(peers)
-        peer_median = peers[n // 2] if n % 2 else (peers[n // 2 - 1] + peers[n // 2]) / 2.0
-        if peer_median > mine * (1.0 + tolerance):
+        if median(peers) > mine * (1.0 + tolerance):
             found.append(f"waits_least:{group}")
     return ",".join(found)

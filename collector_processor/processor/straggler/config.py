@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from collector_processor.processor.straggler.decode import COLLECTOR_SERVICE_NAME
 from otel_straggler import schema as s
 
 
@@ -107,7 +108,7 @@ class Config(BaseModel):
 
     # --- outputs ------------------------------------------------------------------------------------
     emit_verdict_spans: bool = True
-    collector_service_name: str = "otel-straggler-collector"
+    collector_service_name: str = COLLECTOR_SERVICE_NAME
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
     @field_validator("judged_groups")

@@ -19,10 +19,6 @@ def median(values: Sequence[float]) -> float:
     return (ordered[mid - 1] + ordered[mid]) / 2.0
 
 
-def median_or_none(values: Sequence[float]) -> float | None:
-    return median(values) if values else None
-
-
 # Median of |x - sample median| over samples of n standard normals, the sample median's own zero deviation
 # left out for odd n (computed by simulation): divides a pooled median deviation into a sigma estimate.
 _SPREAD_CONSISTENCY = {3: 0.697, 4: 0.483, 5: 0.690, 6: 0.527, 7: 0.680, 8: 0.564, 9: 0.678, 10: 0.587,
