@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from collector_processor.processor.straggler.window import KIND_STEP, KIND_WALL, WindowSet
 
+NO_INDEX = -(2**62)  # no window index seen yet
+
 
 @dataclass(slots=True)
 class RankInfo:
@@ -14,8 +16,8 @@ class RankInfo:
     gpu: str
     world_size: int
     last_seen_s: float
-    max_step_index: int = -(2**62)
-    max_wall_index: int = -(2**62)
+    max_step_index: int = NO_INDEX
+    max_wall_index: int = NO_INDEX
     windows_seen: int = 0  # windows in which the rank had samples (warmup counts these)
 
 
@@ -30,9 +32,6 @@ class Cohort:
     steps: WindowSet = field(default_factory=lambda: WindowSet(KIND_STEP))
     wall: WindowSet = field(default_factory=lambda: WindowSet(KIND_WALL))
 
-    def active_ranks(self, now_s: float, timeout_s: float) -> list[RankInfo]:
-        return [r for r in self.ranks.values() if now_s - r.last_seen_s <= timeout_s]
-
 
 class CohortRegistry:
     """(job, cohort key) -> Cohort, least recently seen evicted beyond ``max_cohorts``."""
@@ -40,7 +39,6 @@ class CohortRegistry:
     def __init__(self, max_cohorts: int) -> None:
         self.max_cohorts = max_cohorts
         self._cohorts: OrderedDict[tuple[str, str], Cohort] = OrderedDict()
-        self.evicted = 0
 
     def get(self, job: str, key: str, now_s: float) -> tuple[Cohort, Cohort | None]:
         """The cohort (created if new) and the cohort evicted to make room, if any."""
@@ -54,7 +52,6 @@ class CohortRegistry:
         evicted = None
         if len(self._cohorts) >= self.max_cohorts:
             _, evicted = self._cohorts.popitem(last=False)
-            self.evicted += 1
         c = self._cohorts[k] = Cohort(job, key, now_s)
         return c, evicted
 
@@ -63,8 +60,3 @@ class CohortRegistry:
 
     def __len__(self) -> int:
         return len(self._cohorts)
-
-    def pop_all(self) -> list[Cohort]:
-        out = list(self._cohorts.values())
-        self._cohorts.clear()
-        return out

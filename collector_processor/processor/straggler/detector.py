@@ -37,7 +37,6 @@ _MEDIAN_SE = 1.2533  # standard error of the median of n normal samples = 1.2533
 class RankStat:
     dev: float | None
     host: float | None
-    non_finite: int
     dev_samples: list[float]
     host_samples: list[float]
     fresh: int = 0  # samples of this window behind the device statistic (0: all of them)
@@ -102,7 +101,6 @@ class Detector:
                 per[r] = RankStat(
                     median(cell.dev) if cell.dev else None,
                     median(cell.host) if cell.host else None,
-                    cell.non_finite,
                     cell.dev,
                     cell.host,
                 )
@@ -150,7 +148,7 @@ class Detector:
             tols = self._tolerances(per)
             for r in sorted(per):
                 self._judge_rank(ctx, out, stage, group, r, per, rank_tokens, tok_median, views, tols)
-            self._missing(ctx, out, stage, group, per, warm)
+            self._missing(ctx, out, stage, group, per)
         return out
 
     def _pool_device(self, cohort: Cohort, stage: str, idx: int, per: dict[int, RankStat]) -> None:
@@ -355,11 +353,9 @@ class Detector:
                          host_explains_fraction=cfg.host_explains_fraction,
                          host_ambiguous_fraction=cfg.host_ambiguous_fraction)
 
-    def _missing(self, ctx: _Ctx, out: WindowOutcome, stage: str, group: str, per: dict[int, RankStat],
-                 warm: set[int]) -> None:
+    def _missing(self, ctx: _Ctx, out: WindowOutcome, stage: str, group: str, per: dict[int, RankStat]) -> None:
         """Ranks with an active alert on this stage but no sample in the window: the alert holds."""
-        now_s_ranks = ctx.cohort.ranks
-        for r in now_s_ranks:
+        for r in ctx.cohort.ranks:
             if r in per:
                 continue
             st = self.states.peek((ctx.cohort.job, ctx.cohort.key, r, stage))

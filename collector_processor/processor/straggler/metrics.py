@@ -40,7 +40,6 @@ class StragglerMetrics(Collector):
         self.cfg = config
         self._evictions = telemetry.evictions.labels(structure="metric_series")
         self.series_refused = 0
-        self.series_expired = 0
         self._alerts: dict[tuple[str, ...], list[float]] = {}  # labels -> [active, dev, lost_s, gpu_s, t]
         self._rank_stage: dict[tuple[str, ...], list[float]] = {}  # labels -> [seconds, t]
         self._rank_dev: dict[tuple[str, ...], list[float]] = {}
@@ -70,23 +69,20 @@ class StragglerMetrics(Collector):
         self._evictions.inc()
         return False
 
+    def _put(self, store: dict[tuple[str, ...], list[float]], key: tuple[str, ...], row: list[float],
+             priority: bool = False) -> None:
+        """Update a series in place, or add it when there is room for it."""
+        cur = store.get(key)
+        if cur is not None:
+            cur[:] = row
+        elif self._room(priority):
+            store[key] = row
+
     def record_window(self, job: str, cohort: str, outcome: WindowOutcome, now_s: float) -> None:
         for (rank, group, meas), seconds in outcome.rank_group_seconds.items():
-            key = (job, cohort, str(rank), group, meas)
-            cur = self._rank_stage.get(key)
-            if cur is not None:
-                cur[0] = seconds
-                cur[1] = now_s
-            elif self._room():
-                self._rank_stage[key] = [seconds, now_s]
+            self._put(self._rank_stage, (job, cohort, str(rank), group, meas), [seconds, now_s])
         for rank, dev in outcome.rank_deviation.items():
-            key = (job, cohort, str(rank))
-            cur = self._rank_dev.get(key)
-            if cur is not None:
-                cur[0] = dev
-                cur[1] = now_s
-            elif self._room():
-                self._rank_dev[key] = [dev, now_s]
+            self._put(self._rank_dev, (job, cohort, str(rank)), [dev, now_s])
         self._dirty = True
 
     def record_alert(self, v: Verdict, now_s: float) -> None:
@@ -96,11 +92,7 @@ class StragglerMetrics(Collector):
         lost = v.step_time_lost_ms / 1000.0 if active else 0.0
         gpu = v.gpu_seconds_per_hour if active else 0.0
         dev = v.deviation if v.deviation is not None else 0.0
-        cur = self._alerts.get(key)
-        if cur is not None:
-            cur[:] = [active, dev, lost, gpu, now_s]
-        elif self._room(priority=True):
-            self._alerts[key] = [active, dev, lost, gpu, now_s]
+        self._put(self._alerts, key, [active, dev, lost, gpu, now_s], priority=True)
         self._dirty = True
 
     def count_verdicts(self, verdicts: Iterable[Verdict]) -> None:
@@ -120,7 +112,6 @@ class StragglerMetrics(Collector):
             for k in stale:
                 del d[k]
             if stale:
-                self.series_expired += len(stale)
                 self._dirty = True
         if not self._dirty:
             return

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from collector_processor.processor.straggler.cohort import Cohort, CohortRegistry, RankInfo
+from collector_processor.processor.straggler.cohort import NO_INDEX, Cohort, CohortRegistry, RankInfo
 from collector_processor.processor.straggler.config import Config
 from collector_processor.processor.straggler.decode import REJECT_DUPLICATE, REJECT_LATE, decode_request
 from collector_processor.processor.straggler.detector import Detector
@@ -22,8 +22,8 @@ from collector_processor.processor.straggler.model import StageSample, Verdict
 from collector_processor.processor.straggler.state import StateStore
 from collector_processor.processor.straggler.window import KIND_STEP, Window, WindowSet, due_by_progress, due_by_time
 from collector_processor.telemetry import Telemetry
+from otel_straggler import schema as s
 
-_NO_INDEX = -(2**62)
 _MAX_PENDING_SPANS = 4096
 
 COUNTERS = (
@@ -60,11 +60,10 @@ class StragglerProcessor:
         self._evict_flush: dict[str, int] = {}
         self._closed_flush = 0
         self.last_rejected = 0
-        self._started = False
 
     # --- component ----------------------------------------------------------------------------------
     def start(self) -> None:
-        self._started = True
+        return
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Close (judge) every open window and emit the verdicts; bounded by ``timeout_s``."""
@@ -77,7 +76,6 @@ class StragglerProcessor:
                 if ws.open:
                     self._close(cohort, ws, max(ws.open), now)
         self._finish(now)
-        self._started = False
 
     # --- data path ----------------------------------------------------------------------------------
     def process_traces(self, req: ExportTraceServiceRequest) -> ExportTraceServiceRequest | None:
@@ -234,9 +232,8 @@ class StragglerProcessor:
                 self._evicted("open_windows")
                 self._close(cohort, ws, oldest, now)
             w, _ = ws.get_or_open(idx, now, cfg.window_steps)
-        cell = w.cell(stage, smp.rank)
+        cell = w.cell(stage, smp.rank)  # a non-finite sample still makes the rank present in the window
         if non_finite:
-            cell.non_finite += 1
             return None
         if smp.device_ms is not None:
             cell.dev.append(smp.device_ms)
@@ -258,9 +255,8 @@ class StragglerProcessor:
             if not ws.open:
                 continue
             step_kind = ws.kind == KIND_STEP
-            idxs = [(r.max_step_index if step_kind else r.max_wall_index) for r in cohort.ranks.values()
-                    if now - r.last_seen_s <= timeout]
-            idxs = [i for i in idxs if i != _NO_INDEX]
+            idxs = [i for r in cohort.ranks.values() if now - r.last_seen_s <= timeout
+                    and (i := r.max_step_index if step_kind else r.max_wall_index) != NO_INDEX]
             if len(idxs) < cohort.expected_ranks:
                 # not every rank the cohort should have has reported yet (a first request can carry many
                 # steps of one rank): closing by progress would judge windows its peers have not reached;
@@ -285,7 +281,7 @@ class StragglerProcessor:
                 if alert is not None:
                     self.metrics.record_alert(alert, now)
             for v in out.verdicts:
-                if v.verdict == "recovered":
+                if v.verdict == s.VERDICT_RECOVERED:
                     self.metrics.record_alert(v, now)
         self._pending.extend(out.verdicts)
 

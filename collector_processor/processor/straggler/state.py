@@ -34,7 +34,6 @@ class StateStore:
         self._states: OrderedDict[StateKey, RankStageState] = OrderedDict()
         self._active: dict[StateKey, RankStageState] = {}
         self.evicted = 0
-        self.evicted_active = 0
 
     def get(self, key: StateKey) -> RankStageState:
         st = self._states.get(key)
@@ -58,7 +57,6 @@ class StateStore:
         k, _ = self._states.popitem(last=False)
         self._active.pop(k, None)
         self.evicted += 1
-        self.evicted_active += 1
 
     def set_active(self, key: StateKey, st: RankStageState, alert: Verdict | None) -> None:
         st.alert = alert

@@ -19,7 +19,6 @@ class RankCell:
     dev: list[float] = field(default_factory=list)
     host: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
-    non_finite: int = 0
 
 
 @dataclass(slots=True)
