@@ -148,6 +148,9 @@ class _Handler(BaseHTTPRequestHandler):
         if len(body) < length:
             self._status(400, _INVALID_ARGUMENT, "truncated body", reply_ct, "invalid", close=True)
             return
+        if not rcv.d.has(signal):  # before any decoding work, like the gRPC receiver
+            self._status(404, _UNIMPLEMENTED, f"no {signal} pipeline", reply_ct, "invalid")
+            return
         if ctype not in (CT_JSON, CT_PROTOBUF):
             self._status(415, _INVALID_ARGUMENT, f"unsupported content type {ctype_full!r}", reply_ct, "invalid")
             return
@@ -163,9 +166,6 @@ class _Handler(BaseHTTPRequestHandler):
             return
         except DecodeFailure as e:
             self._status(400, _INVALID_ARGUMENT, str(e), reply_ct, "invalid")
-            return
-        if not rcv.d.has(signal):
-            self._status(404, _UNIMPLEMENTED, f"no {signal} pipeline", reply_ct, "invalid")
             return
         r = rcv.d.dispatch(signal, msg, len(body))
         if r.status != "ok":
