@@ -1,5 +1,6 @@
 """Helpers of the reliability tests: a real collector subprocess (ports parsed from its log), raw OTLP
-clients (gRPC and HTTP), /metrics scraping, RSS peaks from /proc, and a small OTLP span factory."""
+clients (gRPC and HTTP), RSS peaks from /proc, and a small OTLP span factory. Waiting and /metrics
+scraping come from the collector tests' ``service_support``."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,10 +23,12 @@ import grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
-from prometheus_client.parser import text_string_to_metric_families
 
 from collector_processor.otlp_values import key_value
 from otel_straggler import schema as s
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collector"))
+from service_support import scrape, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = Path(__file__).resolve().parent / "corpus"
@@ -34,15 +37,6 @@ METRICS_METHOD = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Expor
 HEALTH_METHOD = "/grpc.health.v1.Health/Check"
 
 _LISTEN = re.compile(r"listening: (\S+) (OTLP/GRPC|OTLP/HTTP|metrics) (?:http://)?([\d.]+):(\d+)")
-
-
-def wait_for(pred: Callable[[], object], timeout: float = 10.0, interval: float = 0.05) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(interval)
-    return bool(pred())
 
 
 # ---- OTLP spans ------------------------------------------------------------------------------------------------
@@ -151,16 +145,6 @@ def http_get(url: str, headers: Mapping[str, str] | None = None, timeout: float 
             return Answer(str(resp.status), resp.read(), dict(resp.headers))
     except urllib.error.HTTPError as e:
         return Answer(str(e.code), e.read(), dict(e.headers or {}))
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for smp in fam.samples:
-            key = smp.name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(smp.labels.items())) + "}"
-                              if smp.labels else "")
-            out[key] = smp.value
-    return out
 
 
 def total(metrics: Mapping[str, float], name: str, **labels: str) -> float:
@@ -284,10 +268,8 @@ class CollectorProcess:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.ports['metrics']}/metrics"
 
-    def metrics(self, headers: Mapping[str, str] | None = None) -> dict[str, float]:
-        a = http_get(self.metrics_url, headers)
-        assert a.code == "200", a
-        return parse_metrics(a.body.decode())
+    def metrics(self, headers: dict[str, str] | None = None) -> dict[str, float]:
+        return scrape(self.metrics_url, headers)
 
     def healthy(self) -> bool:
         if self.proc is None or self.proc.poll() is not None:

@@ -29,10 +29,6 @@ from otel_straggler import schema as s
 pytestmark = pytest.mark.slow
 
 
-def _t(name: str) -> str:
-    return name if name.endswith("_total") else name + "_total"
-
-
 def test_flood_backpressures_stays_bounded_and_recovers(tmp_path) -> None:
     limit_mib = 300
     c = CollectorProcess(tmp_path, collector_config(tmp_path, queue=2, wait="0s", limit_mib=limit_mib, spike_mib=60),
@@ -79,14 +75,14 @@ def test_flood_backpressures_stays_bounded_and_recovers(tmp_path) -> None:
         assert set(answers) <= {"OK", "200", "UNAVAILABLE", "503"}
         assert peak < limit_mib * 2**20, f"peak RSS {peak / 2**20:.0f} MiB"
         m = c.metrics()
-        assert total(m, _t(s.M_REQUESTS), outcome="throttled") >= answers["UNAVAILABLE"] + answers["503"]
-        assert total(m, _t(s.M_SPANS_DROPPED)) > 0
+        assert total(m, s.M_REQUESTS, outcome="throttled") >= answers["UNAVAILABLE"] + answers["503"]
+        assert total(m, s.M_SPANS_DROPPED) > 0
         # recovery without restart: a normal request is accepted and processed
-        acc0 = total(m, _t(s.M_SPANS_ACCEPTED))
+        acc0 = total(m, s.M_SPANS_ACCEPTED)
         ok = wait_for(lambda: http_post(c.http_base, "/v1/traces",
                                         healthy_request(8, 4).SerializeToString()).code == "200", 10.0)
         assert ok and c.healthy()
-        assert wait_for(lambda: total(c.metrics(), _t(s.M_SPANS_ACCEPTED)) >= acc0 + 12, 10.0)
+        assert wait_for(lambda: total(c.metrics(), s.M_SPANS_ACCEPTED) >= acc0 + 12, 10.0)
     finally:
         c.stop()
 
@@ -106,7 +102,7 @@ def test_sigkill_loses_only_unflushed_evidence(tmp_path) -> None:
             for _, req in _stream(60, [Fault("device", rank=5, stages=("backward-compute",), size=0.5, onset=15)],
                                   "kill-job"):
                 assert grpc_call(ch, req.SerializeToString()).code == "OK"
-        name = _t(s.M_EVIDENCE_LINES)
+        name = s.M_EVIDENCE_LINES
         assert wait_for(lambda: total(c.metrics(), name) > 0, 10.0), c.log()[-2000:]
         # let the writer settle: the count stops moving once the buffer is flushed
         last = -1.0
@@ -135,7 +131,7 @@ def test_restart_rebuilds_state_without_false_verdicts(tmp_path) -> None:
     with grpc.insecure_channel(first.grpc_target) as ch:
         for _, req in stream[:45]:
             assert grpc_call(ch, req.SerializeToString()).code == "OK"
-    assert wait_for(lambda: total(first.metrics(), _t(s.M_WINDOWS_CLOSED)) > 0, 10.0)
+    assert wait_for(lambda: total(first.metrics(), s.M_WINDOWS_CLOSED) > 0, 10.0)
     first.stop(signal.SIGKILL)
     second = CollectorProcess(tmp_path, cfg, name="run2").start()
     try:
@@ -144,11 +140,11 @@ def test_restart_rebuilds_state_without_false_verdicts(tmp_path) -> None:
                 if i < 3:  # half of the ranks come back one to three steps later than the others
                     del req.resource_spans[len(req.resource_spans) // 2:]
                 assert grpc_call(ch, req.SerializeToString()).code == "OK"
-        assert wait_for(lambda: total(second.metrics(), _t(s.M_WINDOWS_CLOSED)) >= 5, 10.0)
+        assert wait_for(lambda: total(second.metrics(), s.M_WINDOWS_CLOSED) >= 5, 10.0)
         m = second.metrics()
     finally:
         second.stop(signal.SIGTERM)  # drains: open windows close and are judged too
     verdicts = evidence_lines(tmp_path / "evidence" / "verdicts.jsonl")
     stragglers = [v for v in verdicts if v.get("verdict") == s.VERDICT_STRAGGLER]
     assert stragglers == [], stragglers[:3]
-    assert total(m, _t(s.M_VERDICTS), verdict=s.VERDICT_STRAGGLER) == 0
+    assert total(m, s.M_VERDICTS, verdict=s.VERDICT_STRAGGLER) == 0

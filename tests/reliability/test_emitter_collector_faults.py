@@ -8,15 +8,12 @@ delivered is dropped and counted in the export child's counters, and export resu
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 from concurrent import futures
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import grpc
@@ -25,20 +22,16 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "emitter"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collector"))
 from export_otlp_receiver import GrpcReceiver
 from rel_support import Stalling
+from service_support import HttpSink, free_port
 
 from otel_straggler import schema
 from otel_straggler.install import build_timers
 
 pytestmark = pytest.mark.slow
 STEPS = 50
-
-
-def free_port() -> int:
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        return so.getsockname()[1]
 
 
 def use_env(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
@@ -85,31 +78,6 @@ class _Refuse(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_g
         context.abort(self.code, "refused by test")
 
 
-class Http400:
-    def __init__(self) -> None:
-        outer = self
-        self.posts = 0
-
-        class H(BaseHTTPRequestHandler):
-            def log_message(self, *a: object) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                outer.posts += 1
-                self.send_response(400)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def baseline() -> Iterator[float]:
     t = build_timers(enabled=True, export_mode="off", register_lifecycle=False, readout_interval_ms=5, job_id="base")
@@ -153,7 +121,8 @@ def test_step_time_flat_and_losses_counted(monkeypatch: pytest.MonkeyPatch, base
         server = (gs, svc)
         use_env(monkeypatch, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}")
     else:
-        server = Http400()
+        server = HttpSink()
+        server.status = 400
         use_env(monkeypatch, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{server.port}",
                 OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf")
     timers, durations = run_with("", f"fault-{fault}")
@@ -172,7 +141,7 @@ def test_step_time_flat_and_losses_counted(monkeypatch: pytest.MonkeyPatch, base
         if fault in ("unavailable", "invalid_argument"):
             assert server[1].calls > 0  # type: ignore[index]
         if fault == "http_400":
-            assert server.posts > 0  # type: ignore[union-attr]
+            assert len(server.posts) > 0  # type: ignore[union-attr]
     finally:
         t0 = time.monotonic()
         timers.shutdown(3.0)

@@ -4,7 +4,6 @@ spans nor deadlock the trainer: a real export child, a real OTLP receiver."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import uuid
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "emitter"))
+from export_e2e_support import otlp_env
 from export_otlp_receiver import GrpcReceiver
 
 from otel_straggler import schema
@@ -25,10 +25,7 @@ def test_dataloader_fork_workers_export_nothing_and_never_hang() -> None:
     rcv = GrpcReceiver()
     try:
         job = f"fork-{uuid.uuid4().hex[:6]}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-        env.update(OTEL_EXPORTER_OTLP_ENDPOINT=rcv.endpoint, OTEL_BSP_SCHEDULE_DELAY="100",
-                   OTEL_METRIC_EXPORT_INTERVAL="60000", OTEL_EXPORTER_OTLP_TIMEOUT="2",
-                   PYTHONPATH=str(HERE.parents[1]) + os.pathsep + env.get("PYTHONPATH", ""))
+        env = otlp_env(rcv.endpoint, OTEL_METRIC_EXPORT_INTERVAL="60000")
         # a deadlock in a worker or at exit would hit this bound
         out = subprocess.run([sys.executable, str(HERE / "fork_driver.py"), json.dumps({"job": job})], env=env,
                              capture_output=True, text=True, timeout=90)

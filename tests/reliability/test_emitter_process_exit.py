@@ -4,7 +4,6 @@ exit is bounded even when the collector stalls, and a SIGKILL loses at most what
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import pytest
 from rel_support import Stalling
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "emitter"))
+from export_e2e_support import otlp_env
 from export_otlp_receiver import GrpcReceiver
 
 from otel_straggler import schema
@@ -26,10 +26,8 @@ SHUTDOWN_S = 2.0
 
 
 def start(endpoint: str, job: str, end: str, steps: int = 20) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env.update(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_BSP_SCHEDULE_DELAY="30000",  # nothing leaves before the end
-               OTEL_METRIC_EXPORT_INTERVAL="60000", OTEL_EXPORTER_OTLP_TIMEOUT="30",
-               PYTHONPATH=str(HERE.parents[1]) + os.pathsep + env.get("PYTHONPATH", ""))
+    env = otlp_env(endpoint, OTEL_BSP_SCHEDULE_DELAY="30000",  # nothing leaves before the end
+                   OTEL_METRIC_EXPORT_INTERVAL="60000", OTEL_EXPORTER_OTLP_TIMEOUT="30")
     args = {"job": job, "steps": steps, "end": end, "shutdown_timeout_s": SHUTDOWN_S}
     return subprocess.Popen([sys.executable, str(HERE / "trainer_driver.py"), json.dumps(args)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -87,25 +87,27 @@ def promql_metric_names(expr: str) -> set[str]:
     return names
 
 
-def _emitter_kinds_from_docs() -> dict[str, str]:
-    """Emitter instruments and their kind, from the contract table in docs/schema.md."""
+_EMITTER_PREFIX = "otel_straggler.emitter."
+
+
+def _emitter_instruments() -> dict[str, str]:
+    """Every emitter self-metric instrument (``SM_`` constants) and its kind, from the contract table in
+    docs/schema.md (counter where the table does not say)."""
     text = (REPO / "docs" / "schema.md").read_text(encoding="utf-8")
     kinds = {}
     for m in re.finditer(r"^\|\s*`(otel_straggler\.emitter\.[a-z0-9_.]+)`\s*\|\s*(counter|gauge)\s*\|", text, re.M):
         kinds[m.group(1)] = m.group(2)
-    return kinds
+    return {value: kinds.get(value, "counter") for attr in dir(s)
+            if attr.startswith("SM_") and isinstance(value := getattr(s, attr), str)
+            and value.startswith(_EMITTER_PREFIX)}
 
 
 def emitter_metric_names() -> set[str]:
     """Prometheus names of the emitter self-metrics re-exported by the collector (counters get ``_total``)."""
-    prefix = "otel_straggler.emitter."
-    kinds = _emitter_kinds_from_docs()
     names = set()
-    for attr in dir(s):
-        value = getattr(s, attr)
-        if attr.startswith("SM_") and isinstance(value, str) and value.startswith(prefix):
-            base = s.M_EMITTER_PREFIX + value[len(prefix):].replace(".", "_")
-            names.add(base + "_total" if kinds.get(value, "counter") == "counter" else base)
+    for name, kind in _emitter_instruments().items():
+        base = s.M_EMITTER_PREFIX + name[len(_EMITTER_PREFIX):].replace(".", "_")
+        names.add(base + "_total" if kind == "counter" else base)
     return names
 
 
@@ -130,15 +132,19 @@ def dashboard_files() -> list[Path]:
     return sorted(DASHBOARDS.glob("*.json"))
 
 
+def load_dashboard(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
 def dashboard_panels(path: Path) -> list[dict[str, Any]]:
-    return list(_walk_panels(json.loads(path.read_text(encoding="utf-8"))["panels"]))
+    return list(_walk_panels(load_dashboard(path)["panels"]))
 
 
 def dashboard_exprs() -> list[tuple[str, str]]:
     """(where, PromQL) of every dashboard panel query and templating query."""
     out = []
     for path in dashboard_files():
-        dash = json.loads(path.read_text(encoding="utf-8"))
+        dash = load_dashboard(path)
         for p in _walk_panels(dash["panels"]):
             for t in p.get("targets", []):
                 if t.get("expr"):
@@ -431,12 +437,8 @@ def send_emitter_metrics(grpc_port: int, rank: int = 0) -> None:
     mp = MeterProvider(resource=Resource.create({s.RES_JOB_ID: JOB_ID, s.RES_RANK: rank}),
                        metric_readers=[reader], shutdown_on_exit=False)
     meter = mp.get_meter(s.SCOPE_NAME)
-    kinds = _emitter_kinds_from_docs()
-    for attr in dir(s):
-        name = getattr(s, attr)
-        if not (attr.startswith("SM_") and isinstance(name, str) and name.startswith("otel_straggler.emitter.")):
-            continue
-        if kinds.get(name, "counter") == "counter":
+    for name, kind in _emitter_instruments().items():
+        if kind == "counter":
             meter.create_counter(name).add(2, {s.SM_REASON_ATTR: "queue_full"})
         else:
             meter.create_gauge(name).set(3.0)

@@ -3,11 +3,10 @@ uids, the job/cohort/rank variables, and every panel and query names a datasourc
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from stack_support import GRAFANA_PROVISIONING, dashboard_files, dashboard_panels, load_yaml
+from stack_support import GRAFANA_PROVISIONING, dashboard_files, dashboard_panels, load_dashboard, load_yaml
 
 EXPECTED_DASHBOARDS = {
     "otel-straggler-overview": "Straggler overview",
@@ -23,10 +22,6 @@ def _datasources() -> list[dict]:
         assert doc["apiVersion"] == 1, f
         out.extend(doc["datasources"])
     return out
-
-
-def _dash(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def test_datasource_provisioning() -> None:
@@ -50,7 +45,7 @@ def test_dashboard_provider() -> None:
 
 
 def test_dashboards_load_with_fixed_uids() -> None:
-    found = {(d := _dash(p))["uid"]: d["title"] for p in dashboard_files()}
+    found = {(d := load_dashboard(p))["uid"]: d["title"] for p in dashboard_files()}
     assert found == EXPECTED_DASHBOARDS
 
 
@@ -66,14 +61,14 @@ def test_every_panel_and_query_uses_a_provisioned_datasource(path: Path) -> None
         for t in p["targets"]:
             tds = t.get("datasource", ds)
             assert uids.get(tds["uid"]) == tds["type"], (p["title"], t["refId"])
-    for v in _dash(path)["templating"]["list"]:
+    for v in load_dashboard(path)["templating"]["list"]:
         if v["type"] == "query":
             assert v["datasource"]["uid"] in uids, v["name"]
 
 
 @pytest.mark.parametrize("path", dashboard_files(), ids=lambda p: p.name)
 def test_dashboard_structure(path: Path) -> None:
-    dash = _dash(path)
+    dash = load_dashboard(path)
     names = [v["name"] for v in dash["templating"]["list"]]
     assert names[:3] == ["job", "cohort", "rank"]
     panels = dashboard_panels(path)
@@ -87,7 +82,7 @@ def test_dashboard_structure(path: Path) -> None:
 
 
 def _by_type(uid: str, ptype: str) -> list[dict]:
-    path = next(p for p in dashboard_files() if _dash(p)["uid"] == uid)
+    path = next(p for p in dashboard_files() if load_dashboard(p)["uid"] == uid)
     return [p for p in dashboard_panels(path) if p["type"] == ptype]
 
 
@@ -129,7 +124,7 @@ def test_rank_stage_breakdown_splits_device_and_host() -> None:
 
 
 def test_collector_health_covers_the_collector_self_metrics() -> None:
-    path = next(p for p in dashboard_files() if _dash(p)["uid"] == "otel-straggler-collector")
+    path = next(p for p in dashboard_files() if load_dashboard(p)["uid"] == "otel-straggler-collector")
     text = " ".join(t["expr"] for p in dashboard_panels(path) for t in p.get("targets", []))
     for metric in ("spans_received_total", "spans_accepted_total", "spans_rejected_total", "spans_dropped_total",
                    "queue_depth", "processing_seconds_bucket", "memory_bytes", "evictions_total",
