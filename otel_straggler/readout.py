@@ -159,6 +159,7 @@ class Readout:
         now = _clock()
         timeout_ns = self.timeout_ns
         free = self.pool.free
+        off = self._wall_offset
         batch: list[Interval] = []
         more = False
         while tail < head:
@@ -201,7 +202,6 @@ class Readout:
                     reason = CUDA_ERROR
                 timer = r.timer[i]
                 b = r.binding[i]
-                off = self._wall_offset
                 batch.append(
                     Interval(
                         name=timer.name,

@@ -46,6 +46,7 @@ class StepContext:
         self._n_avg = 0.0
         self._cuda = bool(cuda)
         self.auto = True
+        self.step = -1  # replaced by step 0 just below
         self._apply(0, None, None, None)
 
     @property
@@ -70,7 +71,7 @@ class StepContext:
         self._last_count = count
 
     def _apply(self, step: int, tokens: int | None, sequences: int | None, microbatches: int | None) -> None:
-        if self._adaptive and self._cuda and step != getattr(self, "step", None):
+        if self._adaptive and self._cuda and step != self.step:
             self._adapt()
         self.step = step
         self.binding = (step, tokens, sequences, microbatches)

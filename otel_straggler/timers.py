@@ -87,7 +87,6 @@ class Timer:
 
     __slots__ = (
         "_active_ns",
-        "_barrier_group",
         "_c",
         "_ctx",
         "_elapsed_base",
@@ -141,7 +140,6 @@ class Timer:
         self._c = counters
         self._inject = inject
         self._is_step = is_step
-        self._barrier_group: Any = None
 
     # ---- hot path -------------------------------------------------------------------------------
     def start(self, barrier: bool = False) -> None:
@@ -152,9 +150,9 @@ class Timer:
                 self._c.unbalanced += 1
                 self._reason = UNBALANCED  # keep the first start; the interval is marked unbalanced
                 return
-            if self._is_step:
-                self._ctx.step_timer_started()
             ctx = self._ctx
+            if self._is_step:
+                ctx.step_timer_started()
             if ctx.device_on:
                 free = self._free
                 if free:
@@ -260,7 +258,7 @@ class Timer:
         self._elapsed_ns = 0
 
     def set_barrier_group(self, barrier_group: Any) -> None:
-        self._barrier_group = barrier_group
+        return  # barriers are never executed, so the group is never used
 
     def elapsed(self, reset: bool = True, barrier: bool = False) -> float:
         """Host seconds accumulated; a running timer is stopped and restarted (Megatron semantics)."""
@@ -367,6 +365,8 @@ class Timers:
         self.sink = sink
         self.injector = injector
         self._step_timer = getattr(config, "step_timer", "forward-backward")
+        # with no sink nothing consumes the ring: a 0-slot ring counts every interval as dropped
+        self.ring = Ring(getattr(config, "ring_size", 8192)) if sink is not None else Ring(0)
         device_every = getattr(config, "device_every", 4)
         self.ctx = StepContext(device_every=device_every, cuda=self.pool.cuda,
                                budget=getattr(config, "device_budget", 0.0025),
@@ -380,7 +380,6 @@ class Timers:
         if sink is not None:
             from otel_straggler.readout import Readout
 
-            self.ring = Ring(getattr(config, "ring_size", 8192))
             self.readout = Readout(
                 self.ring,
                 self.pool,
@@ -392,13 +391,10 @@ class Timers:
             )
             if start_readout:
                 self.readout.start()
-        else:
-            self.ring = Ring(0)  # nothing consumes: every interval is counted as dropped
 
     def _interval_count(self) -> int:
         """Intervals written so far (the ring's head; read once per step change for adaptive sampling)."""
-        ring = getattr(self, "ring", None)
-        return ring.head if ring is not None else 0
+        return self.ring.head
 
     # ---- Megatron API ---------------------------------------------------------------------------
     def __call__(self, name: str, log_level: int | None = None) -> Timer | DummyTimer:
