@@ -73,6 +73,22 @@ def _workload(attrs: dict[str, Any], iv: Interval) -> None:
         attrs[schema.ATTR_WORKLOAD_MICROBATCHES] = int(iv.microbatches)
 
 
+def _measurement(
+    attrs: dict[str, Any], device_ms: float | None, degraded: str | None, injected: bool, workload: Interval
+) -> None:
+    """The stage span's measurement (device ms, else host-only with its reason), workload and injection."""
+    if device_ms is not None:
+        attrs[schema.ATTR_DEVICE_MS] = device_ms
+        attrs[schema.ATTR_MEASUREMENT] = schema.MEASUREMENT_DEVICE
+    else:
+        attrs[schema.ATTR_MEASUREMENT] = schema.MEASUREMENT_HOST_ONLY
+        if degraded:
+            attrs[schema.ATTR_DEGRADED_REASON] = degraded
+    _workload(attrs, workload)
+    if injected:
+        attrs[schema.ATTR_INJECTED] = True
+
+
 class StepAggregator:
     """Aggregates one rank's intervals; ``counters`` is a plain dict of cumulative counts it adds to."""
 
@@ -144,20 +160,19 @@ class StepAggregator:
             if len(agg.timers) >= self.max_timers_per_step:
                 self._count("dropped_overflow")
                 return
-            agg.timers[iv.name] = _TimerAgg(
+            t = agg.timers[iv.name] = _TimerAgg(
                 name=iv.name,
                 level=int(iv.level),
                 group=iv.group,
-                count=1,
+                count=0,
                 start_ns=iv.host_start_ns,
                 end_ns=iv.host_end_ns,
-                host_ms=(iv.host_end_ns - iv.host_start_ns) / 1e6,
-                device_ms=iv.device_ms if iv.device_ms is not None else 0.0,
-                all_device=iv.device_ms is not None,
-                degraded=iv.degraded if iv.device_ms is None else None,
-                injected=bool(iv.injected),
+                host_ms=0.0,
+                device_ms=0.0,
+                all_device=True,
+                degraded=None,
+                injected=False,
             )
-            return
         t.count += 1
         t.start_ns = min(t.start_ns, iv.host_start_ns)
         t.end_ns = max(t.end_ns, iv.host_end_ns)
@@ -212,16 +227,7 @@ class StepAggregator:
                 schema.ATTR_COUNT: t.count,
                 schema.ATTR_DETAIL: schema.DETAIL_STEP,
             }
-            if t.all_device:
-                attrs[schema.ATTR_DEVICE_MS] = t.device_ms
-                attrs[schema.ATTR_MEASUREMENT] = schema.MEASUREMENT_DEVICE
-            else:
-                attrs[schema.ATTR_MEASUREMENT] = schema.MEASUREMENT_HOST_ONLY
-                if t.degraded:
-                    attrs[schema.ATTR_DEGRADED_REASON] = t.degraded
-            _workload(attrs, agg.last)
-            if t.injected:
-                attrs[schema.ATTR_INJECTED] = True
+            _measurement(attrs, t.device_ms if t.all_device else None, t.degraded, t.injected, agg.last)
             out.append(SpanRecord(KIND_STAGE, t.name, step, t.start_ns, t.end_ns, attrs))
 
     @staticmethod
@@ -236,14 +242,6 @@ class StepAggregator:
             schema.ATTR_COUNT: 1,
             schema.ATTR_DETAIL: schema.DETAIL_INTERVAL,
         }
-        if iv.device_ms is not None:
-            attrs[schema.ATTR_DEVICE_MS] = float(iv.device_ms)
-            attrs[schema.ATTR_MEASUREMENT] = schema.MEASUREMENT_DEVICE
-        else:
-            attrs[schema.ATTR_MEASUREMENT] = schema.MEASUREMENT_HOST_ONLY
-            if iv.degraded:
-                attrs[schema.ATTR_DEGRADED_REASON] = iv.degraded
-        _workload(attrs, iv)
-        if iv.injected:
-            attrs[schema.ATTR_INJECTED] = True
+        device_ms = float(iv.device_ms) if iv.device_ms is not None else None
+        _measurement(attrs, device_ms, iv.degraded, iv.injected, iv)
         return SpanRecord(KIND_STAGE, iv.name, int(iv.step), iv.host_start_ns, iv.host_end_ns, attrs)

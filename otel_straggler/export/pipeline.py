@@ -71,10 +71,10 @@ class ExportPipeline:
             self.self_metrics = SelfMetrics(meter, self.snapshot)
 
     def snapshot(self) -> dict[str, int | float]:
+        """Training-side stats plus the export side's own counters."""
         snap: dict[str, int | float] = dict(self._stats)
-        for source in (self._agg_counts, self.counters.snapshot()):
-            for key, value in source.items():
-                snap[key] = snap.get(key, 0) + value
+        for key, value in self.export_counters().items():
+            snap[key] = snap.get(key, 0) + value
         return snap
 
     def export_counters(self) -> dict[str, int]:

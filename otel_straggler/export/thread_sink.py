@@ -7,7 +7,7 @@ For CPU runs and tests. Costs the training process GIL time per span (see ``benc
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from otel_straggler.export.fork_guard import ForkGuarded
@@ -23,52 +23,39 @@ class ThreadSink(ForkGuarded):
         *,
         rank: int,
         job_id: str,
-        detail: str = "step",
-        step_close_s: float = 2.0,
-        max_open_steps: int = 8,
-        close_lag_steps: int = 0,
         counters: Counters | None = None,
-        span_exporter: Any = None,
-        metric_exporter: Any = None,
+        **pipeline_opts: Any,
     ) -> None:
+        """``pipeline_opts``: the other keyword options of ``ExportPipeline`` (detail, step closing, exporters)."""
         self.counters = counters if counters is not None else Counters()
         self.pipeline = ExportPipeline(
-            resource_attributes,
-            rank=rank,
-            job_id=job_id,
-            detail=detail,
-            step_close_s=step_close_s,
-            max_open_steps=max_open_steps,
-            close_lag_steps=close_lag_steps,
-            counters=self.counters,
-            span_exporter=span_exporter,
-            metric_exporter=metric_exporter,
+            resource_attributes, rank=rank, job_id=job_id, counters=self.counters, **pipeline_opts
         )
         self._lock = threading.Lock()  # readout thread vs. flush/shutdown caller; never the training thread
         self._init_guard()
 
-    def submit(self, intervals: Sequence[Interval]) -> None:
-        if not intervals or not self._usable():
-            return
-        with self._lock:
-            if self._closed:
-                return
-            try:
-                self.pipeline.add(intervals)
-            except Exception:
-                self.counters.add("faults_thread_sink")
-
-    def publish_stats(self, stats: dict[str, int]) -> None:
+    def _locked(self, fn: Callable[..., Any], *args: Any) -> None:
+        """``fn(*args)`` under the lock while the sink is usable and open; faults are counted."""
         if not self._usable():
             return
         with self._lock:
             if self._closed:
                 return
             try:
-                self.pipeline.set_stats(stats)
-                self.pipeline.tick()
+                fn(*args)
             except Exception:
                 self.counters.add("faults_thread_sink")
+
+    def submit(self, intervals: Sequence[Interval]) -> None:
+        if intervals:
+            self._locked(self.pipeline.add, intervals)
+
+    def publish_stats(self, stats: dict[str, int]) -> None:
+        self._locked(self._publish, stats)
+
+    def _publish(self, stats: dict[str, int]) -> None:
+        self.pipeline.set_stats(stats)
+        self.pipeline.tick()
 
     def flush(self, timeout_s: float) -> bool:
         if not self._usable():
