@@ -27,6 +27,7 @@ from otel_straggler import schema
 from otel_straggler.stages import STAGE_SCHEMA
 
 DIMS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp")
+DEFAULT_SERVICE_NAME = "megatron-training"  # without OTEL_SERVICE_NAME
 
 # parallel_state getter names per dimension: (rank getter, size getter)
 _PS_GETTERS: dict[str, tuple[str, str]] = {
@@ -48,7 +49,7 @@ class Identity:
     host: str = "unknown"
     pid: int = 0
     job_id: str = "local"
-    service_name: str = "megatron-training"
+    service_name: str = DEFAULT_SERVICE_NAME
     gpu_uuid: str = "cpu"
     gpu_pci_bus_id: str = ""
     gpu_index: int = -1
@@ -260,7 +261,7 @@ def resolve_identity(
         host=_safe(socket.gethostname, "unknown") or "unknown",
         pid=os.getpid(),
         job_id=job_id if job_id else job_id_from_env(env),
-        service_name=env.get("OTEL_SERVICE_NAME") or "megatron-training",
+        service_name=env.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME,
         gpu_uuid=uuid,
         gpu_pci_bus_id=pci,
         gpu_index=index,

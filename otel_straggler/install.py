@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from otel_straggler.config import EmitterConfig
 from otel_straggler.counters import EmitterCounters
 from otel_straggler.event_pool import create_pool
-from otel_straggler.identity import resolve_identity
+from otel_straggler.identity import DIMS, resolve_identity
 from otel_straggler.inject import injector_from_env
 from otel_straggler.timers import Timers
 
@@ -41,7 +41,7 @@ _IDENTITY_KEYS = (
     "local_rank",
     "world_size",
     "model_chunk",
-    *(f"{d}_{k}" for d in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp") for k in ("rank", "size")),
+    *(f"{d}_{k}" for d in DIMS for k in ("rank", "size")),
 )
 
 

@@ -33,10 +33,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
 from otel_straggler import schema
+from otel_straggler.identity import DEFAULT_SERVICE_NAME
 
 log = logging.getLogger(__name__)
-
-DEFAULT_SERVICE_NAME = "megatron-training"
 
 
 class Counters:
