@@ -13,6 +13,7 @@ child (pid check) so a fork of the process never exports duplicates or touches t
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import threading
@@ -159,6 +160,27 @@ class CountingMetricExporter(MetricExporter):
             self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
 
 
+class _EvictionCountingDeque(collections.deque):
+    """The SDK's span queue, counting what its ``maxlen`` evicts. ``appendleft`` (the emitting thread) and
+    ``pop`` (the SDK's worker) share a lock, so a full queue and its eviction are seen together: a check
+    before the SDK's own ``appendleft`` would race with the worker's pops and over-count."""
+
+    def __init__(self, maxlen: int, on_evict: Callable[[], None]) -> None:
+        super().__init__((), maxlen)
+        self._lock = threading.Lock()
+        self._on_evict = on_evict
+
+    def appendleft(self, item: object) -> None:
+        with self._lock:
+            if self.maxlen is not None and len(self) >= self.maxlen:
+                self._on_evict()
+            super().appendleft(item)
+
+    def pop(self) -> object:
+        with self._lock:
+            return super().pop()
+
+
 class CountingBatchSpanProcessor(SpanProcessor):
     """A BatchSpanProcessor that counts the spans its full queue evicts and those ended after shutdown."""
 
@@ -166,8 +188,12 @@ class CountingBatchSpanProcessor(SpanProcessor):
         self._bsp = BatchSpanProcessor(exporter)
         self._counters = counters
         bp = getattr(self._bsp, "_batch_processor", None)
-        self._queue = getattr(bp, "_queue", None)
         self.max_queue_size = int(getattr(bp, "_max_queue_size", 0) or 0)
+        self._queue: collections.deque | None = None
+        if bp is not None and self.max_queue_size:
+            # the SDK drops the oldest span silently when its deque is full; count each eviction
+            self._queue = bp._queue = _EvictionCountingDeque(
+                self.max_queue_size, lambda: counters.add("dropped_queue_full"))
         self._closed = False
 
     def queue_len(self) -> int:
@@ -180,8 +206,6 @@ class CountingBatchSpanProcessor(SpanProcessor):
         if self._closed:
             self._counters.add("dropped_shutdown")
             return
-        if self._queue is not None and self.max_queue_size and len(self._queue) >= self.max_queue_size:
-            self._counters.add("dropped_queue_full")  # the deque evicts the oldest span
         self._bsp.on_end(span)
 
     def shutdown(self) -> None:
