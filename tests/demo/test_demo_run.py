@@ -16,7 +16,7 @@ def test_demo_detects_the_injected_rank_with_json_summary(tmp_path: Path) -> Non
     out = tmp_path / "demo"
     proc = subprocess.run(
         [sys.executable, "-m", "otel_straggler.cli", "demo", "--ranks", "4", "--steps", "75", "--inject-rank", "1",
-         "--inject-from", "25", "--inject-until", "55", "--inject-slowdown", "0.2", "--out", str(out), "--json"],
+         "--inject-from", "25", "--inject-until", "55", "--inject-slowdown", "0.4", "--out", str(out), "--json"],
         capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
