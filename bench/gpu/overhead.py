@@ -1,18 +1,27 @@
 """Step-time overhead of timing a real megatron-core GPT on one GPU: off vs Megatron's Timers vs the shim.
 
-Three arms at the same timing log level (2), interleaved in rounds inside one process (the arm order
-rotates every round), on two model sizes: launch-bound (~35 ms steps) and GPU-bound (>= 150 ms):
+Three arms at the same timing log level (2), interleaved finely inside one process: every round runs each
+arm (rotating order) for ``--warmup`` unmeasured steps then ``--steps`` measured ones, on two model sizes:
+launch-bound (~40 ms steps, the host's launches are the critical path) and GPU-bound (>= 150 ms):
   off     config.timers = None
   native  megatron.core.timers.Timers(2, "minmax")   (syncs the device at every start/stop)
-  shim    otel_straggler, exporting spans over OTLP to a straggler collector on loopback
+  shim    otel_straggler, exporting spans over OTLP to a straggler collector on loopback, device events on
+          every N-th step with N what ``device_every=auto`` picks for this model when it runs alone (found
+          by a 30-step calibration run of an auto shim first, then pinned: interleaving makes the shim's
+          own steps look 3-4x longer to the auto rule, which would pick a smaller N than in real use)
+  host    (``--host-arm``) the same shim timing host-only (no CUDA event): what the events cost on top
 Each step ends with torch.cuda.synchronize() in every arm (Megatron's loss reduction syncs each step too).
-Reported: median step time per arm, per-round paired ratios arm/off (median, min, max).
+Short arms (1-2 steps) make slow drift of a shared machine (clocks, neighbours: +-15 % over minutes on the
+lent VM) cancel inside each round; the per-round paired ratio arm/off is then noisy only by step-to-step
+jitter, and the median over hundreds of rounds is reported with a bootstrap 95 % interval. Also reported:
+the training thread's CPU time per step (``time.thread_time``, excludes the final synchronize), which is
+what the shim adds in the launch-bound regime and is far less noisy than wall time.
 The shim's readout thread and exporter child stay alive during the other arms (idle: an empty ring
 polled every 20 ms), so the off and native arms carry that idle cost too; it is small and biases the
 shim ratio towards 1 by that amount, not more.
 
 Usage (on a GPU machine):
-  python bench/gpu/overhead.py --sizes launch-bound,gpu-bound --rounds 8 --steps 30
+  python bench/gpu/overhead.py --sizes launch-bound,gpu-bound --rounds 400 --seconds 150
 Last line: launch_bound_ratio=<shim/off> gpu_bound_ratio=<> native_launch_bound_ratio=<> native_gpu_bound_ratio=<>
 """
 
@@ -69,49 +78,130 @@ def start_collector(workdir: Path) -> tuple[subprocess.Popen, int, int]:
     return proc, grpc_port, metrics_port
 
 
-def measure(model, steps: int) -> list[float]:
+def measure(model, steps: int) -> tuple[list[float], list[float]]:
+    """Wall ms per step (including the final synchronize) and the training thread's CPU ms (excluding it)."""
     torch = model.torch
-    out = []
+    wall, cpu = [], []
     for _ in range(steps):
         t0 = time.perf_counter()
+        c0 = time.thread_time()
         model.train_step()
+        c1 = time.thread_time()
         torch.cuda.synchronize()
-        out.append((time.perf_counter() - t0) * 1000.0)
-    return out
+        wall.append((time.perf_counter() - t0) * 1000.0)
+        cpu.append((c1 - c0) * 1000.0)
+    return wall, cpu
 
 
-def run_size(size_name: str, rounds: int, steps: int, warmup: int, shim) -> dict:
+def bootstrap_median_ci(values: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile-bootstrap interval of the median."""
+    import random
+
+    rng = random.Random(seed)
+    k = len(values)
+    meds = sorted(statistics.median(rng.choices(values, k=k)) for _ in range(n))
+    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
+
+
+def _shim(device_every: int):
+    import otel_straggler
+
+    return otel_straggler.install_megatron(enabled=True, set_global=False, device_every=device_every)
+
+
+def calibrate_every(model, steps: int = 30) -> int:
+    """The N that ``device_every=auto`` settles on for this model when the shim times every step."""
+    auto = _shim(0)
+    model.set_timers(auto)
+    measure(model, steps)
+    n = auto.ctx.device_every
+    model.set_timers(None)
+    auto.shutdown(5.0)
+    return n
+
+
+_ALL_CPUS = sorted(os.sched_getaffinity(0))
+
+
+def _pin_others() -> int:
+    """Move this thread (and so whatever it starts next: collector, export children, readout threads) off
+    one physical core; return that core's first CPU, for the training thread to take once they run."""
+    cpus = _ALL_CPUS
+    train = cpus[0]
+    try:
+        sib = Path(f"/sys/devices/system/cpu/cpu{train}/topology/thread_siblings_list").read_text().strip()
+        siblings: set[int] = set()
+        for part in sib.split(","):
+            lo, _, hi = part.partition("-")
+            siblings.update(range(int(lo), int(hi or lo) + 1))
+    except OSError:
+        siblings = {train}
+    print(f"cpus {cpus}; training core {train} with siblings {sorted(siblings)}", flush=True)
+    os.sched_setaffinity(0, [c for c in cpus if c not in siblings])
+    return train
+
+
+def run_size(size_name: str, rounds: int, steps: int, warmup: int, seconds: float, host_arm: bool,
+             train_cpu: int | None = None) -> dict:
     from megatron.core.timers import Timers as NativeTimers
 
     from otel_straggler.demo.megatron_gpt import SIZES, MegatronGPT
 
     model = MegatronGPT(SIZES[size_name])
-    native = NativeTimers(2, "minmax")
-    arms = {"off": None, "native": native, "shim": shim}
-    names = list(arms)
     model.set_timers(None)
-    measure(model, warmup * 2)  # compile/allocator warmup outside any arm
+    measure(model, 10)  # compile/allocator warmup outside any arm
+    every = calibrate_every(model)
+    arms = {"off": None, "native": NativeTimers(2, "minmax"), "shim": _shim(every)}
+    if host_arm:
+        arms["host"] = _shim(1 << 40)  # never a sampled step: host-only timing
+    names = list(arms)
+    if train_cpu is not None:  # the shims' threads and children started on the other cores
+        os.sched_setaffinity(0, [train_cpu])
+    print(f"  {size_name}: device_every=auto settles on N={every}", flush=True)
     per_round: dict[str, list[float]] = {n: [] for n in names}
+    cpu_round: dict[str, list[float]] = {n: [] for n in names}
     all_steps: dict[str, list[float]] = {n: [] for n in names}
+    all_cpu: dict[str, list[float]] = {n: [] for n in names}
+    t_end = time.monotonic() + seconds
+    done = 0
     for r in range(rounds):
+        if time.monotonic() > t_end:
+            break
         order = names[r % len(names):] + names[: r % len(names)]
         for arm in order:
             model.set_timers(arms[arm])
             measure(model, warmup)
-            times = measure(model, steps)
-            per_round[arm].append(statistics.median(times))
-            all_steps[arm].extend(times)
-        print(f"  {size_name} round {r + 1}/{rounds}: "
-              + " ".join(f"{a}={per_round[a][-1]:.2f}ms" for a in names), flush=True)
+            wall, cpu = measure(model, steps)
+            per_round[arm].append(statistics.median(wall))
+            cpu_round[arm].append(statistics.median(cpu))
+            all_steps[arm].extend(wall)
+            all_cpu[arm].extend(cpu)
+        done = r + 1
+        if done % 50 == 0:
+            print(f"  {size_name} round {done}: "
+                  + " ".join(f"{a}={statistics.median(all_steps[a]):.2f}ms" for a in names), flush=True)
     model.set_timers(None)
-    res: dict = {"size": size_name, "rounds": rounds, "steps_per_arm_round": steps}
+    if train_cpu is not None:
+        _pin_others()
+    for arm in ("shim", "host"):
+        if arm in arms:
+            arms[arm].shutdown(5.0)
+    res: dict = {"size": size_name, "rounds": done, "steps_per_arm_round": steps, "warmup_per_arm_round": warmup,
+                 "device_every": every, "arms": names}
     for arm in names:
         res[f"{arm}_median_ms"] = statistics.median(all_steps[arm])
-    for arm in ("native", "shim"):
+        res[f"{arm}_cpu_median_ms"] = statistics.median(all_cpu[arm])
+        res[f"{arm}_p10_ms"] = statistics.quantiles(all_steps[arm], n=10)[0]
+        res[f"{arm}_p90_ms"] = statistics.quantiles(all_steps[arm], n=10)[-1]
+    for arm in names[1:]:
         ratios = [a / b for a, b in zip(per_round[arm], per_round["off"])]
+        cpu_ratios = [a / b for a, b in zip(cpu_round[arm], cpu_round["off"]) if b > 0]
         res[f"{arm}_ratio_median"] = statistics.median(ratios)
-        res[f"{arm}_ratio_min"] = min(ratios)
-        res[f"{arm}_ratio_max"] = max(ratios)
+        res[f"{arm}_ratio_ci95"] = bootstrap_median_ci(ratios)
+        res[f"{arm}_ratio_iqr"] = (statistics.quantiles(ratios, n=4)[0], statistics.quantiles(ratios, n=4)[-1])
+        res[f"{arm}_ratio_of_medians"] = res[f"{arm}_median_ms"] / res["off_median_ms"]
+        res[f"{arm}_cpu_ratio_median"] = statistics.median(cpu_ratios)
+        res[f"{arm}_cpu_ratio_ci95"] = bootstrap_median_ci(cpu_ratios)
         res[f"{arm}_ratios"] = [round(x, 4) for x in ratios]
     del model
     return res
@@ -120,27 +210,31 @@ def run_size(size_name: str, rounds: int, steps: int, warmup: int, shim) -> dict
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="launch-bound,gpu-bound")
-    ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=400, help="most rounds per size")
+    ap.add_argument("--steps", type=int, default=1, help="measured steps per arm per round")
+    ap.add_argument("--warmup", type=int, default=1, help="unmeasured steps per arm per round (after a switch)")
+    ap.add_argument("--seconds", type=float, default=150.0, help="time budget per size (rounds stop after it)")
+    ap.add_argument("--host-arm", action="store_true", help="add a host-only shim arm")
+    ap.add_argument("--pin", action="store_true",
+                    help="training thread alone on one physical core; collector, export children and the "
+                         "readout thread on the other cores (as on a GPU node with spare cores)")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
 
     import torch
 
-    import otel_straggler
     from otel_straggler.demo.megatron_gpt import init_single_process
 
     init_single_process(_free_port())
+    train_cpu = _pin_others() if args.pin else None
     work = Path(tempfile.mkdtemp(prefix="overhead-"))
     collector, grpc_port, metrics_port = start_collector(work)
     os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{grpc_port}",
                        "OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_STRAGGLER_JOB_ID": "overhead-bench"})
-    shim = otel_straggler.install_megatron(enabled=True, set_global=False)
-    print(f"torch {torch.__version__}, device {torch.cuda.get_device_name(0)}, shim {type(shim).__name__}",
-          flush=True)
-    results = [run_size(name, args.rounds, args.steps, args.warmup, shim) for name in args.sizes.split(",")]
-    shim.shutdown(5.0)
+    print(f"torch {torch.__version__}, device {torch.cuda.get_device_name(0)}, training thread on cpu "
+          f"{train_cpu if train_cpu is not None else 'any'}", flush=True)
+    results = [run_size(name, args.rounds, args.steps, args.warmup, args.seconds, args.host_arm, train_cpu)
+               for name in args.sizes.split(",")]
     metrics = ""
     try:
         import urllib.request
@@ -153,12 +247,15 @@ def main() -> int:
     collector.wait(timeout=20)
     accepted = [ln for ln in metrics.splitlines() if ln.startswith("otel_straggler_collector_spans_accepted")]
     print("collector:", accepted[:1])
-    print(f"{'size':14} {'off ms':>9} {'native ms':>10} {'shim ms':>9} {'native/off':>11} {'shim/off':>9} "
-          f"{'shim spread':>16}")
+    print(f"{'size':14} {'N':>2} {'rounds':>6} {'arm':>7} {'median ms':>9} {'arm/off':>8} {'95% CI':>15} "
+          f"{'cpu arm/off':>11} {'cpu 95% CI':>15}")
     for r in results:
-        print(f"{r['size']:14} {r['off_median_ms']:9.2f} {r['native_median_ms']:10.2f} {r['shim_median_ms']:9.2f} "
-              f"{r['native_ratio_median']:11.4f} {r['shim_ratio_median']:9.4f} "
-              f"{r['shim_ratio_min']:7.4f}-{r['shim_ratio_max']:.4f}")
+        print(f"{r['size']:14} {r['device_every']:2d} {r['rounds']:6d} {'off':>7} {r['off_median_ms']:9.2f}")
+        for arm in r["arms"][1:]:
+            lo, hi = r[f"{arm}_ratio_ci95"]
+            clo, chi = r[f"{arm}_cpu_ratio_ci95"]
+            print(f"{'':14} {'':2} {'':6} {arm:>7} {r[f'{arm}_median_ms']:9.2f} {r[f'{arm}_ratio_median']:8.4f} "
+                  f"{lo:7.4f}-{hi:.4f} {r[f'{arm}_cpu_ratio_median']:11.4f} {clo:7.4f}-{chi:.4f}")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(results, indent=2))
     by = {r["size"]: r for r in results}

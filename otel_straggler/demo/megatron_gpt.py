@@ -27,11 +27,14 @@ class GPTSize:
     vocab: int = 32768
 
 
-LAUNCH_BOUND = GPTSize("launch-bound", hidden=256, layers=2, heads=4, seq=128, micro_batch=4, microbatches=8)
+# launch-bound: the host's launches are the critical path (~40 ms per step on the H200 VM with 4 microbatches)
+LAUNCH_BOUND = GPTSize("launch-bound", hidden=256, layers=2, heads=4, seq=128, micro_batch=4, microbatches=4)
 GPU_BOUND = GPTSize("gpu-bound", hidden=2048, layers=8, heads=16, seq=1024, micro_batch=2, microbatches=8)
-# Detection runs: several replicas share one GPU, so a middle size keeps steps short while the
-# forward-compute stage (~20 ms per step over 8 microbatches) stays well above the 5 ms absolute floor.
-DETECTION = GPTSize("detection", hidden=1024, layers=4, heads=16, seq=512, micro_batch=2, microbatches=8)
+# Detection runs: several replicas share one GPU, taking turns step by step. A GPU-bound size (~14 ms of GPU
+# work per layer and microbatch, several times the host's launch time for it) so device intervals measure
+# GPU work, not launch pacing (a launch-bound stage's device time inherits host jitter: 17-30 % measured on
+# the lent VM by bench/gpu/jitter.py); forward-compute ~40 ms per step.
+DETECTION = GPTSize("detection", hidden=4096, layers=2, heads=32, seq=1024, micro_batch=4, microbatches=4)
 SIZES = {s.name: s for s in (LAUNCH_BOUND, GPU_BOUND, DETECTION)}
 
 
@@ -114,7 +117,14 @@ class MegatronGPT:
             yield self._batches[self._i % len(self._batches)]
 
     def _forward_step(self, data_iterator, model):
+        # as Megatron-LM's pretrain_gpt.forward_step: the batch fetch is its own level-2 timer, nested in
+        # forward-compute
+        timers = self.config.timers
+        if timers is not None:
+            timers("batch-generator", log_level=2).start()
         data = next(data_iterator)
+        if timers is not None:
+            timers("batch-generator").stop()
         out = model(data["tokens"], self._pos, self._mask, labels=data["labels"])
 
         def loss_func(output_tensor):

@@ -48,6 +48,7 @@ class DemoOptions:
     quiet: bool = False
     model: str = "toy"  # toy | megatron:launch-bound | megatron:gpu-bound
     inject_ms: float | None = None  # absolute delay per interval (overrides slowdown x nominal time)
+    gpu_turns: bool = False  # megatron mode: ranks sharing one GPU take turns (clean device intervals)
     job_id: str = field(default_factory=lambda: f"demo-{int(time.time())}")
 
 
@@ -266,7 +267,7 @@ def run_demo(opts: DemoOptions) -> DemoResult:
         cmd = [sys.executable, "-m", "otel_straggler.demo.trainer", "--steps", str(opts.steps),
                "--microbatches", str(opts.microbatches), "--forward-ms", str(opts.forward_ms),
                "--backward-ms", str(opts.backward_ms), "--optimizer-ms", str(opts.optimizer_ms),
-               "--master-port", str(master_port), "--model", opts.model]
+               "--master-port", str(master_port), "--model", opts.model] + (["--gpu-turns"] if opts.gpu_turns else [])
         procs.append(subprocess.Popen(cmd, env=_rank_env(opts, rank, endpoint),
                                       stdout=subprocess.PIPE if rank == 0 else log,
                                       stderr=log, text=True))

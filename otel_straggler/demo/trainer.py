@@ -34,6 +34,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default="toy",
                    help="toy (CPU, gloo) or megatron:<size> (a real megatron-core GPT on CUDA, independent "
                         "replicas: every rank its own one-process NCCL world, same cohort)")
+    p.add_argument("--gpu-turns", action="store_true",
+                   help="megatron mode: ranks sharing one GPU run their steps in turn (round-robin through a "
+                        "TCPStore), so no replica's device intervals include another's kernels")
     return p.parse_args(argv)
 
 
@@ -56,16 +59,62 @@ def _megatron_main(args: argparse.Namespace) -> int:
                                              rank=rank, world_size=world, local_rank=rank, dp_rank=rank,
                                              dp_size=world)
     model.set_timers(timers)
+    turns = _GpuTurns(args.master_port, rank, world) if args.gpu_turns else None
     tokens = size.micro_batch * size.seq * size.microbatches
     for it in range(1, args.steps + 1):
+        if turns is not None:
+            turns.wait(it)
         otel_straggler.step(it, tokens=tokens, sequences=size.micro_batch * size.microbatches,
                             microbatches=size.microbatches)
         model.train_step()
+        if turns is not None:
+            model.torch.cuda.synchronize()
+            turns.done(it)
         if rank == 0 and (it % args.progress_every == 0 or it == args.steps):
             print(json.dumps({"progress": it, "steps": args.steps}), flush=True)
+    if turns is not None:
+        turns.finish()
     if timers is not None:
         timers.shutdown(5.0)
     return 0
+
+
+class _GpuTurns:
+    """Round-robin use of a shared GPU: rank r runs step n after rank r-1 finished it (rank 0 after the last
+    rank finished step n-1). Keys live in a TCPStore served by rank 0 on ``port``; each is deleted once used."""
+
+    def __init__(self, port: int, rank: int, world: int) -> None:
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        self.rank = rank
+        self.world = world
+        self.store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=timedelta(seconds=900))
+
+    def _key(self, step: int, rank: int) -> str:
+        return f"turn/{step}/{rank}"
+
+    def wait(self, step: int) -> None:
+        if step == 1 and self.rank == 0:
+            return
+        key = self._key(step, self.rank)
+        self.store.wait([key])
+        self.store.delete_key(key)
+
+    def done(self, step: int) -> None:
+        nxt = (step, self.rank + 1) if self.rank + 1 < self.world else (step + 1, 0)
+        self.store.set(self._key(*nxt), b"1")
+
+    def finish(self) -> None:
+        """Rank 0 serves the store: it leaves only after every rank has finished its last step."""
+        self.store.add("finished", 1)
+        if self.rank == 0:
+            import time as _t
+
+            deadline = _t.monotonic() + 900
+            while self.store.add("finished", 0) < self.world and _t.monotonic() < deadline:
+                _t.sleep(0.05)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,6 +57,7 @@ def _gpu_sleep_ms(ms: float) -> None:
 
 
 def _timers(device_every: int = 1, **kw) -> tuple[Timers, RecordingSink]:
+    _gpu_sleep_ms(0.0)  # calibrate before any timed interval (calibration synchronises the device)
     cfg = EmitterConfig.from_env({}, enabled=True, device_every=device_every, readout_interval_ms=5)
     sink = RecordingSink()
     t = Timers(2, "minmax", config=cfg, pool=create_pool(64), sink=sink, start_readout=True, **kw)
@@ -99,8 +100,10 @@ def test_device_time_measures_gpu_work_not_launch_time() -> None:
     for iv in got:
         assert iv.device_ms is not None and iv.degraded is None
         host_ms = (iv.host_end_ns - iv.host_start_ns) / 1e6
-        assert 4.0 < iv.device_ms < 20.0, iv.device_ms
-        assert host_ms < iv.device_ms  # the launch returns long before the GPU finishes
+        # at least half the requested GPU work (the spin's cycles-per-ms moves with the SM clock, which
+        # boosts and drops under us, so no upper bound), and the launch returned long before the GPU finished
+        assert iv.device_ms > 4.0, iv.device_ms
+        assert host_ms < 0.5 * iv.device_ms, (host_ms, iv.device_ms)
     assert [iv.repeat for iv in got] == [0, 1, 2, 3, 4]
 
 
