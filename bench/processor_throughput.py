@@ -232,10 +232,12 @@ def main() -> int:
     ap.add_argument("--cohorts", type=int, default=4, help="TP ranks = cohorts")
     ap.add_argument("--inflight", type=int, default=4)
     ap.add_argument("--device-every", type=int, default=1)
+    ap.add_argument("--detail", choices=("interval", "step"), default="interval",
+                    help="stage spans per microbatch interval (~50 per rank-step) or per timer per step (14)")
     ap.add_argument("--profile", type=int, default=0, metavar="TOP", help="also print the cProfile top TOP items")
     ap.add_argument("--timeout", type=float, default=300.0)
     args = ap.parse_args()
-    cfg = LoadConfig(Layout(dp=args.dp, tp=args.cohorts), device_every=args.device_every)
+    cfg = LoadConfig(Layout(dp=args.dp, tp=args.cohorts), device_every=args.device_every, detail=args.detail)
     ranks = args.dp * args.cohorts
     steps = max(12, round(args.spans / (ranks * cfg.spans_per_rank_step)))
     t0 = time.monotonic()

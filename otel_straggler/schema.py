@@ -10,10 +10,11 @@ from __future__ import annotations
 import hashlib
 from typing import Final
 
-SCHEMA_VERSION: Final = "1"
+SCHEMA_VERSION: Final = "2"  # 2: step summary on the rank-step span, step spans in their own scope
 
 # --- instrumentation scope and span names -------------------------------------------------------
-SCOPE_NAME: Final = "otel-straggler"
+SCOPE_NAME: Final = "otel-straggler"  # stage spans
+SCOPE_STEP_NAME: Final = "otel-straggler.step"  # the train-step and rank-step spans
 SPAN_JOB_STEP: Final = "train-step"  # one per step per job, emitted by rank 0; root of the step trace
 SPAN_RANK_STEP: Final = "rank-step"  # one per step per rank, parent of that rank's stage spans
 # A stage span is named after its Megatron timer name (``forward-compute``) and carries ATTR_STAGE.
@@ -49,6 +50,7 @@ RES_COHORT_KEY: Final = "straggler.cohort.key"
 RES_TOPOLOGY_EPOCH: Final = "straggler.topology.epoch"
 RES_STAGE_SCHEMA: Final = "straggler.stage_schema"
 RES_SCHEMA_VERSION: Final = "straggler.schema.version"
+RES_STEP_SUMMARY: Final = "straggler.step_summary"  # bool: rank-step spans carry the ATTR_SUMMARY_* arrays
 
 # Parallel dimensions that define a cohort (DP is the compared axis and is excluded).
 COHORT_DIMENSIONS: Final = (
@@ -76,6 +78,13 @@ ATTR_WORKLOAD_TOKENS: Final = "straggler.workload.tokens"  # int, tokens this ra
 ATTR_WORKLOAD_SEQUENCES: Final = "straggler.workload.sequences"  # int
 ATTR_WORKLOAD_MICROBATCHES: Final = "straggler.workload.microbatches"  # int
 ATTR_INJECTED: Final = "straggler.injected"  # bool, test-only slowdown was applied inside this interval
+# Step summary on the rank-step span: one entry per timer of the step, parallel arrays (same length).
+ATTR_SUMMARY_STAGES: Final = "straggler.summary.stages"  # str[], timer names
+ATTR_SUMMARY_GROUPS: Final = "straggler.summary.groups"  # str[], stage groups
+ATTR_SUMMARY_DEVICE_MS: Final = "straggler.summary.device_ms"  # double[], summed device ms; -1 = not measured
+ATTR_SUMMARY_HOST_MS: Final = "straggler.summary.host_ms"  # double[], summed host ms
+ATTR_SUMMARY_COUNTS: Final = "straggler.summary.counts"  # int[], intervals aggregated per entry
+SUMMARY_NOT_MEASURED: Final = -1.0
 
 MEASUREMENT_DEVICE: Final = "device"
 MEASUREMENT_HOST_ONLY: Final = "host_only"

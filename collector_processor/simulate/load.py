@@ -2,9 +2,10 @@
 
 Each rank's exporter (BatchSpanProcessor) sends requests of up to 512 spans of its own resource, so a request
 holds one ``ResourceSpans`` (one rank) with that rank's next spans in step order. Per rank-step: per
-microbatch forward-compute, backward-compute, batch-generator and two p2p stages, then the step's collectives
-and optimizer stages and the ``rank-step`` span (``spans_per_rank_step`` in all, ~50 by default). Requests
-are round-robin over ranks, so all ranks advance together as real exporters do.
+microbatch forward-compute, backward-compute, batch-generator and two p2p stages (stage scope), then the
+step's collectives and optimizer stages and the ``rank-step`` span with the step summary (step scope;
+``spans_per_rank_step`` in all, ~50 by default). Requests are round-robin over ranks, so all ranks advance
+together as real exporters do.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ _PER_STEP = (("all-grads-sync", 1, 18.0), ("params-all-gather", 1, 6.0), ("optim
 class LoadConfig:
     layout: Layout
     microbatches: int = 8
+    # interval: one span per microbatch interval (~50 per rank-step); step: one per timer per step (the
+    # emitter's default detail, 14 per rank-step)
+    detail: str = s.DETAIL_INTERVAL
     step_s: float = 5.0
     device_every: int = 1
     job: str = "load-job"
@@ -41,7 +45,8 @@ class LoadConfig:
 
     @property
     def spans_per_rank_step(self) -> int:
-        return self.microbatches * len(_PER_MICROBATCH) + len(_PER_STEP) + 1
+        per_mb = self.microbatches if self.detail == s.DETAIL_INTERVAL else 1
+        return per_mb * len(_PER_MICROBATCH) + len(_PER_STEP) + 1
 
 
 def _varint(n: int) -> bytes:
@@ -76,17 +81,33 @@ _F64 = struct.Struct("<d")
 _U64 = struct.Struct("<Q")
 
 
-def _rank_spans(cfg: LoadConfig, rank: int, steps: range, rng: random.Random) -> Iterator[bytes]:
-    """One rank's spans in step order, each as the bytes of a ``ScopeSpans.spans`` entry (values: nominal x
-    Gaussian 1 % noise). Encoded from per-stage templates: the protobuf object path costs ~40 us per span,
-    too slow to build the 16k-rank scale load."""
+def _array_kv_bytes(key: str, values: list) -> bytes:
+    """An array attribute: AnyValue.array_value = 5: ArrayValue{values = 1: AnyValue}."""
+    items = []
+    for v in values:
+        if isinstance(v, int):
+            items.append(_ld(1, b"\x18" + _varint(v)))
+        elif isinstance(v, float):
+            items.append(_ld(1, b"\x21" + _F64.pack(v)))
+        else:
+            items.append(_ld(1, _ld(1, str(v).encode())))
+    return _ld(9, _ld(1, key.encode()) + _ld(2, _ld(5, b"".join(items))))
+
+
+def _rank_spans(cfg: LoadConfig, rank: int, steps: range, rng: random.Random) -> Iterator[tuple[bool, bytes]]:
+    """One rank's spans in step order, each as (step scope?, the bytes of a ``ScopeSpans.spans`` entry)
+    (values: nominal x Gaussian 1 % noise). Encoded from per-stage templates: the protobuf object path costs
+    ~40 us per span, too slow to build the 16k-rank scale load."""
     step_ns = int(cfg.step_s * 1e9)
     t_base = 1_800_000_000_000_000_000
-    stages = [st for _ in range(cfg.microbatches) for st in _PER_MICROBATCH] + list(_PER_STEP)
+    per_span = cfg.microbatches if cfg.detail != s.DETAIL_INTERVAL else 1  # intervals summed into one span
+    stages = [(name, level, ms * per_span) for _ in range(cfg.microbatches // per_span)
+              for name, level, ms in _PER_MICROBATCH] + list(_PER_STEP)
+    count_of = {name: (per_span if any(name == m[0] for m in _PER_MICROBATCH) else 1) for name, _l, _m in stages}
     const = {name: (_ld(5, name.encode()) + b"\x30\x01"  # name = 5, kind = 6 (INTERNAL)
                     + _kv_bytes(s.ATTR_STAGE, name) + _kv_bytes(s.ATTR_STAGE_GROUP, stage_group(name))
-                    + _kv_bytes(s.ATTR_STAGE_LEVEL, level) + _kv_bytes(s.ATTR_COUNT, 1)
-                    + _kv_bytes(s.ATTR_DETAIL, s.DETAIL_STEP) + _kv_bytes(s.ATTR_WORKLOAD_TOKENS, 32768))
+                    + _kv_bytes(s.ATTR_STAGE_LEVEL, level) + _kv_bytes(s.ATTR_COUNT, count_of[name])
+                    + _kv_bytes(s.ATTR_DETAIL, cfg.detail) + _kv_bytes(s.ATTR_WORKLOAD_TOKENS, 32768))
              for name, level, _ms in stages}
     meas_dev = _kv_bytes(s.ATTR_MEASUREMENT, s.MEASUREMENT_DEVICE)
     meas_host = _kv_bytes(s.ATTR_MEASUREMENT, s.MEASUREMENT_HOST_ONLY)
@@ -105,19 +126,35 @@ def _rank_spans(cfg: LoadConfig, rank: int, steps: range, rng: random.Random) ->
         it = _kv_bytes(s.ATTR_ITERATION, step)
         t = t_base + step * step_ns
         measured = step % cfg.device_every == 0
+        summary: dict[str, list] = {}  # name -> [group, device ms, host ms, count], the emitter's aggregation
         for name, _level, ms in stages:
             dev = ms * (1.0 + rng.gauss(0.0, 0.01))
             d = int(dev * 1e6)
             body = (trace + b"\x12\x08" + rng.getrandbits(64).to_bytes(8, "big") + parent + const[name]
                     + b"\x39" + _U64.pack(t) + b"\x41" + _U64.pack(t + d) + it + dbl(k_host, dev * 0.3)
                     + ((dbl(k_dev, dev) + meas_dev) if measured else meas_host))
-            yield b"\x12" + _varint(len(body)) + body
+            yield False, b"\x12" + _varint(len(body)) + body
             t += d
+            e = summary.get(name)
+            if e is None:
+                summary[name] = [stage_group(name), dev, dev * 0.3, count_of[name]]
+            else:
+                e[1] += dev
+                e[2] += dev * 0.3
+                e[3] += count_of[name]
         t0 = t_base + step * step_ns
+        entries = list(summary.items())
         body = (trace + b"\x12\x08" + parent_id + b"\x22\x08"
                 + s.job_step_span_id(cfg.job, step).to_bytes(8, "big") + rank_step_const
-                + b"\x39" + _U64.pack(t0) + b"\x41" + _U64.pack(t) + it + dbl(k_host, (t - t0) / 1e6))
-        yield b"\x12" + _varint(len(body)) + body
+                + b"\x39" + _U64.pack(t0) + b"\x41" + _U64.pack(t) + it + dbl(k_host, (t - t0) / 1e6)
+                + _kv_bytes(s.ATTR_WORKLOAD_TOKENS, 32768 * cfg.microbatches)
+                + _array_kv_bytes(s.ATTR_SUMMARY_STAGES, [n for n, _ in entries])
+                + _array_kv_bytes(s.ATTR_SUMMARY_GROUPS, [e[0] for _, e in entries])
+                + _array_kv_bytes(s.ATTR_SUMMARY_DEVICE_MS,
+                                  [e[1] if measured else s.SUMMARY_NOT_MEASURED for _, e in entries])
+                + _array_kv_bytes(s.ATTR_SUMMARY_HOST_MS, [e[2] for _, e in entries])
+                + _array_kv_bytes(s.ATTR_SUMMARY_COUNTS, [e[3] for _, e in entries]))
+        yield True, b"\x12" + _varint(len(body)) + body
 
 
 def sdk_requests(cfg: LoadConfig, steps: range, ranks: list[int] | None = None) -> Iterator[bytes]:
@@ -133,18 +170,28 @@ def sdk_requests(cfg: LoadConfig, steps: range, ranks: list[int] | None = None) 
     # ResourceSpans{resource = 1, scope_spans = 2: ScopeSpans{scope = 1, spans = 2}}
     heads = {i.rank: _ld(1, resource_for(i, sim).SerializeToString()) for i in infos}
     scope = _ld(1, _ld(1, s.SCOPE_NAME.encode()))
+    step_scope = _ld(1, _ld(1, s.SCOPE_STEP_NAME.encode()))
     live = list(gens)
     while live:
         still = []
         for r in live:
-            batch = []
-            for sp in gens[r]:
-                batch.append(sp)
-                if len(batch) == cfg.spans_per_request:
+            stage_spans: list[bytes] = []
+            step_spans: list[bytes] = []
+            n = 0
+            for is_step, sp in gens[r]:
+                (step_spans if is_step else stage_spans).append(sp)
+                n += 1
+                if n == cfg.spans_per_request:
                     break
-            if not batch:
+            if not n:
                 continue
-            yield _ld(1, heads[r] + _ld(2, scope + b"".join(batch)))  # ExportTraceServiceRequest.resource_spans
-            if len(batch) == cfg.spans_per_request:
+            # the SDK's encoder groups a batch by scope: one ScopeSpans per scope present
+            body = heads[r]
+            if stage_spans:
+                body += _ld(2, scope + b"".join(stage_spans))
+            if step_spans:
+                body += _ld(2, step_scope + b"".join(step_spans))
+            yield _ld(1, body)  # ExportTraceServiceRequest.resource_spans
+            if n == cfg.spans_per_request:
                 still.append(r)
         live = still

@@ -2,7 +2,9 @@
 
 Per rank and step: one stage span per Megatron timer (microbatch repeats aggregated, as the emitter's
 default ``step`` detail does), ``forward-backward`` enclosing the compute and the DP grad sync (whose
-wait equalises the cohort, as a real all-reduce does), and a ``rank-step`` span. Noise: Gaussian jitter,
+wait equalises the cohort, as a real all-reduce does), and a ``rank-step`` span carrying the step summary
+in the step scope, as the emitter sends them (``step_summary=False``: a schema-1 emitter, stage spans only,
+for the collector's stage-span path). Noise: Gaussian jitter,
 heavy-tail spikes on random ranks, slow warmup with per-rank skew, ranks that start late, missing spans;
 device time present only on sampled steps (``device_every``).
 """
@@ -50,6 +52,7 @@ class SimConfig:
     job: str = "sim-job"
     seed: int = 0
     start_unix_ns: int = 1_800_000_000_000_000_000
+    step_summary: bool = True
 
 
 _kv = key_value
@@ -62,7 +65,8 @@ def resource_for(info: RankInfo, cfg: SimConfig) -> Resource:
         s.RES_WORLD_SIZE: lay.world_size, s.RES_LOCAL_RANK: info.rank % 8, s.RES_DP_RANK: info.dp_rank,
         s.RES_DP_SIZE: lay.dp, s.RES_PP_RANK: info.pp_rank, s.RES_PP_SIZE: lay.pp, s.RES_TP_SIZE: lay.tp,
         s.RES_JOB_ID: cfg.job, s.RES_GPU_UUID: info.gpu, s.RES_COHORT_KEY: info.cohort,
-        s.RES_TOPOLOGY_EPOCH: 0, s.RES_STAGE_SCHEMA: STAGE_SCHEMA, s.RES_SCHEMA_VERSION: s.SCHEMA_VERSION,
+        s.RES_TOPOLOGY_EPOCH: 0, s.RES_STAGE_SCHEMA: STAGE_SCHEMA,
+        s.RES_SCHEMA_VERSION: s.SCHEMA_VERSION if cfg.step_summary else "1", s.RES_STEP_SUMMARY: cfg.step_summary,
     }
     return Resource(attributes=[_kv(k, v) for k, v in attrs.items()])
 
@@ -169,9 +173,11 @@ class JobStream:
                 ss.scope.name = s.SCOPE_NAME
                 parent = s.rank_step_span_id(cfg.job, step, info.rank).to_bytes(8, "big")
                 cursor = t
+                kept = []
                 for name, group, level, dev, host, count in per_rank[info.rank]:
                     if self.rng.random() < cfg.noise.missing_prob:
                         continue
+                    kept.append((name, group, dev if device_on else s.SUMMARY_NOT_MEASURED, host, count))
                     span = ss.spans.add()
                     span.trace_id = trace_id
                     span.span_id = self.rng.getrandbits(64).to_bytes(8, "big")
@@ -193,7 +199,12 @@ class JobStream:
                     span.attributes.extend(attrs)
                     if group not in ("step",):
                         cursor += dur
-                rsp = ss.spans.add()
+                if cfg.step_summary:
+                    step_ss = rs.scope_spans.add()
+                    step_ss.scope.name = s.SCOPE_STEP_NAME
+                    rsp = step_ss.spans.add()
+                else:
+                    rsp = ss.spans.add()
                 rsp.trace_id = trace_id
                 rsp.span_id = parent
                 rsp.parent_span_id = s.job_step_span_id(cfg.job, step).to_bytes(8, "big")
@@ -203,5 +214,12 @@ class JobStream:
                 rsp.attributes.extend([_kv(s.ATTR_STAGE, s.SPAN_RANK_STEP), _kv(s.ATTR_STAGE_GROUP, "step"),
                                        _kv(s.ATTR_ITERATION, step), _kv(s.ATTR_HOST_MS, float(step_ms)),
                                        _kv(s.ATTR_WORKLOAD_TOKENS, tokens[info.rank])])
+                if cfg.step_summary:
+                    rsp.attributes.extend([
+                        _kv(s.ATTR_SUMMARY_STAGES, [k[0] for k in kept]),
+                        _kv(s.ATTR_SUMMARY_GROUPS, [k[1] for k in kept]),
+                        _kv(s.ATTR_SUMMARY_DEVICE_MS, [float(k[2]) for k in kept]),
+                        _kv(s.ATTR_SUMMARY_HOST_MS, [float(k[3]) for k in kept]),
+                        _kv(s.ATTR_SUMMARY_COUNTS, [k[4] for k in kept])])
             t += int(step_ms * 1e6)
             yield step, request

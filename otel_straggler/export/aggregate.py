@@ -3,7 +3,8 @@
 Detail ``step``: the intervals of one timer in one step become ONE stage span (host ms summed, device
 ms summed only when every repeat has device time, ``straggler.count`` = repeats). Detail ``interval``:
 one stage span per interval, emitted at once. In both, each step yields a ``rank-step`` span (earliest
-start .. latest stop of the step) and rank 0 also yields the job-level ``train-step`` root.
+start .. latest stop of the step) carrying the step summary (every timer's per-step aggregate as parallel
+arrays: what the collector reads), and rank 0 also yields the job-level ``train-step`` root.
 
 A step closes when an interval of a later step arrives (steps advance monotonically per rank; an
 optional ``close_lag_steps`` reorder window keeps that many older steps open), after
@@ -154,7 +155,6 @@ class StepAggregator:
                 agg.last = iv
         if self.detail == schema.DETAIL_INTERVAL:
             out.append(self._interval_record(iv))
-            return
         t = agg.timers.get(iv.name)
         if t is None:
             if len(agg.timers) >= self.max_timers_per_step:
@@ -216,8 +216,17 @@ class StepAggregator:
             schema.ATTR_HOST_MS: (agg.end_ns - agg.start_ns) / 1e6,
         }
         _workload(rs_attrs, agg.last)
+        timers = agg.timers.values()
+        rs_attrs[schema.ATTR_SUMMARY_STAGES] = [t.name for t in timers]
+        rs_attrs[schema.ATTR_SUMMARY_GROUPS] = [t.group for t in timers]
+        rs_attrs[schema.ATTR_SUMMARY_DEVICE_MS] = [t.device_ms if t.all_device else schema.SUMMARY_NOT_MEASURED
+                                                   for t in timers]
+        rs_attrs[schema.ATTR_SUMMARY_HOST_MS] = [t.host_ms for t in timers]
+        rs_attrs[schema.ATTR_SUMMARY_COUNTS] = [t.count for t in timers]
         out.append(SpanRecord(KIND_RANK_STEP, schema.SPAN_RANK_STEP, step, agg.start_ns, agg.end_ns, rs_attrs))
-        for t in agg.timers.values():
+        if self.detail == schema.DETAIL_INTERVAL:
+            return  # the stage spans went out per interval
+        for t in timers:
             attrs: dict[str, Any] = {
                 schema.ATTR_STAGE: t.name,
                 schema.ATTR_STAGE_GROUP: t.group,

@@ -62,7 +62,8 @@ class ExportPipeline:
             metrics=metrics,
             scope_version=SCOPE_VERSION,
         )
-        self.builder = SpanBuilder(self.providers.tracer, self.ids, job_id=job_id, rank=rank)
+        self.builder = SpanBuilder(self.providers.tracer, self.ids, job_id=job_id, rank=rank,
+                                   step_tracer=self.providers.step_tracer)
         self._stats: dict[str, int | float] = {}
         self._out: list[SpanRecord] = []
         self.self_metrics: SelfMetrics | None = None

@@ -66,8 +66,10 @@ def _protocol(signal: str) -> str:
 
 
 def build_resource(attributes: Mapping[str, Any]) -> Resource:
-    """Identity attributes + OTEL_RESOURCE_ATTRIBUTES (identity wins) + service.name."""
+    """Identity attributes + OTEL_RESOURCE_ATTRIBUTES (identity wins) + service.name, and the step-summary
+    flag: this export side always puts the step summary on its rank-step spans."""
     attrs = dict(attributes)
+    attrs[schema.RES_STEP_SUMMARY] = True
     env_service = os.environ.get("OTEL_SERVICE_NAME", "").strip()
     if env_service:
         attrs[schema.RES_SERVICE_NAME] = env_service
@@ -259,6 +261,7 @@ class Providers:
             self.processor = CountingBatchSpanProcessor(CountingSpanExporter(exporter, counters), counters)
             self.tracer_provider.add_span_processor(self.processor)
         self.tracer = self.tracer_provider.get_tracer(schema.SCOPE_NAME, scope_version)
+        self.step_tracer = self.tracer_provider.get_tracer(schema.SCOPE_STEP_NAME, scope_version)
         self.meter_provider: MeterProvider | None = None
         if metrics:
             mexp = metric_exporter if metric_exporter is not None else make_metric_exporter()

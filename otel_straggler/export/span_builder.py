@@ -1,4 +1,8 @@
-"""Span records -> SDK spans with the schema's deterministic step ids and parents."""
+"""Span records -> SDK spans with the schema's deterministic step ids and parents.
+
+Stage spans come from the stage tracer (scope ``otel-straggler``), the step spans (``train-step``,
+``rank-step``) from the step tracer (scope ``otel-straggler.step``), so a collector finds the step summaries
+without decoding stage spans."""
 
 from __future__ import annotations
 
@@ -20,8 +24,10 @@ def _parent(trace_id: int, span_id: int) -> object:
 
 
 class SpanBuilder:
-    def __init__(self, tracer: trace.Tracer, ids: PresetIdGenerator, *, job_id: str, rank: int) -> None:
+    def __init__(self, tracer: trace.Tracer, ids: PresetIdGenerator, *, job_id: str, rank: int,
+                 step_tracer: trace.Tracer | None = None) -> None:
         self._tracer = tracer
+        self._step_tracer = step_tracer if step_tracer is not None else tracer
         self._ids = ids
         self.job_id = str(job_id)
         self.rank = int(rank)
@@ -41,6 +47,7 @@ class SpanBuilder:
         n = 0
         for rec in records:
             tid, jid, rid = self._step_ids(rec.step)
+            tracer = self._step_tracer
             if rec.kind == KIND_JOB_STEP:
                 self._ids.preset(span_id=jid, trace_id=tid)
                 ctx = trace.set_span_in_context(trace.INVALID_SPAN)  # a root: ignore any ambient context
@@ -50,8 +57,9 @@ class SpanBuilder:
             else:
                 self._ids.clear()
                 ctx = _parent(tid, rid)
+                tracer = self._tracer
             try:
-                span = self._tracer.start_span(
+                span = tracer.start_span(
                     rec.name, context=ctx, start_time=rec.start_ns, attributes=rec.attributes
                 )
                 span.end(end_time=max(rec.end_ns, rec.start_ns))

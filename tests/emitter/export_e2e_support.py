@@ -92,14 +92,37 @@ def expected_stage(rank: int, step: int, name: str) -> dict[str, Any]:
     }
 
 
-def check_resource(span: ReceivedSpan, rank: int, world: int, job: str) -> None:
+def check_resource(span: ReceivedSpan, rank: int, world: int, job: str, scope: str = schema.SCOPE_NAME) -> None:
     for key in INT_RESOURCE:
         assert span.resource[key][0] == "int_value", key
     for key in STR_RESOURCE:
         assert span.resource[key][0] == "string_value", key
     assert span.r(schema.RES_RANK) == rank and span.r(schema.RES_WORLD_SIZE) == world
     assert span.r(schema.RES_JOB_ID) == job and span.r(schema.RES_SERVICE_NAME) == "megatron-training"
-    assert span.scope == schema.SCOPE_NAME
+    assert span.r(schema.RES_STEP_SUMMARY) is True
+    assert span.scope == scope
+
+
+def check_summary(rs: ReceivedSpan, rank: int, step: int) -> None:
+    """The rank-step span's step summary: one entry per timer of the step, per-step aggregates (in both
+    details), -1 for device time that not every interval of the entry had."""
+    names = rs.a(schema.ATTR_SUMMARY_STAGES)
+    assert rs.attrs[schema.ATTR_SUMMARY_STAGES][0] == "array_value"
+    assert sorted(names) == sorted({i.name for i in make_intervals(rank, step)})
+    groups = rs.a(schema.ATTR_SUMMARY_GROUPS)
+    devs = rs.a(schema.ATTR_SUMMARY_DEVICE_MS)
+    hosts = rs.a(schema.ATTR_SUMMARY_HOST_MS)
+    counts = rs.a(schema.ATTR_SUMMARY_COUNTS)
+    assert len(groups) == len(devs) == len(hosts) == len(counts) == len(names)
+    for i, name in enumerate(names):
+        exp = expected_stage(rank, step, name)
+        assert counts[i] == exp["count"]
+        assert hosts[i] == pytest.approx(exp["host_ms"])
+        if exp["device_ms"] is None:
+            assert devs[i] == schema.SUMMARY_NOT_MEASURED
+        else:
+            assert devs[i] == pytest.approx(exp["device_ms"])
+        assert groups[i] == next(iv.group for iv in make_intervals(rank, step) if iv.name == name)
 
 
 def check_spans(store: Store, job: str, world: int, steps: int, detail: str = schema.DETAIL_STEP) -> None:
@@ -116,11 +139,13 @@ def check_spans(store: Store, job: str, world: int, steps: int, detail: str = sc
         assert root.span_id == schema.job_step_span_id(job, step)
         assert root.attrs[schema.ATTR_ITERATION] == ("int_value", step)
         assert root.attrs[schema.ATTR_STAGE_GROUP] == ("string_value", "step")
+        assert root.scope == schema.SCOPE_STEP_NAME
         for rank in range(world):
             mine = [s for s in in_step if s.r(schema.RES_RANK) == rank and s.name != schema.SPAN_JOB_STEP]
             (rs,) = [s for s in mine if s.name == schema.SPAN_RANK_STEP]
-            check_resource(rs, rank, world, job)
+            check_resource(rs, rank, world, job, schema.SCOPE_STEP_NAME)
             ivs = make_intervals(rank, step)
+            check_summary(rs, rank, step)
             assert rs.span_id == schema.rank_step_span_id(job, step, rank)
             assert rs.parent_span_id == root.span_id
             assert rs.start_ns == min(i.host_start_ns for i in ivs) and rs.end_ns == max(i.host_end_ns for i in ivs)

@@ -22,6 +22,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 def any_value(v: AnyValue) -> Any:
     kind = v.WhichOneof("value")
+    if kind == "array_value":
+        return [any_value(x) for x in v.array_value.values]
     return getattr(v, kind) if kind else None
 
 

@@ -61,7 +61,10 @@ def test_ids_parents_and_resource(monkeypatch: pytest.MonkeyPatch) -> None:
     assert res[schema.RES_RANK] == 2  # identity wins over OTEL_RESOURCE_ATTRIBUTES
     assert res["deployment.environment"] == "test"
     assert res[schema.RES_SERVICE_NAME] == "megatron-training"
-    assert spans2[0].instrumentation_scope.name == schema.SCOPE_NAME
+    assert res[schema.RES_STEP_SUMMARY] is True
+    scopes = {s.name: s.instrumentation_scope.name for s in spans2}
+    assert scopes[schema.SPAN_RANK_STEP] == schema.SCOPE_STEP_NAME
+    assert {v for k, v in scopes.items() if k != schema.SPAN_RANK_STEP} == {schema.SCOPE_NAME}
     s0.shutdown(2.0)
     s2.shutdown(2.0)
 

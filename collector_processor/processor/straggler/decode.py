@@ -1,5 +1,11 @@
 """OTLP span -> ``StageSample``: one pass over each span's attribute list, resource attributes once per resource.
 
+Two sources, chosen per resource. A resource with ``straggler.step_summary = true`` (this project's emitter,
+schema 2): only its step scope (``otel-straggler.step``) is read, and each ``rank-step`` span's summary
+arrays give one sample per timer (plus the rank-step sample itself); its stage spans are not decoded at all
+(they are for trace backends), which is what keeps the per-span cost near the parse floor. Any other
+resource: every stage span is decoded.
+
 A span is a stage span iff it carries ``straggler.stage``. Outcomes per stage span: a sample, or a rejection
 reason (``malformed``: no rank/cohort on the resource or no duration at all; ``non_finite``: every duration
 present is NaN, infinite or negative). A non-finite duration next to a finite one is dropped from the sample
@@ -13,7 +19,7 @@ from dataclasses import dataclass, field
 
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans
 
-from collector_processor.processor.straggler.model import StageSample
+from collector_processor.processor.straggler.model import StageSample, StepSummary
 from otel_straggler import schema as s
 
 REJECT_MALFORMED = "malformed"
@@ -36,6 +42,7 @@ class ResourceIdentity:
     world_size: int = 0
     dp_size: int = 0
     service: str = ""
+    summary: bool = False
 
     @property
     def usable(self) -> bool:
@@ -45,6 +52,7 @@ class ResourceIdentity:
 @dataclass(slots=True)
 class DecodeResult:
     samples: list[StageSample] = field(default_factory=list)
+    summaries: list[StepSummary] = field(default_factory=list)
     rejected: dict[str, int] = field(default_factory=dict)
     non_finite_values: int = 0
     stage_spans: int = 0
@@ -84,6 +92,8 @@ def resource_identity(rs: ResourceSpans) -> ResourceIdentity:
             ident.dp_size = _int_of(v)
         elif k == s.RES_SERVICE_NAME:
             ident.service = v.string_value
+        elif k == s.RES_STEP_SUMMARY:
+            ident.summary = v.bool_value
     return ident
 
 
@@ -106,6 +116,13 @@ def decode_resource_spans(rs: ResourceSpans, out: DecodeResult, skip_service: st
     collector's own resource (verdict spans carry ``straggler.stage``) are skipped."""
     ident = resource_identity(rs)
     if ident.service == skip_service:
+        return
+    if ident.summary:
+        step_scope = s.SCOPE_STEP_NAME
+        for ss in rs.scope_spans:
+            if ss.scope.name == step_scope:
+                for span in ss.spans:
+                    _decode_summary(span, ident, out)
         return
     k_stage = s.ATTR_STAGE
     k_group = s.ATTR_STAGE_GROUP
@@ -171,6 +188,108 @@ def decode_resource_spans(rs: ResourceSpans, out: DecodeResult, skip_service: st
                 span.start_time_unix_nano, span.end_time_unix_nano, span.trace_id, span.span_id,
                 ident.dp_size,
             ))
+
+
+def _decode_summary(span: object, ident: ResourceIdentity, out: DecodeResult) -> None:
+    """One ``rank-step`` span with its step summary -> one ``StepSummary``: the rank-step's own host time
+    (entry 0, when finite) and one entry per timer; bad entries counted as the stage-span path counts them."""
+    step = None
+    host_total = None
+    tokens = None
+    stages = groups = devs = hosts = counts = None
+    for kv in span.attributes:  # type: ignore[attr-defined]
+        k = kv.key
+        if k == s.ATTR_SUMMARY_DEVICE_MS:
+            devs = [x.double_value for x in kv.value.array_value.values]
+        elif k == s.ATTR_SUMMARY_HOST_MS:
+            hosts = [x.double_value for x in kv.value.array_value.values]
+        elif k == s.ATTR_SUMMARY_STAGES:
+            stages = [x.string_value for x in kv.value.array_value.values]
+        elif k == s.ATTR_SUMMARY_GROUPS:
+            groups = [x.string_value for x in kv.value.array_value.values]
+        elif k == s.ATTR_SUMMARY_COUNTS:
+            counts = [x.int_value for x in kv.value.array_value.values]
+        elif k == s.ATTR_ITERATION:
+            step = kv.value.int_value
+        elif k == s.ATTR_HOST_MS:
+            host_total = _number(kv.value)
+        elif k == s.ATTR_WORKLOAD_TOKENS:
+            t = kv.value.int_value
+            tokens = t if t > 0 else None
+    if stages is None:
+        return  # the job-level train-step (or a step span without summary): nothing to judge
+    n = len(stages)
+    out.stage_spans += 1
+    if (not ident.usable or step is None or groups is None or devs is None or hosts is None or counts is None
+            or not (len(groups) == len(devs) == len(hosts) == len(counts) == n)):
+        out.reject(REJECT_MALFORMED)
+        return
+    out.stage_spans += n
+    not_measured = s.SUMMARY_NOT_MEASURED
+    # every entry well-formed (the usual case): whole-list checks in C (a NaN or inf makes the sum non-finite)
+    if n and all(stages) and _isfinite(sum(hosts)) and min(hosts) >= 0.0 and _isfinite(sum(devs)) \
+            and (min(devs) >= 0.0 or all(d == not_measured or d >= 0.0 for d in devs)):
+        dev_ok: list[float | None] = (list(devs) if min(devs) >= 0.0
+                                      else [None if d == not_measured else d for d in devs])
+        if not all(groups):
+            groups = [g or "other" for g in groups]
+        if min(counts) <= 0:
+            counts = [c if c > 0 else 1 for c in counts]
+        if host_total is not None and _isfinite(host_total) and host_total >= 0.0:
+            stages = [s.SPAN_RANK_STEP, *stages]
+            groups = ["step", *groups]
+            dev_ok.insert(0, None)
+            hosts = [host_total, *hosts]
+            counts = [1, *counts]
+        out.summaries.append(StepSummary(
+            ident.job, ident.cohort, ident.rank, ident.host, ident.gpu, ident.world_size, ident.dp_size, step,
+            tokens, span.start_time_unix_nano, span.end_time_unix_nano,  # type: ignore[attr-defined]
+            span.trace_id, span.span_id, stages, groups, dev_ok, hosts, counts))  # type: ignore[attr-defined]
+        return
+    names: list[str] = []
+    grps: list[str] = []
+    dev_out: list[float | None] = []
+    host_out: list[float | None] = []
+    cnt: list[int] = []
+    if host_total is not None and _isfinite(host_total) and host_total >= 0.0:
+        # the rank-step itself, as its stage-span form would be
+        names.append(s.SPAN_RANK_STEP)
+        grps.append("step")
+        dev_out.append(None)
+        host_out.append(host_total)
+        cnt.append(1)
+    nf = 0
+    for i in range(n):
+        stage = stages[i]
+        if not stage:
+            out.reject(REJECT_MALFORMED)
+            continue
+        dev = devs[i]
+        host_ms = hosts[i]
+        bad = 0
+        if dev < 0.0:
+            dev = None if dev == s.SUMMARY_NOT_MEASURED else math.nan
+        if dev is not None and not _isfinite(dev):
+            dev = None
+            bad += 1
+        if not (_isfinite(host_ms) and host_ms >= 0.0):
+            host_ms = None
+            bad += 1
+        if bad:
+            nf += bad
+            if dev is None and host_ms is None:
+                out.reject(REJECT_NON_FINITE)
+        count = counts[i]
+        names.append(stage)
+        grps.append(groups[i] or "other")
+        dev_out.append(dev)
+        host_out.append(host_ms)
+        cnt.append(count if count > 0 else 1)
+    out.non_finite_values += nf
+    out.summaries.append(StepSummary(
+        ident.job, ident.cohort, ident.rank, ident.host, ident.gpu, ident.world_size, ident.dp_size, step, tokens,
+        span.start_time_unix_nano, span.end_time_unix_nano, span.trace_id, span.span_id,  # type: ignore[attr-defined]
+        names, grps, dev_out, host_out, cnt))
 
 
 def decode_request(resource_spans: object, skip_service: str = COLLECTOR_SERVICE_NAME) -> DecodeResult:

@@ -1,6 +1,8 @@
 """Data passed between the straggler processor's parts: span -> sample -> window -> verdict.
 
-``StageSample`` is what one stage span becomes after decoding (one rank, one stage, one step).
+``StageSample`` is what one stage span becomes after decoding (one rank, one stage, one step);
+``StepSummary`` is what one ``rank-step`` span's step summary becomes (one rank, one step, every stage:
+parallel lists, so a rank-step costs one object, not one per stage).
 ``Verdict`` is what the detector concludes about one rank and stage at a window's close; the
 processor turns it into an OTel log record, a verdict span, Prometheus series and an evidence line.
 """
@@ -30,6 +32,36 @@ class StageSample:
     trace_id: bytes  # 16 bytes
     span_id: bytes  # 8 bytes
     dp_size: int = 0  # dl.data_parallel.size: the ranks the cohort should have (0 = not published)
+
+
+@dataclass(slots=True)
+class StepSummary:
+    job: str
+    cohort: str
+    rank: int
+    host: str
+    gpu: str
+    world_size: int
+    dp_size: int
+    step: int
+    tokens: int | None
+    start_unix_ns: int
+    end_unix_ns: int
+    trace_id: bytes
+    span_id: bytes  # the rank-step span's id: deterministic per (job, step, rank), the dedup key
+    stages: list[str]  # the rank-step itself first (host time of the whole step), then one per timer
+    groups: list[str]
+    device_ms: list[float | None]  # None: not measured or not finite
+    host_ms: list[float | None]  # None: not finite (an entry with neither is present but unusable)
+    counts: list[int]
+
+    def samples(self) -> list[StageSample]:
+        """One StageSample per entry (the stage-span path's form), e.g. for tests and tools."""
+        return [StageSample(self.job, self.cohort, self.rank, self.host, self.gpu, self.world_size, stage,
+                            self.groups[i], self.step, self.device_ms[i], self.host_ms[i], self.counts[i],
+                            self.tokens, self.start_unix_ns, self.end_unix_ns, self.trace_id,
+                            self.span_id + stage.encode(), self.dp_size)
+                for i, stage in enumerate(self.stages)]
 
 
 @dataclass(slots=True)

@@ -18,9 +18,16 @@ from collector_processor.processor.straggler.decode import REJECT_DUPLICATE, REJ
 from collector_processor.processor.straggler.detector import Detector
 from collector_processor.processor.straggler.events import verdict_resource_spans
 from collector_processor.processor.straggler.metrics import StragglerMetrics
-from collector_processor.processor.straggler.model import StageSample, Verdict
+from collector_processor.processor.straggler.model import StageSample, StepSummary, Verdict
 from collector_processor.processor.straggler.state import StateStore
-from collector_processor.processor.straggler.window import KIND_STEP, Window, WindowSet, due_by_progress, due_by_time
+from collector_processor.processor.straggler.window import (
+    KIND_STEP,
+    RankCell,
+    Window,
+    WindowSet,
+    due_by_progress,
+    due_by_time,
+)
 from collector_processor.telemetry import Telemetry
 from otel_straggler import schema as s
 
@@ -118,6 +125,27 @@ class StragglerProcessor:
                 touched[id(cohort)] = cohort
             elif outcome == REJECT_LATE:
                 rejected[REJECT_LATE] = rejected.get(REJECT_LATE, 0) + 1
+        for summ in res.summaries:
+            n = len(summ.stages)
+            sid = summ.span_id
+            if sid in seen:
+                rejected[REJECT_DUPLICATE] = rejected.get(REJECT_DUPLICATE, 0) + n
+                continue
+            seen[sid] = None
+            if len(seen) > cap:
+                seen.popitem(last=False)
+                c["evicted_dedup"] += 1
+            if (summ.job, summ.cohort) != last_key:
+                cohort = self._cohort(summ, now)
+                last_key = (summ.job, summ.cohort)
+            if cohort is None:
+                continue
+            ok, late = self._add_summary(cohort, summ, now)
+            if ok:
+                accepted += ok
+                touched[id(cohort)] = cohort
+            if late:
+                rejected[REJECT_LATE] = rejected.get(REJECT_LATE, 0) + late
         for cohort in touched.values():
             self._close_by_progress(cohort, now)
         # telemetry, once per request
@@ -173,7 +201,7 @@ class StragglerProcessor:
     def _evicted(self, structure: str, n: int = 1) -> None:
         self._evict_flush[structure] = self._evict_flush.get(structure, 0) + n
 
-    def _cohort(self, smp: StageSample, now: float) -> Cohort:
+    def _cohort(self, smp: StageSample | StepSummary, now: float) -> Cohort:
         cohort, evicted = self.cohorts.get(smp.job, smp.cohort, now)
         if evicted is not None:
             self.c["evicted_cohorts"] += 1
@@ -187,52 +215,13 @@ class StragglerProcessor:
 
     def _add(self, cohort: Cohort, smp: StageSample, now: float, non_finite: bool = False) -> str | None:
         """Put one sample in its window. None when accepted, else why not."""
-        cfg = self.cfg
-        info = cohort.ranks.get(smp.rank)
-        if info is None:
-            if len(cohort.ranks) >= cfg.max_ranks_per_cohort:
-                self.c["evicted_ranks"] += 1
-                self._evicted("cohort_ranks")
-                return "capped"
-
-            info = cohort.ranks[smp.rank] = RankInfo(smp.host, smp.gpu, smp.world_size, now)
-            if smp.dp_size > cohort.expected_ranks:
-                cohort.expected_ranks = min(smp.dp_size, cfg.max_ranks_per_cohort)
-        else:
-            info.last_seen_s = now
-        stage = smp.stage
-        if stage not in cohort.stages:
-            if len(cohort.stages) >= cfg.max_stages:
-                self.c["evicted_stages"] += 1
-                self._evicted("stages")
-                return "capped"
-            cohort.stages[stage] = smp.group
-        step = smp.step
-        if step is not None:
-            ws = cohort.steps
-            idx = step // cfg.window_steps
-            if idx > info.max_step_index:
-                info.max_step_index = idx
-        else:
-            ws = cohort.wall
-            if ws.anchor_ns is None:
-                ws.anchor_ns = smp.start_unix_ns
-            idx = (smp.start_unix_ns - ws.anchor_ns) // self._wall_window_ns
-            if idx > info.max_wall_index:
-                info.max_wall_index = idx
-        if ws.closed_through is not None and idx <= ws.closed_through:
-            return REJECT_LATE
-        w = ws.open.get(idx)
+        info = self._rank(cohort, smp.rank, smp.host, smp.gpu, smp.world_size, smp.dp_size, now)
+        if info is None or not self._stage_ok(cohort, smp.stage, smp.group):
+            return "capped"
+        w = self._window(cohort, info, smp.step, smp.start_unix_ns, now)
         if w is None:
-            if len(ws.open) >= cfg.max_open_windows:
-                oldest = min(ws.open)
-                if idx < oldest:
-                    return REJECT_LATE
-                self.c["windows_closed_early"] += 1
-                self._evicted("open_windows")
-                self._close(cohort, ws, oldest, now)
-            w, _ = ws.get_or_open(idx, now, cfg.window_steps)
-        cell = w.cell(stage, smp.rank)  # a non-finite sample still makes the rank present in the window
+            return REJECT_LATE
+        cell = w.cell(smp.stage, smp.rank)  # a non-finite sample still makes the rank present in the window
         if non_finite:
             return None
         if smp.device_ms is not None:
@@ -241,13 +230,115 @@ class StragglerProcessor:
             cell.host.append(smp.host_ms)
         if smp.tokens is not None:
             cell.tokens.append(smp.tokens)
+        self._extend(w, smp.step, smp.start_unix_ns, smp.end_unix_ns)
+        return None
+
+    def _add_summary(self, cohort: Cohort, summ: StepSummary, now: float) -> tuple[int, int]:
+        """Every entry of one rank-step summary, as ``_add`` would put them one by one (one rank, one step,
+        so one window: looked up once). Returns (accepted, late)."""
+        info = self._rank(cohort, summ.rank, summ.host, summ.gpu, summ.world_size, summ.dp_size, now)
+        if info is None:
+            return 0, 0
+        w = self._window(cohort, info, summ.step, summ.start_unix_ns, now)
+        if w is None:
+            return 0, len(summ.stages)
+        rank = summ.rank
+        tokens = summ.tokens
+        devs = summ.device_ms
+        hosts = summ.host_ms
+        groups = summ.groups
+        known = cohort.stages
+        cells = w.cells
+        accepted = 0
+        for i, stage in enumerate(summ.stages):
+            if stage not in known and not self._stage_ok(cohort, stage, groups[i]):
+                continue
+            by_rank = cells.get(stage)
+            if by_rank is None:
+                by_rank = cells[stage] = {}
+            cell = by_rank.get(rank)
+            if cell is None:
+                cell = by_rank[rank] = RankCell()
+            dev = devs[i]
+            host = hosts[i]
+            if dev is None and host is None:
+                continue  # non-finite: present, no value (already counted by the decoder)
+            if dev is not None:
+                cell.dev.append(dev)
+            if host is not None:
+                cell.host.append(host)
+            if tokens is not None:
+                cell.tokens.append(tokens)
+            accepted += 1
+        if accepted:
+            self._extend(w, summ.step, summ.start_unix_ns, summ.end_unix_ns)
+        return accepted, 0
+
+    def _rank(self, cohort: Cohort, rank: int, host: str, gpu: str, world_size: int, dp_size: int,
+              now: float) -> RankInfo | None:
+        """The rank's entry in its cohort (created, within the cap), marked seen now; None when capped."""
+        info = cohort.ranks.get(rank)
+        if info is None:
+            cfg = self.cfg
+            if len(cohort.ranks) >= cfg.max_ranks_per_cohort:
+                self.c["evicted_ranks"] += 1
+                self._evicted("cohort_ranks")
+                return None
+            info = cohort.ranks[rank] = RankInfo(host, gpu, world_size, now)
+            if dp_size > cohort.expected_ranks:
+                cohort.expected_ranks = min(dp_size, cfg.max_ranks_per_cohort)
+        else:
+            info.last_seen_s = now
+        return info
+
+    def _stage_ok(self, cohort: Cohort, stage: str, group: str) -> bool:
+        if stage not in cohort.stages:
+            if len(cohort.stages) >= self.cfg.max_stages:
+                self.c["evicted_stages"] += 1
+                self._evicted("stages")
+                return False
+            cohort.stages[stage] = group
+        return True
+
+    def _window(self, cohort: Cohort, info: RankInfo, step: int | None, start_unix_ns: int,
+                now: float) -> Window | None:
+        """The open window a sample of ``step`` (or, without a step, of its start time) belongs to, opened
+        if needed (closing the oldest beyond ``max_open_windows``); None when it is already closed (late)."""
+        cfg = self.cfg
+        if step is not None:
+            ws = cohort.steps
+            idx = step // cfg.window_steps
+            if idx > info.max_step_index:
+                info.max_step_index = idx
+        else:
+            ws = cohort.wall
+            if ws.anchor_ns is None:
+                ws.anchor_ns = start_unix_ns
+            idx = (start_unix_ns - ws.anchor_ns) // self._wall_window_ns
+            if idx > info.max_wall_index:
+                info.max_wall_index = idx
+        if ws.closed_through is not None and idx <= ws.closed_through:
+            return None
+        w = ws.open.get(idx)
+        if w is None:
+            if len(ws.open) >= cfg.max_open_windows:
+                oldest = min(ws.open)
+                if idx < oldest:
+                    return None
+                self.c["windows_closed_early"] += 1
+                self._evicted("open_windows")
+                self._close(cohort, ws, oldest, now)
+            w, _ = ws.get_or_open(idx, now, cfg.window_steps)
+        return w
+
+    @staticmethod
+    def _extend(w: Window, step: int | None, start_unix_ns: int, end_unix_ns: int) -> None:
         if step is not None and (w.max_step is None or step > w.max_step):
             w.max_step = step
-        if w.start_ns == 0 or smp.start_unix_ns < w.start_ns:
-            w.start_ns = smp.start_unix_ns
-        if smp.end_unix_ns > w.end_ns:
-            w.end_ns = smp.end_unix_ns
-        return None
+        if w.start_ns == 0 or start_unix_ns < w.start_ns:
+            w.start_ns = start_unix_ns
+        if end_unix_ns > w.end_ns:
+            w.end_ns = end_unix_ns
 
     def _close_by_progress(self, cohort: Cohort, now: float) -> None:
         timeout = self.cfg.rank_timeout_s
