@@ -25,9 +25,9 @@ def _parent(trace_id: int, span_id: int) -> object:
 
 class SpanBuilder:
     def __init__(self, tracer: trace.Tracer, ids: PresetIdGenerator, *, job_id: str, rank: int,
-                 step_tracer: trace.Tracer | None = None) -> None:
+                 step_tracer: trace.Tracer) -> None:
         self._tracer = tracer
-        self._step_tracer = step_tracer if step_tracer is not None else tracer
+        self._step_tracer = step_tracer
         self._ids = ids
         self.job_id = str(job_id)
         self.rank = int(rank)

@@ -190,6 +190,13 @@ def decode_resource_spans(rs: ResourceSpans, out: DecodeResult, skip_service: st
             ))
 
 
+def _doubles(values: object) -> list[float]:
+    """A numeric array (homogeneous, as OTel requires): doubles read directly, ints converted."""
+    if values and values[0].WhichOneof("value") != "double_value":  # type: ignore[index]
+        return [_number(x) for x in values]  # type: ignore[attr-defined]
+    return [x.double_value for x in values]  # type: ignore[attr-defined]
+
+
 def _decode_summary(span: object, ident: ResourceIdentity, out: DecodeResult) -> None:
     """One ``rank-step`` span with its step summary -> one ``StepSummary``: the rank-step's own host time
     (entry 0, when finite) and one entry per timer; bad entries counted as the stage-span path counts them."""
@@ -200,9 +207,9 @@ def _decode_summary(span: object, ident: ResourceIdentity, out: DecodeResult) ->
     for kv in span.attributes:  # type: ignore[attr-defined]
         k = kv.key
         if k == s.ATTR_SUMMARY_DEVICE_MS:
-            devs = [x.double_value for x in kv.value.array_value.values]
+            devs = _doubles(kv.value.array_value.values)
         elif k == s.ATTR_SUMMARY_HOST_MS:
-            hosts = [x.double_value for x in kv.value.array_value.values]
+            hosts = _doubles(kv.value.array_value.values)
         elif k == s.ATTR_SUMMARY_STAGES:
             stages = [x.string_value for x in kv.value.array_value.values]
         elif k == s.ATTR_SUMMARY_GROUPS:
@@ -225,6 +232,13 @@ def _decode_summary(span: object, ident: ResourceIdentity, out: DecodeResult) ->
         out.reject(REJECT_MALFORMED)
         return
     out.stage_spans += n
+    host_ok = host_total is not None and _isfinite(host_total) and host_total >= 0.0
+    if not host_ok:  # the rank-step's own sample, counted as its stage span would be
+        if host_total is None:
+            out.reject(REJECT_MALFORMED)
+        else:
+            out.non_finite_values += 1
+            out.reject(REJECT_NON_FINITE)
     not_measured = s.SUMMARY_NOT_MEASURED
     # every entry well-formed (the usual case): whole-list checks in C (a NaN or inf makes the sum non-finite)
     if n and all(stages) and _isfinite(sum(hosts)) and min(hosts) >= 0.0 and _isfinite(sum(devs)) \
@@ -235,7 +249,7 @@ def _decode_summary(span: object, ident: ResourceIdentity, out: DecodeResult) ->
             groups = [g or "other" for g in groups]
         if min(counts) <= 0:
             counts = [c if c > 0 else 1 for c in counts]
-        if host_total is not None and _isfinite(host_total) and host_total >= 0.0:
+        if host_ok:
             stages = [s.SPAN_RANK_STEP, *stages]
             groups = ["step", *groups]
             dev_ok.insert(0, None)
@@ -251,7 +265,7 @@ def _decode_summary(span: object, ident: ResourceIdentity, out: DecodeResult) ->
     dev_out: list[float | None] = []
     host_out: list[float | None] = []
     cnt: list[int] = []
-    if host_total is not None and _isfinite(host_total) and host_total >= 0.0:
+    if host_ok:
         # the rank-step itself, as its stage-span form would be
         names.append(s.SPAN_RANK_STEP)
         grps.append("step")

@@ -46,6 +46,7 @@ class StragglerMetrics(Collector):
         self._verdicts: dict[tuple[str, ...], float] = {}
         self._snapshot: _Snapshot = _EMPTY
         self._dirty = False
+        self._next_expiry_s = 0.0
         self.registered = False
         if config.enabled:
             try:
@@ -105,14 +106,17 @@ class StragglerMetrics(Collector):
             self._dirty = True
 
     def publish(self, now_s: float) -> None:
-        """Expire idle series and swap in a new snapshot (only when something changed)."""
+        """Expire idle series (a scan of every series: at most once a second, not per request) and swap in a
+        new snapshot (only when something changed)."""
         ttl = self.cfg.series_ttl_s
-        for d, t_idx in ((self._alerts, 4), (self._rank_stage, 1), (self._rank_dev, 1)):
-            stale = [k for k, v in d.items() if now_s - v[t_idx] > ttl]
-            for k in stale:
-                del d[k]
-            if stale:
-                self._dirty = True
+        if now_s >= self._next_expiry_s:
+            self._next_expiry_s = now_s + min(1.0, ttl / 10.0)
+            for d, t_idx in ((self._alerts, 4), (self._rank_stage, 1), (self._rank_dev, 1)):
+                stale = [k for k, v in d.items() if now_s - v[t_idx] > ttl]
+                for k in stale:
+                    del d[k]
+                if stale:
+                    self._dirty = True
         if not self._dirty:
             return
         self._snapshot = (

@@ -126,15 +126,17 @@ class StragglerProcessor:
             elif outcome == REJECT_LATE:
                 rejected[REJECT_LATE] = rejected.get(REJECT_LATE, 0) + 1
         for summ in res.summaries:
-            n = len(summ.stages)
+            # rejections count spans (one rank-step span), as partial_success reports them; acceptances
+            # count the samples the detector uses
             sid = summ.span_id
-            if sid in seen:
-                rejected[REJECT_DUPLICATE] = rejected.get(REJECT_DUPLICATE, 0) + n
-                continue
-            seen[sid] = None
-            if len(seen) > cap:
-                seen.popitem(last=False)
-                c["evicted_dedup"] += 1
+            if sid:
+                if sid in seen:
+                    rejected[REJECT_DUPLICATE] = rejected.get(REJECT_DUPLICATE, 0) + 1
+                    continue
+                seen[sid] = None
+                if len(seen) > cap:
+                    seen.popitem(last=False)
+                    c["evicted_dedup"] += 1
             if (summ.job, summ.cohort) != last_key:
                 cohort = self._cohort(summ, now)
                 last_key = (summ.job, summ.cohort)
@@ -145,7 +147,7 @@ class StragglerProcessor:
                 accepted += ok
                 touched[id(cohort)] = cohort
             if late:
-                rejected[REJECT_LATE] = rejected.get(REJECT_LATE, 0) + late
+                rejected[REJECT_LATE] = rejected.get(REJECT_LATE, 0) + 1
         for cohort in touched.values():
             self._close_by_progress(cohort, now)
         # telemetry, once per request
@@ -157,6 +159,10 @@ class StragglerProcessor:
             c["rejected_" + reason] = c.get("rejected_" + reason, 0) + n
             self.telemetry.spans_rejected.labels(reason=reason).inc(n)
             total_rejected += n
+        if total_rejected:
+            # summary entries are rejected one by one (malformed/non_finite), but partial_success reports spans
+            total_rejected = min(total_rejected, sum(len(ss.spans) for rs in req.resource_spans
+                                                     for ss in rs.scope_spans))
         self.last_rejected = total_rejected
         self._finish(now)
         if self._pending_spans and self.cfg.emit_verdict_spans:
@@ -235,7 +241,9 @@ class StragglerProcessor:
 
     def _add_summary(self, cohort: Cohort, summ: StepSummary, now: float) -> tuple[int, int]:
         """Every entry of one rank-step summary, as ``_add`` would put them one by one (one rank, one step,
-        so one window: looked up once). Returns (accepted, late)."""
+        so one window: looked up once). Returns (accepted samples, late entries)."""
+        if not summ.stages:
+            return 0, 0
         info = self._rank(cohort, summ.rank, summ.host, summ.gpu, summ.world_size, summ.dp_size, now)
         if info is None:
             return 0, 0

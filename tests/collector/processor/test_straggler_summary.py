@@ -127,4 +127,29 @@ def test_a_retried_summary_is_counted_once() -> None:
     proc.process_traces(_request((s.SCOPE_STEP_NAME, [_rank_step()])))
     second = proc.stats()
     assert first["spans_accepted"] == 4
-    assert second["spans_accepted"] == 4 and second["rejected_duplicate"] == 4
+    assert second["spans_accepted"] == 4 and second["rejected_duplicate"] == 1  # one span, retried
+    assert proc.last_rejected == 1
+
+
+def test_integer_arrays_are_read_as_numbers_and_the_step_time_is_accounted() -> None:
+    span = _rank_step(**{s.ATTR_SUMMARY_HOST_MS: [2, 1, 5], s.ATTR_SUMMARY_DEVICE_MS: [20, -1, 3]})
+    res = decode_request(_request((s.SCOPE_STEP_NAME, [span])).resource_spans)
+    by_stage = {x.stage: x for x in _samples(res)}
+    assert [by_stage[k].host_ms for k in ("forward-compute", "batch-generator", "optimizer")] == [2.0, 1.0, 5.0]
+    assert by_stage["batch-generator"].device_ms is None and by_stage["optimizer"].device_ms == 3.0
+    # a rank-step without its host time: the entries are used, the missing step time is counted
+    bare = _rank_step()
+    del bare.attributes[[kv.key for kv in bare.attributes].index(s.ATTR_HOST_MS)]
+    res = decode_request(_request((s.SCOPE_STEP_NAME, [bare])).resource_spans)
+    assert res.rejected == {REJECT_MALFORMED: 1}
+    assert s.SPAN_RANK_STEP not in {x.stage for x in _samples(res)} and len(_samples(res)) == 3
+
+
+def test_summaries_without_span_id_are_not_deduplicated_against_each_other() -> None:
+    proc = factory.create_processor(factory.create_default_config(), Telemetry(), lambda vs: None)
+    proc.start()
+    for step in (7, 8):
+        span = _rank_step(step)
+        span.span_id = b""
+        proc.process_traces(_request((s.SCOPE_STEP_NAME, [span])))
+    assert proc.stats()["rejected_duplicate"] == 0 and proc.stats()["spans_accepted"] == 8
