@@ -71,6 +71,11 @@ class Config(BaseModel):
     warmup_windows: int = Field(default=2, ge=0)
     # Consecutive window indices beyond tolerance before a straggler verdict.
     persistence_windows: int = Field(default=2, ge=1)
+    # Device comparisons with every step timed: a slow window whose predecessor was not slow is still
+    # persistent when the two windows' samples pooled (2 x window_steps per rank, against the peers' pooled
+    # statistics, at the noise-aware tolerance for that many samples) are slow. One noisy window no longer
+    # costs a sustained slowdown a third window (docs/detection-defaults.md).
+    pooled_confirmation: bool = True
     # Effective comparable ranks (the rank itself plus usable comparable peers) required to judge.
     min_cohort_size: int = Field(default=3, ge=2)
     # Relative token difference beyond which two ranks do not do comparable work.

@@ -146,10 +146,40 @@ class Detector:
             self._pool_device(cohort, stage, window.index, per)
             views = self._views(per) if uniform else None
             tols = self._tolerances(per)
+            pooled = self._pooled_two_windows(cohort, stage, window.index, per) if uniform else None
             for r in sorted(per):
-                self._judge_rank(ctx, out, stage, group, r, per, rank_tokens, tok_median, views, tols)
+                self._judge_rank(ctx, out, stage, group, r, per, rank_tokens, tok_median, views, tols, pooled)
             self._missing(ctx, out, stage, group, per)
         return out
+
+    def _pooled_two_windows(self, cohort: Cohort, stage: str, idx: int, per: dict[int, RankStat]
+                            ) -> tuple[SortedPeers, dict[int, float], float] | None:
+        """Per rank with a full window of device samples now and in the previous window: the peers' view of
+        both windows' samples pooled (2 x window_steps medians), each rank's low quantile of them, and the
+        noise-aware tolerance for that many samples. Remembers this window's samples for the next. None when
+        off or unusable."""
+        cfg = self.cfg
+        k = cfg.window_steps
+        pooled: dict[int, list[float]] = {}
+        for r, rs in per.items():
+            st = self.states.get((cohort.job, cohort.key, r, stage))
+            full = rs.dev_used is None and len(rs.dev_samples) >= k
+            if full and st.prev_dev is not None and st.prev_dev_index == idx - 1:
+                pooled[r] = st.prev_dev + rs.dev_samples
+            st.prev_dev = list(rs.dev_samples) if full else None
+            st.prev_dev_index = idx
+        if not cfg.pooled_confirmation or len(pooled) < cfg.min_cohort_size:
+            return None
+        # the rank's statistic is a LOW quantile of its pooled samples (the 4th smallest of 10): it is slow only
+        # when most of both windows is, so one slow window next to a par one (flapping, or a spike burst)
+        # never confirms, however large; the peers' reference is their pooled median
+        lows = {r: sorted(v)[(3 * len(v)) // 10] for r, v in pooled.items()}
+        tol = cfg.tolerance
+        if cfg.noise_z > 0:
+            sigma = pooled_relative_sigma(pooled.values(), cfg.min_cohort_size)
+            if sigma is not None:
+                tol = max(tol, cfg.noise_z * _MEDIAN_SE * sigma / math.sqrt(2 * k))
+        return SortedPeers({r: median(v) for r, v in pooled.items()}), lows, tol
 
     def _pool_device(self, cohort: Cohort, stage: str, idx: int, per: dict[int, RankStat]) -> None:
         """Median of each rank's latest ``window_steps`` device samples (this window first, then recent
@@ -191,7 +221,8 @@ class Detector:
     # --- one rank, one stage ------------------------------------------------------------------------
     def _judge_rank(self, ctx: _Ctx, out: WindowOutcome, stage: str, group: str, r: int,
                     per: dict[int, RankStat], rank_tokens: dict[int, float], tok_median: float | None,
-                    views: tuple[SortedPeers, SortedPeers] | None, tols: tuple[float, float]) -> None:
+                    views: tuple[SortedPeers, SortedPeers] | None, tols: tuple[float, float],
+                    pooled: tuple[SortedPeers, dict[int, float], float] | None = None) -> None:
         cfg = self.cfg
         key = (ctx.cohort.job, ctx.cohort.key, r, stage)
         st = self.states.get(key)
@@ -264,7 +295,8 @@ class Detector:
                                          attribution=st.alert.attribution, **base)
                 self.states.set_active(key, st, st.alert)
                 out.alerts[(r, stage)] = st.alert
-            elif st.streak >= cfg.persistence_windows * k:
+            elif st.streak >= cfg.persistence_windows * k or (
+                    meas == DEVICE and not host_stall and self._confirmed(r, pooled)):
                 v = self._verdict(ctx, stage, group, r, s.VERDICT_STRAGGLER, "slower_than_reference",
                                   attribution=attribution, **base)
                 self.states.set_active(key, st, v)
@@ -291,6 +323,21 @@ class Detector:
             self.states.set_active(key, st, None)
             out.alerts[(r, stage)] = None
             out.verdicts.append(v)
+
+    def _confirmed(self, r: int, pooled: tuple[SortedPeers, dict[int, float], float] | None) -> bool:
+        """Most of the two latest windows' samples are slow too: the rank's low pooled quantile beyond the
+        tolerance for 2 x window_steps samples and the device floor, against the peers' pooled medians."""
+        if pooled is None or self.cfg.persistence_windows != 2:
+            return False
+        view, values, tol = pooled
+        mine = values.get(r)
+        if mine is None or 1 + view.peers(r) < self.cfg.min_cohort_size:
+            return False
+        ref = view.reference(r, self.cfg.reference, self.cfg.fastest_quantile)
+        if ref is None:
+            return False
+        dev = relative_deviation(mine, ref[1])
+        return dev is not None and dev > tol and mine - ref[1] >= self.floor(DEVICE, ref[1])
 
     def floor(self, kind: str, ref_ms: float) -> float:
         """Absolute gap floor of one comparison: the host floor, or for a device comparison of a stage of

@@ -22,6 +22,9 @@ class RankStageState:
     last_uncertain_index: int | None = None
     # (window index, per-step device ms) of the latest judged samples: pools sparse (sampled) device timing
     dev_recent: deque[tuple[int, float]] | None = None
+    # the previous judged window's full set of per-step device samples (pooled confirmation)
+    prev_dev: list[float] | None = None
+    prev_dev_index: int = -1
 
     @property
     def active(self) -> bool:

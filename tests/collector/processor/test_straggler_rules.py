@@ -372,3 +372,31 @@ def test_noise_raised_tolerance_never_clears_an_alert() -> None:
     feed(proc, range(80, 110), val)
     assert (s.VERDICT_RECOVERED, "within_tolerance") in kinds(emitted, rank=2)
     assert proc.active() == []
+
+
+def _first_straggler_step(emitted):  # type: ignore[no-untyped-def]
+    return next((v.step for v in emitted if v.verdict == s.VERDICT_STRAGGLER), None)
+
+
+def test_pooled_confirmation_convicts_when_most_of_two_windows_is_slow() -> None:
+    """Rank 3 +6 % from step 22, step 22 itself only +2 %: window 4 (steps 20-24) has median +2 %, under the
+    4 % tolerance, window 5 is slow. The two-window rule waits for window 6; pooled, 7 of windows 4-5's 10
+    samples are slow, so the verdict comes at the end of window 5."""
+    def val(r, st):  # type: ignore[no-untyped-def]
+        if r != 3 or st < 22:
+            return (PAR, 10.0)
+        return (PAR * (1.02 if st == 22 else 1.06), 10.0)
+
+    on, emitted_on, _ = make_processor()
+    feed(on, range(0, 45), val)
+    off, emitted_off, _ = make_processor(Config(pooled_confirmation=False))
+    feed(off, range(0, 45), val)
+    assert _first_straggler_step(emitted_on) == 29  # end of window 5
+    assert _first_straggler_step(emitted_off) == 34  # end of window 6: two consecutive slow windows
+
+
+def test_pooled_confirmation_never_convicts_one_slow_window_next_to_a_par_one() -> None:
+    """A single +30 % window after a par one: the pooled median is slow, but not most of the samples."""
+    proc, emitted, _ = make_processor()
+    feed(proc, range(0, 45), lambda r, st: ((PAR * 1.3 if r == 3 and st // 5 == 6 else PAR), 10.0))
+    assert stragglers(emitted) == []
