@@ -290,19 +290,38 @@ class Detector:
             st.held_reported = False
             attribution = s.ATTRIBUTION_HOST if host_stall else self._attribution(
                 meas, mine, r, per, peers_all if peers_all is not None else [p for p in per if p != r], tols)
+            st.last_slow_attribution = attribution
             if st.alert is not None:
                 st.alert = self._verdict(ctx, stage, group, r, s.VERDICT_STRAGGLER, "slower_than_reference",
                                          attribution=st.alert.attribution, **base)
                 self.states.set_active(key, st, st.alert)
                 out.alerts[(r, stage)] = st.alert
-            elif st.streak >= cfg.persistence_windows * k or (
-                    meas == DEVICE and not host_stall and self._confirmed(r, pooled)):
+                return
+            need = cfg.persistence_windows * k
+            if st.streak < need and meas == DEVICE and not host_stall and self._confirmed(r, pooled) is not None:
+                st.streak = need  # pooled confirmation (rule 10): most of the two windows is slow
+            if st.streak >= need:
                 v = self._verdict(ctx, stage, group, r, s.VERDICT_STRAGGLER, "slower_than_reference",
                                   attribution=attribution, **base)
                 self.states.set_active(key, st, v)
                 out.alerts[(r, stage)] = v
                 out.verdicts.append(v)
             return
+        if st.alert is None and st.last_slow_index == idx - 1 and meas == DEVICE and not host_stall:
+            # the previous window was slow and this one narrowly is not: most of the two windows' samples
+            # slow still confirms (rule 10); the verdict reports the pooled comparison
+            conf = self._confirmed(r, pooled)
+            if conf is not None:
+                ref_rank2, ref_ms2, value2, dev2 = conf
+                v = self._verdict(ctx, stage, group, r, s.VERDICT_STRAGGLER, "slower_than_reference",
+                                  attribution=st.last_slow_attribution or s.ATTRIBUTION_UNKNOWN, measurement=DEVICE,
+                                  value=value2, ref_rank=ref_rank2, ref_ms=ref_ms2, dev=dev2, size=size)
+                st.streak = 0
+                st.last_slow_index = None
+                self.states.set_active(key, st, v)
+                out.alerts[(r, stage)] = v
+                out.verdicts.append(v)
+                return
         if st.alert is not None and dev > cfg.tolerance:
             # within the noise-raised tolerance but not back within the base tolerance: a noisy window is no
             # evidence of par, so the alert holds (refreshed, no verdict)
@@ -324,20 +343,24 @@ class Detector:
             out.alerts[(r, stage)] = None
             out.verdicts.append(v)
 
-    def _confirmed(self, r: int, pooled: tuple[SortedPeers, dict[int, float], float] | None) -> bool:
-        """Most of the two latest windows' samples are slow too: the rank's low pooled quantile beyond the
-        tolerance for 2 x window_steps samples and the device floor, against the peers' pooled medians."""
+    def _confirmed(self, r: int, pooled: tuple[SortedPeers, dict[int, float], float] | None
+                   ) -> tuple[int, float, float, float] | None:
+        """Most of the two latest windows' samples are slow: the rank's low pooled quantile beyond the
+        tolerance for 2 x window_steps samples and the device floor, against the peers' pooled medians.
+        (reference rank, reference ms, the rank's pooled value, deviation) when so, else None."""
         if pooled is None or self.cfg.persistence_windows != 2:
-            return False
+            return None
         view, values, tol = pooled
         mine = values.get(r)
         if mine is None or 1 + view.peers(r) < self.cfg.min_cohort_size:
-            return False
+            return None
         ref = view.reference(r, self.cfg.reference, self.cfg.fastest_quantile)
         if ref is None:
-            return False
+            return None
         dev = relative_deviation(mine, ref[1])
-        return dev is not None and dev > tol and mine - ref[1] >= self.floor(DEVICE, ref[1])
+        if dev is not None and dev > tol and mine - ref[1] >= self.floor(DEVICE, ref[1]):
+            return ref[0], ref[1], mine, dev
+        return None
 
     def floor(self, kind: str, ref_ms: float) -> float:
         """Absolute gap floor of one comparison: the host floor, or for a device comparison of a stage of

@@ -16,6 +16,7 @@ StateKey = tuple[str, str, int, str]
 class RankStageState:
     streak: int = 0  # fresh samples of consecutive slow windows (a full window adds window_steps)
     last_slow_index: int | None = None
+    last_slow_attribution: str = ""  # attribution of the latest slow window (a pooled confirmation reports it)
     alert: Verdict | None = None  # the straggler verdict while active, refreshed every slow window
     held_reported: bool = False  # recovery_evidence_insufficient already emitted for this hold
     last_uncertain_reason: str = ""

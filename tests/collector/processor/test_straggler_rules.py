@@ -400,3 +400,24 @@ def test_pooled_confirmation_never_convicts_one_slow_window_next_to_a_par_one() 
     proc, emitted, _ = make_processor()
     feed(proc, range(0, 45), lambda r, st: ((PAR * 1.3 if r == 3 and st // 5 == 6 else PAR), 10.0))
     assert stragglers(emitted) == []
+
+
+def test_pooled_confirmation_after_a_slow_window_and_a_narrow_miss() -> None:
+    """Window 4 slow (+6 %), window 5 narrowly under the tolerance by one fast step and noise (median +3.5 %)
+    with most samples slow: the pair confirms at the end of window 5 (reporting the pooled comparison);
+    without pooled confirmation the streak resets and window 6 + 7 are needed."""
+    def val(r, st):  # type: ignore[no-untyped-def]
+        if r != 3 or st < 20:
+            return (PAR, 10.0)
+        if st in (25, 26, 27):
+            return (PAR * 1.035, 10.0)  # window 5's median at +3.5 %: under 4 %
+        return (PAR * 1.06, 10.0)
+
+    on, emitted_on, _ = make_processor()
+    feed(on, range(0, 45), val)
+    off, emitted_off, _ = make_processor(Config(pooled_confirmation=False))
+    feed(off, range(0, 45), val)
+    first = next(v for v in emitted_on if v.verdict == s.VERDICT_STRAGGLER)
+    assert first.step == 29 and first.attribution == s.ATTRIBUTION_GPU
+    assert first.deviation is not None and first.deviation > 0.04  # the pooled comparison, not window 5's
+    assert _first_straggler_step(emitted_off) == 39
