@@ -169,19 +169,7 @@ def decode_resource_spans(rs: ResourceSpans, out: DecodeResult, skip_service: st
             if not ident.usable or not stage or (dev is None and host is None):
                 out.reject(REJECT_MALFORMED)
                 continue
-            bad = 0
-            if dev is not None and not (_isfinite(dev) and dev >= 0.0):
-                dev = None
-                bad += 1
-            if host is not None and not (_isfinite(host) and host >= 0.0):
-                host = None
-                bad += 1
-            if bad:
-                out.non_finite_values += bad
-                if dev is None and host is None:
-                    # Rejected, but still handed on (no duration) so the window knows the rank reported
-                    # only unusable values: uncertain/non_finite_sample rather than a silent gap.
-                    out.reject(REJECT_NON_FINITE)
+            dev, host = _clean(dev, host, out)
             out.samples.append(StageSample(
                 ident.job, ident.cohort, ident.rank, ident.host, ident.gpu, ident.world_size,
                 stage, group, step, dev, host, count if count > 0 else 1, tokens,
@@ -239,71 +227,44 @@ def _decode_summary(span: object, ident: ResourceIdentity, out: DecodeResult) ->
         else:
             out.non_finite_values += 1
             out.reject(REJECT_NON_FINITE)
+    names = [s.SPAN_RANK_STEP] if host_ok else []  # the rank-step itself, as its stage span would be
+    grps = ["step"] if host_ok else []
+    dev_out: list[float | None] = [None] if host_ok else []
+    host_out: list[float | None] = [host_total] if host_ok else []
+    cnt = [1] if host_ok else []
     not_measured = s.SUMMARY_NOT_MEASURED
-    # every entry well-formed (the usual case): whole-list checks in C (a NaN or inf makes the sum non-finite)
-    if n and all(stages) and _isfinite(sum(hosts)) and min(hosts) >= 0.0 and _isfinite(sum(devs)) \
-            and (min(devs) >= 0.0 or all(d == not_measured or d >= 0.0 for d in devs)):
-        dev_ok: list[float | None] = (list(devs) if min(devs) >= 0.0
-                                      else [None if d == not_measured else d for d in devs])
-        if not all(groups):
-            groups = [g or "other" for g in groups]
-        if min(counts) <= 0:
-            counts = [c if c > 0 else 1 for c in counts]
-        if host_ok:
-            stages = [s.SPAN_RANK_STEP, *stages]
-            groups = ["step", *groups]
-            dev_ok.insert(0, None)
-            hosts = [host_total, *hosts]
-            counts = [1, *counts]
-        out.summaries.append(StepSummary(
-            ident.job, ident.cohort, ident.rank, ident.host, ident.gpu, ident.world_size, ident.dp_size, step,
-            tokens, span.start_time_unix_nano, span.end_time_unix_nano,  # type: ignore[attr-defined]
-            span.trace_id, span.span_id, stages, groups, dev_ok, hosts, counts))  # type: ignore[attr-defined]
-        return
-    names: list[str] = []
-    grps: list[str] = []
-    dev_out: list[float | None] = []
-    host_out: list[float | None] = []
-    cnt: list[int] = []
-    if host_ok:
-        # the rank-step itself, as its stage-span form would be
-        names.append(s.SPAN_RANK_STEP)
-        grps.append("step")
-        dev_out.append(None)
-        host_out.append(host_total)
-        cnt.append(1)
-    nf = 0
-    for i in range(n):
-        stage = stages[i]
+    for i, stage in enumerate(stages):
         if not stage:
             out.reject(REJECT_MALFORMED)
             continue
-        dev = devs[i]
-        host_ms = hosts[i]
-        bad = 0
-        if dev < 0.0:
-            dev = None if dev == s.SUMMARY_NOT_MEASURED else math.nan
-        if dev is not None and not _isfinite(dev):
-            dev = None
-            bad += 1
-        if not (_isfinite(host_ms) and host_ms >= 0.0):
-            host_ms = None
-            bad += 1
-        if bad:
-            nf += bad
-            if dev is None and host_ms is None:
-                out.reject(REJECT_NON_FINITE)
-        count = counts[i]
+        dev, host_ms = _clean(None if devs[i] == not_measured else devs[i], hosts[i], out)
         names.append(stage)
         grps.append(groups[i] or "other")
         dev_out.append(dev)
         host_out.append(host_ms)
-        cnt.append(count if count > 0 else 1)
-    out.non_finite_values += nf
+        cnt.append(counts[i] if counts[i] > 0 else 1)
     out.summaries.append(StepSummary(
         ident.job, ident.cohort, ident.rank, ident.host, ident.gpu, ident.world_size, ident.dp_size, step, tokens,
         span.start_time_unix_nano, span.end_time_unix_nano, span.trace_id, span.span_id,  # type: ignore[attr-defined]
         names, grps, dev_out, host_out, cnt))
+
+
+def _clean(dev: float | None, host: float | None, out: DecodeResult) -> tuple[float | None, float | None]:
+    """Drop (and count) a NaN, infinite or negative duration. A sample left with neither is rejected
+    (non_finite) but still handed on, so the window knows the rank reported only unusable values:
+    uncertain/non_finite_sample rather than a silent gap."""
+    bad = 0
+    if dev is not None and not (_isfinite(dev) and dev >= 0.0):
+        dev = None
+        bad += 1
+    if host is not None and not (_isfinite(host) and host >= 0.0):
+        host = None
+        bad += 1
+    if bad:
+        out.non_finite_values += bad
+        if dev is None and host is None:
+            out.reject(REJECT_NON_FINITE)
+    return dev, host
 
 
 def decode_request(resource_spans: object, skip_service: str = COLLECTOR_SERVICE_NAME) -> DecodeResult:

@@ -20,14 +20,7 @@ from collector_processor.processor.straggler.events import verdict_resource_span
 from collector_processor.processor.straggler.metrics import StragglerMetrics
 from collector_processor.processor.straggler.model import StageSample, StepSummary, Verdict
 from collector_processor.processor.straggler.state import StateStore
-from collector_processor.processor.straggler.window import (
-    KIND_STEP,
-    RankCell,
-    Window,
-    WindowSet,
-    due_by_progress,
-    due_by_time,
-)
+from collector_processor.processor.straggler.window import KIND_STEP, Window, WindowSet, due_by_progress, due_by_time
 from collector_processor.telemetry import Telemetry
 from otel_straggler import schema as s
 
@@ -93,8 +86,6 @@ class StragglerProcessor:
         c["non_finite_values"] += res.non_finite_values
         accepted = 0
         touched: dict[int, Cohort] = {}
-        seen = self._seen
-        cap = self.cfg.dedup_capacity
         last_key: tuple[str, str] | None = None
         cohort: Cohort | None = None
         for smp in res.samples:
@@ -105,15 +96,9 @@ class StragglerProcessor:
                 if cohort is not None:
                     self._add(cohort, smp, now, non_finite=True)
                 continue
-            sid = smp.span_id
-            if sid:
-                if sid in seen:
-                    rejected[REJECT_DUPLICATE] = rejected.get(REJECT_DUPLICATE, 0) + 1
-                    continue
-                seen[sid] = None
-                if len(seen) > cap:
-                    seen.popitem(last=False)
-                    c["evicted_dedup"] += 1
+            if self._duplicate(smp.span_id):
+                rejected[REJECT_DUPLICATE] = rejected.get(REJECT_DUPLICATE, 0) + 1
+                continue
             if (smp.job, smp.cohort) != last_key:
                 cohort = self._cohort(smp, now)
                 last_key = (smp.job, smp.cohort)
@@ -128,26 +113,20 @@ class StragglerProcessor:
         for summ in res.summaries:
             # rejections count spans (one rank-step span), as partial_success reports them; acceptances
             # count the samples the detector uses
-            sid = summ.span_id
-            if sid:
-                if sid in seen:
-                    rejected[REJECT_DUPLICATE] = rejected.get(REJECT_DUPLICATE, 0) + 1
-                    continue
-                seen[sid] = None
-                if len(seen) > cap:
-                    seen.popitem(last=False)
-                    c["evicted_dedup"] += 1
+            if self._duplicate(summ.span_id):
+                rejected[REJECT_DUPLICATE] = rejected.get(REJECT_DUPLICATE, 0) + 1
+                continue
             if (summ.job, summ.cohort) != last_key:
                 cohort = self._cohort(summ, now)
                 last_key = (summ.job, summ.cohort)
             if cohort is None:
                 continue
-            ok, late = self._add_summary(cohort, summ, now)
-            if ok:
+            ok = self._add_summary(cohort, summ, now)
+            if ok is None:
+                rejected[REJECT_LATE] = rejected.get(REJECT_LATE, 0) + 1
+            elif ok:
                 accepted += ok
                 touched[id(cohort)] = cohort
-            if late:
-                rejected[REJECT_LATE] = rejected.get(REJECT_LATE, 0) + 1
         for cohort in touched.values():
             self._close_by_progress(cohort, now)
         # telemetry, once per request
@@ -239,34 +218,27 @@ class StragglerProcessor:
         self._extend(w, smp.step, smp.start_unix_ns, smp.end_unix_ns)
         return None
 
-    def _add_summary(self, cohort: Cohort, summ: StepSummary, now: float) -> tuple[int, int]:
+    def _add_summary(self, cohort: Cohort, summ: StepSummary, now: float) -> int | None:
         """Every entry of one rank-step summary, as ``_add`` would put them one by one (one rank, one step,
-        so one window: looked up once). Returns (accepted samples, late entries)."""
+        so one window: looked up once). Returns the samples accepted, None when the window is closed (late)."""
         if not summ.stages:
-            return 0, 0
+            return 0
         info = self._rank(cohort, summ.rank, summ.host, summ.gpu, summ.world_size, summ.dp_size, now)
         if info is None:
-            return 0, 0
+            return 0
         w = self._window(cohort, info, summ.step, summ.start_unix_ns, now)
         if w is None:
-            return 0, len(summ.stages)
+            return None
         rank = summ.rank
         tokens = summ.tokens
         devs = summ.device_ms
         hosts = summ.host_ms
         groups = summ.groups
-        known = cohort.stages
-        cells = w.cells
         accepted = 0
         for i, stage in enumerate(summ.stages):
-            if stage not in known and not self._stage_ok(cohort, stage, groups[i]):
+            if not self._stage_ok(cohort, stage, groups[i]):
                 continue
-            by_rank = cells.get(stage)
-            if by_rank is None:
-                by_rank = cells[stage] = {}
-            cell = by_rank.get(rank)
-            if cell is None:
-                cell = by_rank[rank] = RankCell()
+            cell = w.cell(stage, rank)
             dev = devs[i]
             host = hosts[i]
             if dev is None and host is None:
@@ -280,7 +252,20 @@ class StragglerProcessor:
             accepted += 1
         if accepted:
             self._extend(w, summ.step, summ.start_unix_ns, summ.end_unix_ns)
-        return accepted, 0
+        return accepted
+
+    def _duplicate(self, span_id: bytes) -> bool:
+        """True when this span id was seen (LRU set of ``dedup_capacity``); an empty id is never a duplicate."""
+        if not span_id:
+            return False
+        seen = self._seen
+        if span_id in seen:
+            return True
+        seen[span_id] = None
+        if len(seen) > self.cfg.dedup_capacity:
+            seen.popitem(last=False)
+            self.c["evicted_dedup"] += 1
+        return False
 
     def _rank(self, cohort: Cohort, rank: int, host: str, gpu: str, world_size: int, dp_size: int,
               now: float) -> RankInfo | None:
