@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from collector_processor.simulate.job import Layout, StepModel  # noqa: E402
 from collector_processor.simulate.score import RunScore, median, percentile, score_run  # noqa: E402
 from collector_processor.simulate.stream import JobStream, Noise, SimConfig  # noqa: E402
 from collector_processor.telemetry import Telemetry  # noqa: E402
+from otel_straggler.demo.run import free_port  # noqa: E402
 
 TARGET = "target:device:20ms-stage:+5%"
 TARGET_STAGE_MS = 20.0
@@ -225,12 +225,6 @@ def main() -> int:
 
 
 # --- through a real collector over OTLP/gRPC ---------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sk:
-        sk.bind(("127.0.0.1", 0))
-        return sk.getsockname()[1]
-
-
 def _verdict_key(job: str, rank: int, stage: str, verdict: str, reason: str, step: int | None,
                  attribution: str, deviation: float | None) -> tuple:
     return (job, rank, stage, verdict, reason, step, attribution,
@@ -254,7 +248,7 @@ def compare_otlp(args: argparse.Namespace, picked: list[tuple[Run, int]], overri
                      for v in verdicts}
     with tempfile.TemporaryDirectory() as tmp:
         evidence = Path(tmp) / "verdicts.jsonl"
-        port = _free_port()
+        port = free_port()
         conf = {
             "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": f"127.0.0.1:{port}"}}}},
             "processors": {"straggler": overrides},

@@ -23,7 +23,6 @@ import argparse
 import cProfile
 import io
 import pstats
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 from collector_processor.simulate.job import Layout  # noqa: E402
 from collector_processor.simulate.load import LoadConfig, sdk_requests  # noqa: E402
 from otel_straggler import schema as s  # noqa: E402
+from otel_straggler.demo.run import free_port  # noqa: E402
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
@@ -65,12 +65,6 @@ print(port, flush=True)
 sys.stdin.read()
 server.stop(1)
 '''
-
-
-def _free_port() -> int:
-    with socket.socket() as sk:
-        sk.bind(("127.0.0.1", 0))
-        return sk.getsockname()[1]
 
 
 def _peak_rss_mb(pid: int) -> float:
@@ -159,7 +153,7 @@ def _processed(metrics_url: str) -> int:
 def run_full(requests: list[bytes], inflight: int, timeout_s: float) -> tuple[float, float, int]:
     import yaml
 
-    grpc_port, metrics_port = _free_port(), _free_port()
+    grpc_port, metrics_port = free_port(), free_port()
     conf = {
         "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": f"127.0.0.1:{grpc_port}"}}}},
         "processors": {"straggler": {}},

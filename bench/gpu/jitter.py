@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import sys
 import time
@@ -26,6 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from otel_straggler.demo.run import free_port  # noqa: E402
 
 
 class CaptureSink:
@@ -46,12 +47,6 @@ class CaptureSink:
 
     def publish_stats(self, stats) -> None:
         pass
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def run_size(size_name: str, steps: int, warmup: int) -> dict:
@@ -101,7 +96,7 @@ def main() -> int:
 
     from otel_straggler.demo.megatron_gpt import init_single_process
 
-    init_single_process(_free_port())
+    init_single_process(free_port())
     print(f"torch {torch.__version__}, device {torch.cuda.get_device_name(0)}", flush=True)
     results = [run_size(name, args.steps, args.warmup) for name in args.sizes.split(",")]
     compute, every = [], []

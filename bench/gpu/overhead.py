@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,11 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from otel_straggler.demo.run import free_port  # noqa: E402
 
 
 def start_collector(workdir: Path) -> tuple[subprocess.Popen, int, int]:
@@ -55,7 +50,7 @@ def start_collector(workdir: Path) -> tuple[subprocess.Popen, int, int]:
 
     from otel_straggler.demo.run import collector_config
 
-    grpc_port, http_port, metrics_port, tap_port = (_free_port() for _ in range(4))
+    grpc_port, http_port, metrics_port, tap_port = (free_port() for _ in range(4))
     cfg = collector_config(grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
                            tap_port=tap_port, evidence=workdir / "verdicts.jsonl")
     # no trace backend in the benchmark: the processor runs, spans end in a one-line debug summary
@@ -225,7 +220,7 @@ def main() -> int:
 
     from otel_straggler.demo.megatron_gpt import init_single_process
 
-    init_single_process(_free_port())
+    init_single_process(free_port())
     train_cpu = _pin_others() if args.pin else None
     work = Path(tempfile.mkdtemp(prefix="overhead-"))
     collector, grpc_port, metrics_port = start_collector(work)

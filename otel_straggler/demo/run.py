@@ -92,7 +92,8 @@ class DemoResult:
         return json.dumps(d, sort_keys=True)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on loopback now (the demo, its collector and the benchmarks pick ports this way)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -227,13 +228,13 @@ def run_demo(opts: DemoOptions) -> DemoResult:
     if evidence.exists():
         evidence.unlink()
     tap = TraceTap()
-    tap_port = _free_port()
+    tap_port = free_port()
     tap.start(tap_port)
     collector: subprocess.Popen | None = None
     collector_log = out / "collector.log"
     metrics_url = None
     if opts.endpoint is None:
-        grpc_port, http_port, metrics_port = _free_port(), _free_port(), _free_port()
+        grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
         cfg_path = out / "collector.yaml"
         cfg_path.write_text(yaml.safe_dump(collector_config(
             grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port, tap_port=tap_port,
@@ -258,7 +259,7 @@ def run_demo(opts: DemoOptions) -> DemoResult:
            f"from step {opts.inject_from}" + (f" to {opts.inject_until}" if opts.inject_until else "")
            if opts.inject_rank is not None else "none")
     con.say(f"starting {opts.ranks} ranks x {opts.steps} steps; injected slowdown: {inj}")
-    master_port = _free_port()
+    master_port = free_port()
     procs: list[subprocess.Popen] = []
     logs = []
     for rank in range(opts.ranks):
