@@ -159,6 +159,8 @@ class Detector:
         noise-aware tolerance for that many samples. Remembers this window's samples for the next. None when
         off or unusable."""
         cfg = self.cfg
+        if not cfg.pooled_confirmation or cfg.persistence_windows != 2:
+            return None
         k = cfg.window_steps
         pooled: dict[int, list[float]] = {}
         for r, rs in per.items():
@@ -168,7 +170,7 @@ class Detector:
                 pooled[r] = st.prev_dev + rs.dev_samples
             st.prev_dev = list(rs.dev_samples) if full else None
             st.prev_dev_index = idx
-        if not cfg.pooled_confirmation or len(pooled) < cfg.min_cohort_size:
+        if len(pooled) < cfg.min_cohort_size:
             return None
         # the rank's statistic is a LOW quantile of its pooled samples (the 4th smallest of 10): it is slow only
         # when most of both windows is, so one slow window next to a par one (flapping, or a spike burst)
@@ -348,7 +350,7 @@ class Detector:
         """Most of the two latest windows' samples are slow: the rank's low pooled quantile beyond the
         tolerance for 2 x window_steps samples and the device floor, against the peers' pooled medians.
         (reference rank, reference ms, the rank's pooled value, deviation) when so, else None."""
-        if pooled is None or self.cfg.persistence_windows != 2:
+        if pooled is None:
             return None
         view, values, tol = pooled
         mine = values.get(r)
