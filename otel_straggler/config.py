@@ -11,21 +11,26 @@ and recorded in ``EmitterConfig.config_errors`` (the counters count each as a ``
 | OTEL_STRAGGLER_DEVICE_EVERY | device_every | auto (0) | events on every N-th step; ``auto`` adapts N |
 | OTEL_STRAGGLER_DEVICE_BUDGET | device_budget | 0.0025 | auto: event cost allowed, as a fraction of step time |
 | OTEL_STRAGGLER_DEVICE_EVERY_MAX | device_every_max | 4 | auto: largest N (>= 1 device sample per window) |
-| OTEL_STRAGGLER_POOL_SIZE | pool_size | 512 | pre-created CUDA events |
+| OTEL_STRAGGLER_POOL_SIZE | pool_size | 1024 | pre-created CUDA events (two per interval awaiting readout) |
 | OTEL_STRAGGLER_RING_SIZE | ring_size | 8192 | interval ring slots (rounded up to a power of two) |
-| OTEL_STRAGGLER_READOUT_INTERVAL_MS | readout_interval_ms | 20 | readout thread poll period |
+| OTEL_STRAGGLER_READOUT_INTERVAL_MS | readout_interval_ms | 100 | readout thread poll period |
 | OTEL_STRAGGLER_READOUT_TIMEOUT_S | readout_timeout_s | 30 | an unfinished end event older than this -> host-only |
 | OTEL_STRAGGLER_EXPORT_MODE | export_mode | process | ``process``, ``thread`` or ``off`` (export side) |
+| OTEL_STRAGGLER_EXPORT_NICE | export_nice | 10 | niceness the export child adds to itself (0: none) |
 | OTEL_STRAGGLER_TOPOLOGY_EPOCH | topology_epoch | 0 | bumped on re-shard |
 | OTEL_STRAGGLER_STEP_TIMER | step_timer | forward-backward | timer whose start advances the auto step |
 | OTEL_STRAGGLER_SHUTDOWN_TIMEOUT_S | shutdown_timeout_s | 5 | bound on shutdown |
 
-``device_every`` defaults to ``auto``: measured on an H200 with a launch-bound 35 ms step, CUDA events on
-every step cost ~3.8 % (an event record is 6.7-11 us of GIL time and there are ~50 per step), on every 4th
-step ~0.4 %; on a step of a second the same events cost < 0.1 %. Auto sampling measures the record cost when
-the pool is warmed and the step period and intervals per step as training runs, and picks the smallest N
-(1..``device_every_max``) within ``device_budget``: N = 4 launch-bound, N = 1 for long steps. The other
-steps are timed on the host (``sampled_out``). A fixed N >= 1 disables the adaptation.
+``device_every`` defaults to ``auto``: a CUDA event record costs 6-12 us of GIL time on the lent H200 VM, and
+on a launch-bound step a device-sampled step pays more than its records (under a busy launch queue: +2.8 %
+of a 40 ms step with 19 intervals, ~4x the records' micro-cost); on a step of a second events cost < 0.1 %.
+Auto sampling picks the smallest N (1..``device_every_max``) whose cost stays within ``device_budget``,
+taking the larger of the records' micro-cost (measured when the pool is warmed) and the measured difference
+between device-sampled and host-only step periods (``step_context.py``): N = 4 launch-bound, N = 1 for long
+steps. The other steps are timed on the host (``sampled_out``). A fixed N >= 1 disables the adaptation.
+The readout thread wakes every 100 ms (each wake takes the GIL from the training thread; 20 ms cost a
+launch-bound step ~0.8 % more, ``bench/results/gpu-h200.md`` section 3) and the export child runs at
+``export_nice`` (+10) so it yields to training processes on shared cores.
 """
 
 from __future__ import annotations
@@ -112,11 +117,16 @@ class EmitterConfig:
     device_every: int = 0  # 0 = auto
     device_budget: float = 0.0025
     device_every_max: int = 4
-    pool_size: int = 512
+    pool_size: int = 1024
     ring_size: int = 8192
-    readout_interval_ms: float = 20.0
+    # 100 ms: every wake of the readout thread takes the GIL from a launch-bound training thread (a forced
+    # switch plus the drain); fewer, larger drains cost it less (bench/results/gpu-h200.md section 3)
+    readout_interval_ms: float = 100.0
     readout_timeout_s: float = 30.0
     export_mode: str = "process"
+    # the export child lowers its own CPU priority so that, on a node whose cores it shares, it yields to
+    # the training processes (measured on the H200 VM: contention from it showed up in launch-bound steps)
+    export_nice: int = 10
     topology_epoch: int = 0
     step_timer: str = "forward-backward"
     shutdown_timeout_s: float = 5.0
@@ -170,6 +180,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "readout_interval_ms": _float_pos,
     "readout_timeout_s": _float_pos,
     "export_mode": _choice("process", "thread", "off"),
+    "export_nice": _int_min(0),
     "topology_epoch": _int_min(0),
     "step_timer": _nonempty,
     "shutdown_timeout_s": _float_pos,

@@ -13,10 +13,16 @@ per call. Without CUDA it is always False and ``host_reason`` is ``no_cuda``.
 
 ``device_every=0`` (auto, the default): at each step change the context reads the monotonic clock once and
 the ring's interval count, keeps moving averages of the step period and of intervals per step, and picks
-the smallest N in ``[1, max_every]`` whose event cost (2 records per interval x the record cost measured
-when the pool was warmed) stays within ``budget`` (a fraction of the step time) when paid every N-th step.
-A 35 ms launch-bound step with ~26 intervals gets N = 4; steps of a second or more get N = 1, so the
-detector sees device time on every step where it is cheap.
+the smallest N in ``[1, max_every]`` whose event cost stays within ``budget`` (a fraction of the step time)
+when paid every N-th step. The cost is the larger of two estimates: 2 records per interval x the record cost
+measured when the pool was warmed, and, once both kinds of step have been seen ``MIN_MEASURED`` times, what a
+device-sampled step measurably takes longer than a host-only one (moving averages of both periods; with
+N = 1 every ``PROBE_EVERY``-th step is host-only so that there is one to compare with). The
+second is the real price: on the H200 VM a launch-bound step with 19 intervals paid 2.8 % (1.1 ms) on its
+sampled steps, four times its records' micro-cost (a record competes with the launches for the driver),
+which made the first estimate pick N = 3 where the budget needs the cap. A 35 ms launch-bound step gets
+N = 4; steps of a second or more get N = 1, so the detector sees device time on every step where it is
+cheap.
 """
 
 from __future__ import annotations
@@ -27,10 +33,15 @@ from collections.abc import Callable
 
 from otel_straggler.counters import NO_CUDA, SAMPLED_OUT
 
+MIN_MEASURED = 4  # steps of each kind (device-sampled, host-only) before their period difference is trusted
+PROBE_EVERY = 16  # auto with N = 1: every 16th step is host-only, so the price of sampling stays measured
+OUTLIER = 3.0  # a step longer than 3x the average period is not booked to either kind's period
+
 
 class StepContext:
-    __slots__ = ("_adaptive", "_budget", "_cuda", "_every", "_intervals", "_last_count", "_last_t", "_max_every",
-                 "_n_avg", "_period_avg", "_record_cost_s", "auto", "binding", "device_on", "host_reason", "step")
+    __slots__ = ("_adaptive", "_budget", "_cuda", "_every", "_intervals", "_last_count", "_last_on", "_last_t",
+                 "_max_every", "_measured", "_n_avg", "_n_off", "_n_on", "_period_avg", "_period_off", "_period_on",
+                 "_record_cost_s", "auto", "binding", "device_on", "host_reason", "step")
 
     def __init__(self, *, device_every: int = 4, cuda: bool = False, budget: float = 0.0025, max_every: int = 4,
                  record_cost_s: float = 10e-6, intervals: Callable[[], int] | None = None) -> None:
@@ -44,6 +55,11 @@ class StepContext:
         self._last_count = 0
         self._period_avg = 0.0
         self._n_avg = 0.0
+        # step period of device-sampled and of host-only steps (moving averages) and how many of each
+        self._period_on = self._period_off = 0.0
+        self._n_on = self._n_off = 0
+        self._last_on = False
+        self._measured = False  # the first period (from install to the first step) includes setup: not a step
         self._cuda = bool(cuda)
         self.auto = True
         self.step = -1  # replaced by step 0 just below
@@ -57,16 +73,31 @@ class StepContext:
         """Once per step change: moving averages of step period and intervals per step -> N."""
         now = time.perf_counter()
         count = self._intervals() if self._intervals is not None else 0
-        if self._last_t is not None:
+        if self._last_t is not None and self._measured:
             period = now - self._last_t
             n = count - self._last_count
             if period > 0.0 and n >= 0:
-                a = 0.2 if self._period_avg else 1.0
-                self._period_avg += a * (period - self._period_avg)
+                avg = self._period_avg
+                outlier = avg > 0.0 and period > OUTLIER * avg  # a checkpoint, an evaluation, a stall
+                a = 0.2 if avg else 1.0
+                # the step period follows a real change within a few steps, but one outlier moves it <= 3x
+                self._period_avg += a * ((min(period, OUTLIER * avg) if avg else period) - avg)
                 self._n_avg += a * (n - self._n_avg)
+                if outlier:
+                    pass  # never booked to the sampled or host-only period: it is not the price of sampling
+                elif self._last_on:  # the step that just ended was device-sampled
+                    self._n_on += 1
+                    self._period_on += (1.0 / self._n_on if self._n_on < 20 else 0.05) * (period - self._period_on)
+                else:
+                    self._n_off += 1
+                    self._period_off += (1.0 / self._n_off if self._n_off < 20 else 0.05) * (period - self._period_off)
                 cost = 2.0 * self._n_avg * self._record_cost_s
+                if self._n_on >= MIN_MEASURED and self._n_off >= MIN_MEASURED:
+                    cost = max(cost, self._period_on - self._period_off)
                 every = math.ceil(cost / (self._budget * self._period_avg)) if self._budget > 0 else self._max_every
                 self._every = min(self._max_every, max(1, every))
+        elif self._last_t is not None:
+            self._measured = True
         self._last_t = now
         self._last_count = count
 
@@ -76,7 +107,9 @@ class StepContext:
         self.step = step
         self.binding = (step, tokens, sequences, microbatches)
         on = self._cuda and step % self._every == 0
-        self.device_on = on
+        if on and self._adaptive and self._every == 1 and step % PROBE_EVERY == PROBE_EVERY - 1:
+            on = False  # probe: a host-only step to compare with
+        self.device_on = self._last_on = on
         self.host_reason = None if on else (SAMPLED_OUT if self._cuda else NO_CUDA)
 
     def set_step(

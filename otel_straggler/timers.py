@@ -385,7 +385,7 @@ class Timers:
                 self.pool,
                 self.counters,
                 sink,
-                interval_ms=getattr(config, "readout_interval_ms", 20.0),
+                interval_ms=getattr(config, "readout_interval_ms", 100.0),
                 timeout_s=getattr(config, "readout_timeout_s", 30.0),
                 wall_anchor=self.wall_anchor,
             )

@@ -10,6 +10,8 @@ launch-bound (~40 ms steps, the host's launches are the critical path) and GPU-b
           by a 30-step calibration run of an auto shim first, then pinned: interleaving makes the shim's
           own steps look 3-4x longer to the auto rule, which would pick a smaller N than in real use)
   host    (``--host-arm``) the same shim timing host-only (no CUDA event): what the events cost on top
+  shim20  (``--prev-arm``) the shim with the previous emitter defaults (readout every 20 ms, export child
+          at the training process's priority), side by side with the current ones
 Each step ends with torch.cuda.synchronize() in every arm (Megatron's loss reduction syncs each step too).
 Short arms (1-2 steps) make slow drift of a shared machine (clocks, neighbours: +-15 % over minutes on the
 lent VM) cancel inside each round; the per-round paired ratio arm/off is then noisy only by step-to-step
@@ -17,7 +19,7 @@ jitter, and the median over hundreds of rounds is reported with a bootstrap 95 %
 the training thread's CPU time per step (``time.thread_time``, excludes the final synchronize), which is
 what the shim adds in the launch-bound regime and is far less noisy than wall time.
 The shim's readout thread and exporter child stay alive during the other arms (idle: an empty ring
-polled every 20 ms), so the off and native arms carry that idle cost too; it is small and biases the
+polled every 100 ms), so the off and native arms carry that idle cost too; it is small and biases the
 shim ratio towards 1 by that amount, not more.
 
 Usage (on a GPU machine):
@@ -88,23 +90,29 @@ def measure(model, steps: int) -> tuple[list[float], list[float]]:
     return wall, cpu
 
 
-def bootstrap_median_ci(values: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """95 % percentile-bootstrap interval of the median."""
+def bootstrap_median_ci(values: list[float], n: int = 2000, seed: int = 0, stat=statistics.median  # type: ignore[no-untyped-def]
+                        ) -> tuple[float, float]:
+    """95 % percentile-bootstrap interval of the median (or of ``stat``)."""
     import random
 
     rng = random.Random(seed)
     k = len(values)
-    meds = sorted(statistics.median(rng.choices(values, k=k)) for _ in range(n))
+    meds = sorted(stat(rng.choices(values, k=k)) for _ in range(n))
     return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
 
 
-def _shim(device_every: int):
+def bootstrap_mean_ci(values: list[float]) -> tuple[float, float]:
+    """95 % percentile-bootstrap interval of the mean (the throughput cost: every step counts)."""
+    return bootstrap_median_ci(values, stat=statistics.fmean)
+
+
+def _shim(device_every: int, **settings):  # type: ignore[no-untyped-def]
     import otel_straggler
 
-    return otel_straggler.install_megatron(enabled=True, set_global=False, device_every=device_every)
+    return otel_straggler.install_megatron(enabled=True, set_global=False, device_every=device_every, **settings)
 
 
-def calibrate_every(model, steps: int = 30) -> int:
+def calibrate_every(model, steps: int = 60) -> int:
     """The N that ``device_every=auto`` settles on for this model when the shim times every step."""
     auto = _shim(0)
     model.set_timers(auto)
@@ -137,7 +145,7 @@ def _pin_others() -> int:
 
 
 def run_size(size_name: str, rounds: int, steps: int, warmup: int, seconds: float, host_arm: bool,
-             train_cpu: int | None = None) -> dict:
+             train_cpu: int | None = None, prev_arm: bool = False) -> dict:
     from megatron.core.timers import Timers as NativeTimers
 
     from otel_straggler.demo.megatron_gpt import SIZES, MegatronGPT
@@ -149,11 +157,14 @@ def run_size(size_name: str, rounds: int, steps: int, warmup: int, seconds: floa
     arms = {"off": None, "native": NativeTimers(2, "minmax"), "shim": _shim(every)}
     if host_arm:
         arms["host"] = _shim(1 << 40)  # never a sampled step: host-only timing
+    if prev_arm:
+        arms["shim20"] = _shim(every, readout_interval_ms=20.0, export_nice=0)
     names = list(arms)
     if train_cpu is not None:  # the shims' threads and children started on the other cores
         os.sched_setaffinity(0, [train_cpu])
     print(f"  {size_name}: device_every=auto settles on N={every}", flush=True)
     per_round: dict[str, list[float]] = {n: [] for n in names}
+    sampled: dict[str, list[bool]] = {n: [] for n in names}  # was the arm's step device-sampled
     cpu_round: dict[str, list[float]] = {n: [] for n in names}
     all_steps: dict[str, list[float]] = {n: [] for n in names}
     all_cpu: dict[str, list[float]] = {n: [] for n in names}
@@ -168,6 +179,8 @@ def run_size(size_name: str, rounds: int, steps: int, warmup: int, seconds: floa
             measure(model, warmup)
             wall, cpu = measure(model, steps)
             per_round[arm].append(statistics.median(wall))
+            ctx = getattr(arms[arm], "ctx", None)
+            sampled[arm].append(bool(ctx is not None and ctx.device_on))
             cpu_round[arm].append(statistics.median(cpu))
             all_steps[arm].extend(wall)
             all_cpu[arm].extend(cpu)
@@ -178,7 +191,7 @@ def run_size(size_name: str, rounds: int, steps: int, warmup: int, seconds: floa
     model.set_timers(None)
     if train_cpu is not None:
         _pin_others()
-    for arm in ("shim", "host"):
+    for arm in ("shim", "host", "shim20"):
         if arm in arms:
             arms[arm].shutdown(5.0)
     res: dict = {"size": size_name, "rounds": done, "steps_per_arm_round": steps, "warmup_per_arm_round": warmup,
@@ -198,6 +211,13 @@ def run_size(size_name: str, rounds: int, steps: int, warmup: int, seconds: floa
         res[f"{arm}_cpu_ratio_median"] = statistics.median(cpu_ratios)
         res[f"{arm}_cpu_ratio_ci95"] = bootstrap_median_ci(cpu_ratios)
         res[f"{arm}_ratios"] = [round(x, 4) for x in ratios]
+        res[f"{arm}_ratio_mean"] = statistics.fmean(ratios)
+        res[f"{arm}_ratio_mean_ci95"] = bootstrap_mean_ci(ratios)
+        on = [x for x, s in zip(ratios, sampled[arm]) if s]
+        off = [x for x, s in zip(ratios, sampled[arm]) if not s]
+        res[f"{arm}_sampled_share"] = len(on) / len(ratios) if ratios else 0.0
+        res[f"{arm}_ratio_sampled_median"] = statistics.median(on) if on else None
+        res[f"{arm}_ratio_unsampled_median"] = statistics.median(off) if off else None
     del model
     return res
 
@@ -210,6 +230,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured steps per arm per round (after a switch)")
     ap.add_argument("--seconds", type=float, default=150.0, help="time budget per size (rounds stop after it)")
     ap.add_argument("--host-arm", action="store_true", help="add a host-only shim arm")
+    ap.add_argument("--prev-arm", action="store_true",
+                    help="add a shim arm with the previous defaults (readout 20 ms, export child not niced)")
     ap.add_argument("--pin", action="store_true",
                     help="training thread alone on one physical core; collector, export children and the "
                          "readout thread on the other cores (as on a GPU node with spare cores)")
@@ -228,8 +250,8 @@ def main() -> int:
                        "OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_STRAGGLER_JOB_ID": "overhead-bench"})
     print(f"torch {torch.__version__}, device {torch.cuda.get_device_name(0)}, training thread on cpu "
           f"{train_cpu if train_cpu is not None else 'any'}", flush=True)
-    results = [run_size(name, args.rounds, args.steps, args.warmup, args.seconds, args.host_arm, train_cpu)
-               for name in args.sizes.split(",")]
+    results = [run_size(name, args.rounds, args.steps, args.warmup, args.seconds, args.host_arm, train_cpu,
+                        args.prev_arm) for name in args.sizes.split(",")]
     metrics = ""
     try:
         import urllib.request
@@ -243,14 +265,18 @@ def main() -> int:
     accepted = [ln for ln in metrics.splitlines() if ln.startswith("otel_straggler_collector_spans_accepted")]
     print("collector:", accepted[:1])
     print(f"{'size':14} {'N':>2} {'rounds':>6} {'arm':>7} {'median ms':>9} {'arm/off':>8} {'95% CI':>15} "
-          f"{'cpu arm/off':>11} {'cpu 95% CI':>15}")
+          f"{'cpu arm/off':>11} {'cpu 95% CI':>15} {'mean':>7} {'mean 95% CI':>15} {'sampled':>7} {'unsampl':>7}")
     for r in results:
         print(f"{r['size']:14} {r['device_every']:2d} {r['rounds']:6d} {'off':>7} {r['off_median_ms']:9.2f}")
         for arm in r["arms"][1:]:
             lo, hi = r[f"{arm}_ratio_ci95"]
             clo, chi = r[f"{arm}_cpu_ratio_ci95"]
+            mlo, mhi = r[f"{arm}_ratio_mean_ci95"]
+            son, soff = r[f"{arm}_ratio_sampled_median"], r[f"{arm}_ratio_unsampled_median"]
             print(f"{'':14} {'':2} {'':6} {arm:>7} {r[f'{arm}_median_ms']:9.2f} {r[f'{arm}_ratio_median']:8.4f} "
-                  f"{lo:7.4f}-{hi:.4f} {r[f'{arm}_cpu_ratio_median']:11.4f} {clo:7.4f}-{chi:.4f}")
+                  f"{lo:7.4f}-{hi:.4f} {r[f'{arm}_cpu_ratio_median']:11.4f} {clo:7.4f}-{chi:.4f} "
+                  f"{r[f'{arm}_ratio_mean']:7.4f} {mlo:7.4f}-{mhi:.4f} "
+                  f"{'-' if son is None else f'{son:.4f}':>7} {'-' if soff is None else f'{soff:.4f}':>7}")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(results, indent=2))
     by = {r["size"]: r for r in results}

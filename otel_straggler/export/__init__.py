@@ -88,6 +88,7 @@ def create_sink(config: Any, identity: Any, counters: Any = None) -> IntervalSin
             attrs,
             shutdown_timeout_s=float(getattr(config, "shutdown_timeout_s", 5.0)),
             max_restarts=int(getattr(config, "sidecar_max_restarts", 3)),
+            nice=int(getattr(config, "export_nice", 10)),
             **common,
         )
     lifecycle.track_sink(sink)

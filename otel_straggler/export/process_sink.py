@@ -50,6 +50,7 @@ class ProcessSink(ForkGuarded):
         shutdown_timeout_s: float = 5.0,
         max_restarts: int = 3,
         restart_backoff_s: float = 0.5,
+        nice: int = 10,
         counters: Counters | None = None,
         command: Sequence[str] | None = None,
     ) -> None:
@@ -63,6 +64,7 @@ class ProcessSink(ForkGuarded):
             "max_open_steps": int(max_open_steps),
             "close_lag_steps": int(close_lag_steps),
             "shutdown_timeout_s": float(shutdown_timeout_s),
+            "nice": max(0, int(nice)),
         }
         self.shutdown_timeout_s = float(shutdown_timeout_s)
         self.max_restarts = int(max_restarts)

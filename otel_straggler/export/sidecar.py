@@ -56,6 +56,12 @@ def run(in_fd: int, ack_fd: int) -> int:
     header = _read_header(in_fd, time.monotonic() + 30.0)
     shutdown_timeout_s = float(header.get("shutdown_timeout_s", 5.0))
     parent_pid = int(header.get("parent_pid", os.getppid()))
+    nice = int(header.get("nice", 0))
+    if nice > 0:
+        try:
+            os.nice(nice)  # yield to the training processes on shared cores
+        except OSError:
+            pass
     pipeline = ExportPipeline(
         header.get("resource", {}),
         rank=int(header.get("rank", 0)),

@@ -45,3 +45,13 @@ def test_scale_bench_tiny() -> None:
             "peak_rss_mb"} <= f.keys()
     assert int(f["ranks"]) == 16384 and float(f["achieved_spans_per_s"]) > 0
     assert f["keeps_up"] == "False"  # 128 ranks measured cannot stand for a 8192-rank shard
+
+
+def test_detection_tail_bench_tiny() -> None:
+    """Healthy runs only: the statistic is observed on real windows (tests > 0) and nothing is convicted.
+    With the threshold lowered to 0.5 every observed test reaches it (the count is live, not constant)."""
+    f = last_line_fields("detection_tail.py", "--runs", "2", "--workers", "1")
+    assert int(f["rank_steps"]) > 0 and int(f["tests"]) > 0 and int(f["false_alarms"]) == 0
+    assert int(f["t_ge_threshold"]) == 0
+    g = last_line_fields("detection_tail.py", "--runs", "2", "--workers", "1", "--set", "sequential_threshold=0.5")
+    assert int(g["t_ge_threshold"]) > 0

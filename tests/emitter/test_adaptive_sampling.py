@@ -63,3 +63,44 @@ def test_auto_is_the_default_and_parses() -> None:
     assert EmitterConfig.from_env({"OTEL_STRAGGLER_DEVICE_EVERY": "auto"}).device_every == 0
     bad = EmitterConfig.from_env({"OTEL_STRAGGLER_DEVICE_EVERY": "sometimes"})
     assert bad.device_every == 0 and "device_every" in bad.config_errors
+
+
+def test_the_measured_price_of_a_sampled_step_raises_n() -> None:
+    """Records look cheap (0.1 us x 26 per 10 ms step: N = 1 by the micro-cost), but device-sampled steps
+    take 0.5 ms longer than host-only ones (every 16th step is a host-only probe while N = 1): once both
+    kinds have been seen, N follows the measured price (0.5 ms every N-th step within 0.25 % of 10 ms needs
+    N >= 20: the cap, 4). Equally long steps leave N at 1."""
+    def run(extra_s: float) -> tuple[list[int], list[bool]]:
+        count = _Count()
+        ctx = StepContext(device_every=0, cuda=True, budget=0.0025, max_every=4, record_cost_s=1e-7,
+                          intervals=count)
+        seen, on = [], []
+        for step in range(1, 90):
+            ctx.set_step(step)
+            seen.append(ctx.device_every)
+            on.append(ctx.device_on)
+            count.n += 26
+            time.sleep(0.010 + (extra_s if ctx.device_on else 0.0))
+        return seen, on
+
+    seen, on = run(0.0005)
+    assert seen[3] == 1 and not on[14] and on[13]  # micro-cost: every step, step 15 a host-only probe
+    assert seen[-1] == 4
+    seen, on = run(0.0)
+    assert seen[-1] == 1 and on.count(False) <= 6
+
+
+def test_setup_time_and_a_stall_are_not_the_price_of_sampling() -> None:
+    """The period from install to the first step (model setup) is not a step, and a step 30x the average
+    (a checkpoint) on a device-sampled step is not booked to either kind: N stays 1 (before, either kept
+    N = 4 for hundreds of steps)."""
+    count = _Count()
+    ctx = StepContext(device_every=0, cuda=True, budget=0.0025, max_every=4, record_cost_s=1e-7, intervals=count)
+    time.sleep(0.3)  # setup between install and the first step
+    seen = []
+    for step in range(1, 60):
+        ctx.set_step(step)
+        seen.append(ctx.device_every)
+        count.n += 26
+        time.sleep(0.3 if step == 30 else 0.010)  # step 30 is device-sampled (N = 1) and stalls
+    assert seen[0] == 4 and max(seen[2:]) == 1  # N starts at the cap until a step has been measured

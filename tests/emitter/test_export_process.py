@@ -269,3 +269,17 @@ def test_sigterm_with_real_timers_drains_ring_and_exports(grpc_receiver: GrpcRec
             "optimizer",
         }
     assert wait_gone(info["child_pid"], 3.0)
+
+
+@pytest.mark.parametrize("nice", [10, 0])
+def test_export_child_lowers_its_own_priority(monkeypatch, grpc_receiver: GrpcReceiver, nice: int) -> None:
+    """The export child adds ``export_nice`` to its niceness (yields to training on shared cores); 0 leaves
+    it at the parent's. Read from the real child through the OS."""
+    use_env(monkeypatch, otlp_env(grpc_receiver.endpoint))
+    sink = process_sink(f"nice-{uuid.uuid4().hex[:6]}", nice=nice)
+    sink.submit(make_intervals(0, 0))
+    assert sink.flush(10.0)
+    pid = sink.child_pid
+    assert pid is not None
+    assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice)
+    sink.shutdown(2.0)

@@ -17,12 +17,13 @@ from otel_straggler.timers import Timers
 
 def test_config_defaults_env_and_overrides() -> None:
     c = EmitterConfig.from_env({})
-    assert (c.enabled, c.device_every, c.pool_size, c.ring_size, c.detail) == (False, 0, 512, 8192, "step")
-    assert (c.readout_interval_ms, c.readout_timeout_s, c.export_mode, c.step_timer) == (
-        20.0,
+    assert (c.enabled, c.device_every, c.pool_size, c.ring_size, c.detail) == (False, 0, 1024, 8192, "step")
+    assert (c.readout_interval_ms, c.readout_timeout_s, c.export_mode, c.step_timer, c.export_nice) == (
+        100.0,
         30.0,
         "process",
         "forward-backward",
+        10,
     )
     c = EmitterConfig.from_env({"OTEL_STRAGGLER_ENABLED": "1", "OTEL_STRAGGLER_DEVICE_EVERY": "2"}, device_every=8)
     assert c.enabled and c.device_every == 8 and c.config_errors == ()

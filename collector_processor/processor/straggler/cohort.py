@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from collector_processor.processor.straggler.window import KIND_STEP, KIND_WALL, WindowSet
@@ -31,6 +31,8 @@ class Cohort:
     stages: dict[str, str] = field(default_factory=dict)  # stage -> group
     steps: WindowSet = field(default_factory=lambda: WindowSet(KIND_STEP))
     wall: WindowSet = field(default_factory=lambda: WindowSet(KIND_WALL))
+    # stage -> latest per-window spreads of the per-step excess (sequential evidence; bounded by max_stages)
+    seq_sigma: dict[str, deque[float]] = field(default_factory=dict)
 
 
 class CohortRegistry:

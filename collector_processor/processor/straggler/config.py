@@ -53,9 +53,10 @@ class Config(BaseModel):
     tolerance: float = Field(default=0.04, gt=0)
     # Noise-aware tolerance: per stage and window the tolerance rises to noise_z standard errors of a rank's
     # window median, from the step-to-step noise measured within the cohort's ranks (robust: spikes and a
-    # slow rank do not move it). Device timing with <= ~1.2 % per-step noise keeps the 4 % tolerance; a
-    # noisier cohort is judged on what its noise supports instead of producing false alarms. 0 disables.
-    noise_z: float = Field(default=6.0, ge=0)
+    # slow rank do not move it). 8: device timing with <= ~0.9 % per-step noise keeps the 4 % tolerance; a
+    # noisier cohort is judged on what its noise supports instead of producing false alarms, and its small
+    # slowdowns are found by sequential evidence (rule 11; 6 gave a false alarm at 2 % noise). 0 disables.
+    noise_z: float = Field(default=8.0, ge=0)
     # Absolute gap (value - reference) under which a slow-looking window is uncertain, never slow: the floor
     # of every HOST comparison and of device comparisons of small stages. Host intervals of sub-ms to few-ms
     # stages jitter by 10x (launch/scheduling); 5 ms keeps that from ever reading as a straggler.
@@ -71,11 +72,21 @@ class Config(BaseModel):
     warmup_windows: int = Field(default=2, ge=0)
     # Consecutive window indices beyond tolerance before a straggler verdict.
     persistence_windows: int = Field(default=2, ge=1)
-    # Device comparisons with every step timed: a slow window whose predecessor was not slow is still
-    # persistent when the two windows' samples pooled (2 x window_steps per rank, against the peers' pooled
-    # statistics, at the noise-aware tolerance for that many samples) are slow. One noisy window no longer
-    # costs a sustained slowdown a third window (docs/detection-defaults.md).
-    pooled_confirmation: bool = True
+    # Sequential evidence (rule 11, sequential.py): per rank and stage, the per-step device excess over the
+    # comparable peers' per-step median, in units of the cohort's measured per-step spread, summed over every
+    # lookback of more than a window's steps that ends now. sequential_threshold: the standardised sum
+    # (sum / sqrt(n), a one-sided z-score) that convicts; sequential_margin: the least mean excess that is a
+    # straggler, over the lookback and in each of the two latest windows' steps; sequential_step_cap: the most
+    # one step adds (a spike is one step's evidence); sequential_history_steps: the longest lookback;
+    # sequential_sigma_windows: windows whose spreads are averaged; sequential_sigma_floor: the least spread
+    # assumed. Measured in docs/detection-defaults.md.
+    sequential: bool = True
+    sequential_threshold: float = Field(default=5.5, gt=0)
+    sequential_margin: float = Field(default=0.025, gt=0)
+    sequential_step_cap: float = Field(default=3.0, gt=0)
+    sequential_history_steps: int = Field(default=20, ge=2)
+    sequential_sigma_windows: int = Field(default=16, ge=1)
+    sequential_sigma_floor: float = Field(default=0.002, gt=0)
     # Effective comparable ranks (the rank itself plus usable comparable peers) required to judge.
     min_cohort_size: int = Field(default=3, ge=2)
     # Relative token difference beyond which two ranks do not do comparable work.

@@ -11,11 +11,13 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from collector_processor.processor.straggler import sequential
 from collector_processor.processor.straggler.attribution import attribute, collective_evidence
 from collector_processor.processor.straggler.cohort import Cohort
 from collector_processor.processor.straggler.config import Config
 from collector_processor.processor.straggler.impact import impact, step_period_ms
 from collector_processor.processor.straggler.model import Verdict
+from collector_processor.processor.straggler.sequential import SeqResult, excess, smoothed_sigma, spread
 from collector_processor.processor.straggler.state import RankStageState, StateStore
 from collector_processor.processor.straggler.statistics import (
     SortedPeers,
@@ -41,6 +43,7 @@ class RankStat:
     host_samples: list[float]
     fresh: int = 0  # samples of this window behind the device statistic (0: all of them)
     dev_used: list[float] | None = None  # the samples behind the device statistic when pooled
+    dev_steps: list[int] | None = None  # the step of each device sample (step windows)
 
 
 @dataclass(slots=True)
@@ -103,6 +106,7 @@ class Detector:
                     median(cell.host) if cell.host else None,
                     cell.dev,
                     cell.host,
+                    dev_steps=cell.dev_steps,
                 )
             stats[stage] = per
         rank_tokens = {r: median(v) for r, v in tokens.items() if r in warm}
@@ -146,42 +150,50 @@ class Detector:
             self._pool_device(cohort, stage, window.index, per)
             views = self._views(per) if uniform else None
             tols = self._tolerances(per)
-            pooled = self._pooled_two_windows(cohort, stage, window.index, per) if uniform else None
+            seq = self._sequential(cohort, stage, window, per, None if uniform else rank_tokens, tok_median)
             for r in sorted(per):
-                self._judge_rank(ctx, out, stage, group, r, per, rank_tokens, tok_median, views, tols, pooled)
+                self._judge_rank(ctx, out, stage, group, r, per, rank_tokens, tok_median, views, tols, seq.get(r))
             self._missing(ctx, out, stage, group, per)
         return out
 
-    def _pooled_two_windows(self, cohort: Cohort, stage: str, idx: int, per: dict[int, RankStat]
-                            ) -> tuple[SortedPeers, dict[int, float], float] | None:
-        """Per rank with a full window of device samples now and in the previous window: the peers' view of
-        both windows' samples pooled (2 x window_steps medians), each rank's low quantile of them, and the
-        noise-aware tolerance for that many samples. Remembers this window's samples for the next. None when
-        off or unusable."""
+    def _sequential(self, cohort: Cohort, stage: str, window: Window, per: dict[int, RankStat],
+                    rank_tokens: dict[int, float] | None, tok_median: float | None) -> dict[int, SeqResult]:
+        """Rule 11: every comparable rank's per-step device excess over its peers' per-step median added to its
+        CUSUM (``sequential.py``). ``rank_tokens`` None: every rank's work is comparable; else only ranks whose
+        tokens are within the workload tolerance of the cohort's median take part (the others are judged
+        uncertain by rule 5 and are nobody's reference)."""
         cfg = self.cfg
-        if not cfg.pooled_confirmation or cfg.persistence_windows != 2:
-            return None
-        k = cfg.window_steps
-        pooled: dict[int, list[float]] = {}
+        if not cfg.sequential or window.kind != KIND_STEP:
+            return {}
+        dev: list[tuple[int, list[int], list[float]]] = []
         for r, rs in per.items():
+            if rank_tokens is not None and tok_median is not None:
+                tok = rank_tokens.get(r)
+                if tok is not None and not within_relative(tok, tok_median, cfg.workload_tolerance):
+                    continue
+            if rs.dev_samples and rs.dev_steps:
+                dev.append((r, rs.dev_steps, rs.dev_samples))
+        if len(dev) < cfg.min_cohort_size:
+            return {}
+        # a stage under device_min_stage_ms is launch-bound and keeps the host floor (rule 9): only a slowdown
+        # of 5 ms or more could convict there, which the window rule finds on its own; not worth the per-step work
+        stat = sorted(rs.dev for rs in per.values() if rs.dev is not None)
+        if not stat or stat[len(stat) // 2] < cfg.device_min_stage_ms:
+            return {}
+        items = excess(dev, cfg.min_cohort_size)
+        history = cohort.seq_sigma.get(stage)
+        if history is None:
+            history = cohort.seq_sigma[stage] = deque(maxlen=cfg.sequential_sigma_windows)
+        sigma = smoothed_sigma(history, spread(items.values(), cfg.min_cohort_size), cfg.sequential_sigma_floor)
+        if sigma is None:
+            return {}
+        out: dict[int, SeqResult] = {}
+        for r, lst in items.items():
             st = self.states.get((cohort.job, cohort.key, r, stage))
-            full = rs.dev_used is None and len(rs.dev_samples) >= k
-            if full and st.prev_dev is not None and st.prev_dev_index == idx - 1:
-                pooled[r] = st.prev_dev + rs.dev_samples
-            st.prev_dev = list(rs.dev_samples) if full else None
-            st.prev_dev_index = idx
-        if len(pooled) < cfg.min_cohort_size:
-            return None
-        # the rank's statistic is a LOW quantile of its pooled samples (the 4th smallest of 10): it is slow only
-        # when most of both windows is, so one slow window next to a par one (flapping, or a spike burst)
-        # never confirms, however large; the peers' reference is their pooled median
-        lows = {r: sorted(v)[(3 * len(v)) // 10] for r, v in pooled.items()}
-        tol = cfg.tolerance
-        if cfg.noise_z > 0:
-            sigma = pooled_relative_sigma(pooled.values(), cfg.min_cohort_size)
-            if sigma is not None:
-                tol = max(tol, cfg.noise_z * _MEDIAN_SE * sigma / math.sqrt(2 * k))
-        return SortedPeers({r: median(v) for r, v in pooled.items()}), lows, tol
+            out[r] = sequential.update(st, window.index, lst, sigma, cfg.sequential_margin,
+                                       cfg.sequential_step_cap, cfg.sequential_threshold, cfg.window_steps + 1,
+                                       cfg.sequential_history_steps)
+        return out
 
     def _pool_device(self, cohort: Cohort, stage: str, idx: int, per: dict[int, RankStat]) -> None:
         """Median of each rank's latest ``window_steps`` device samples (this window first, then recent
@@ -224,7 +236,7 @@ class Detector:
     def _judge_rank(self, ctx: _Ctx, out: WindowOutcome, stage: str, group: str, r: int,
                     per: dict[int, RankStat], rank_tokens: dict[int, float], tok_median: float | None,
                     views: tuple[SortedPeers, SortedPeers] | None, tols: tuple[float, float],
-                    pooled: tuple[SortedPeers, dict[int, float], float] | None = None) -> None:
+                    seq: SeqResult | None = None) -> None:
         cfg = self.cfg
         key = (ctx.cohort.job, ctx.cohort.key, r, stage)
         st = self.states.get(key)
@@ -286,13 +298,13 @@ class Detector:
             # ones only their fresh samples, so pooled sparse device samples shared by consecutive windows
             # are not counted twice; with every step measured this is exactly N consecutive windows
             k = cfg.window_steps
-            fresh = mine.fresh if (mine.fresh and meas == DEVICE) else k
+            # a window missing one device sample (auto sampling's host-only probe step) still counts as full
+            fresh = mine.fresh if (mine.fresh and meas == DEVICE and mine.fresh < k - 1) else k
             st.streak = st.streak + fresh if st.last_slow_index == idx - 1 else k
             st.last_slow_index = idx
             st.held_reported = False
             attribution = s.ATTRIBUTION_HOST if host_stall else self._attribution(
                 meas, mine, r, per, peers_all if peers_all is not None else [p for p in per if p != r], tols)
-            st.last_slow_attribution = attribution
             if st.alert is not None:
                 st.alert = self._verdict(ctx, stage, group, r, s.VERDICT_STRAGGLER, "slower_than_reference",
                                          attribution=st.alert.attribution, **base)
@@ -300,33 +312,33 @@ class Detector:
                 out.alerts[(r, stage)] = st.alert
                 return
             need = cfg.persistence_windows * k
-            if st.streak < need and meas == DEVICE and not host_stall and self._confirmed(r, pooled) is not None:
-                st.streak = need  # pooled confirmation (rule 10): most of the two windows is slow
+            if st.streak < need and meas == DEVICE and not host_stall and self._seq_fires(seq):
+                st.streak = need  # sequential evidence (rule 11) completes the persistence
             if st.streak >= need:
                 v = self._verdict(ctx, stage, group, r, s.VERDICT_STRAGGLER, "slower_than_reference",
                                   attribution=attribution, **base)
+                sequential.reset(st)
                 self.states.set_active(key, st, v)
                 out.alerts[(r, stage)] = v
                 out.verdicts.append(v)
             return
-        if st.alert is None and st.last_slow_index == idx - 1 and meas == DEVICE and not host_stall:
-            # the previous window was slow and this one narrowly is not: most of the two windows' samples
-            # slow still confirms (rule 10); the verdict reports the pooled comparison
-            conf = self._confirmed(r, pooled)
-            if conf is not None:
-                ref_rank2, ref_ms2, value2, dev2 = conf
-                v = self._verdict(ctx, stage, group, r, s.VERDICT_STRAGGLER, "slower_than_reference",
-                                  attribution=st.last_slow_attribution or s.ATTRIBUTION_UNKNOWN, measurement=DEVICE,
-                                  value=value2, ref_rank=ref_rank2, ref_ms=ref_ms2, dev=dev2, size=size)
-                st.streak = 0
-                st.last_slow_index = None
-                self.states.set_active(key, st, v)
-                out.alerts[(r, stage)] = v
-                out.verdicts.append(v)
-                return
-        if st.alert is not None and dev > cfg.tolerance:
-            # within the noise-raised tolerance but not back within the base tolerance: a noisy window is no
-            # evidence of par, so the alert holds (refreshed, no verdict)
+        if st.alert is None and meas == DEVICE and not host_stall and seq is not None and self._seq_fires(seq):
+            # the window is not slow on its own, but the per-step excess accumulated over this and the
+            # previous window is (rule 11); the verdict reports the run's means against the peers' medians
+            v = self._seq_verdict(ctx, stage, group, r, seq, per, peers_all, tols, size=base["size"])
+            st.streak = 0
+            st.last_slow_index = None
+            sequential.reset(st)
+            self.states.set_active(key, st, v)
+            out.alerts[(r, stage)] = v
+            out.verdicts.append(v)
+            return
+        if st.alert is not None and (dev > cfg.tolerance or (
+                seq is not None and seq.window_excess > cfg.sequential_margin / 2)):
+            # within the noise-raised tolerance but not back within the base tolerance, or still beyond half
+            # the sequential margin over the peers' per-step medians (hysteresis: a rank just above the
+            # margin must not recover on one noisy window and be convicted again): no evidence of par, so
+            # the alert holds (refreshed, no verdict)
             st.streak = 0
             st.last_slow_index = None
             st.alert = self._verdict(ctx, stage, group, r, s.VERDICT_STRAGGLER, "slower_than_reference",
@@ -339,30 +351,44 @@ class Detector:
         st.last_slow_index = None
         st.held_reported = False
         if st.alert is not None:
+            sequential.reset(st)
             v = self._verdict(ctx, stage, group, r, s.VERDICT_RECOVERED, "within_tolerance",
                               attribution=st.alert.attribution, **base)
             self.states.set_active(key, st, None)
             out.alerts[(r, stage)] = None
             out.verdicts.append(v)
 
-    def _confirmed(self, r: int, pooled: tuple[SortedPeers, dict[int, float], float] | None
-                   ) -> tuple[int, float, float, float] | None:
-        """Most of the two latest windows' samples are slow: the rank's low pooled quantile beyond the
-        tolerance for 2 x window_steps samples and the device floor, against the peers' pooled medians.
-        (reference rank, reference ms, the rank's pooled value, deviation) when so, else None."""
-        if pooled is None:
-            return None
-        view, values, tol = pooled
-        mine = values.get(r)
-        if mine is None or 1 + view.peers(r) < self.cfg.min_cohort_size:
-            return None
-        ref = view.reference(r, self.cfg.reference, self.cfg.fastest_quantile)
-        if ref is None:
-            return None
-        dev = relative_deviation(mine, ref[1])
-        if dev is not None and dev > tol and mine - ref[1] >= self.floor(DEVICE, ref[1]):
-            return ref[0], ref[1], mine, dev
-        return None
+    def _seq_fires(self, seq: SeqResult | None) -> bool:
+        """Rule 11 fires and the gap at the lookback's median excess clears the device floor."""
+        if seq is None or not seq.fires or seq.value_ms is None or seq.reference_ms is None:
+            return False
+        return seq.value_ms - seq.reference_ms >= self.floor(DEVICE, seq.reference_ms)
+
+    def _seq_verdict(self, ctx: _Ctx, stage: str, group: str, r: int, seq: SeqResult, per: dict[int, RankStat],
+                     peers: list[int] | None, tols: tuple[float, float], size: int) -> Verdict:
+        """A rule-11 straggler verdict: the lookback's value against the mean of the peers' per-step medians,
+        attributed by comparing its device excess with the rank's host excess in this window (its host
+        median against the comparable peers' median host time; host against host only)."""
+        cfg = self.cfg
+        value, ref = seq.value_ms, seq.reference_ms
+        assert value is not None and ref is not None
+        hdev = hgap = None
+        mine = per[r].host
+        if mine is not None:
+            hv = [v for p in (peers if peers is not None else per) if p != r and (v := per[p].host) is not None]
+            if hv:
+                href = median(hv)
+                hgap = mine - href
+                hdev = relative_deviation(mine, href)
+        attribution = attribute(measurement=DEVICE, device_deviation=relative_deviation(value, ref),
+                                device_gap_ms=value - ref, host_deviation=hdev, host_gap_ms=hgap,
+                                tolerance=cfg.sequential_margin, host_tolerance=tols[1],
+                                floor_ms=self.floor(DEVICE, ref), host_floor_ms=cfg.absolute_floor_ms,
+                                host_explains_fraction=cfg.host_explains_fraction,
+                                host_ambiguous_fraction=cfg.host_ambiguous_fraction)
+        return self._verdict(ctx, stage, group, r, s.VERDICT_STRAGGLER, "persistent_excess", attribution=attribution,
+                             measurement=DEVICE, value=value, ref_rank=None, ref_ms=ref,
+                             dev=relative_deviation(value, ref), size=size)
 
     def floor(self, kind: str, ref_ms: float) -> float:
         """Absolute gap floor of one comparison: the host floor, or for a device comparison of a stage of
@@ -436,6 +462,7 @@ class Detector:
             self.c["missing_windows"] += 1
             st.streak = 0
             st.last_slow_index = None
+            sequential.reset(st)
             if st.alert is not None:
                 self._hold(ctx, out, (ctx.cohort.job, ctx.cohort.key, r, stage), st, stage, group, r, None, 0, None)
 
@@ -445,6 +472,7 @@ class Detector:
                   base: dict | None = None) -> None:
         st.streak = 0
         st.last_slow_index = None
+        sequential.reset(st)
         if st.alert is not None:
             self._hold(ctx, out, key, st, stage, group, r, mv, size, base)
             return

@@ -209,8 +209,11 @@ class StragglerProcessor:
         cell = w.cell(smp.stage, smp.rank)  # a non-finite sample still makes the rank present in the window
         if non_finite:
             return None
+        step = smp.step
         if smp.device_ms is not None:
             cell.dev.append(smp.device_ms)
+            if step is not None:
+                cell.dev_steps.append(step)
         if smp.host_ms is not None:
             cell.host.append(smp.host_ms)
         if smp.tokens is not None:
@@ -230,6 +233,7 @@ class StragglerProcessor:
         if w is None:
             return None
         rank = summ.rank
+        step = summ.step
         tokens = summ.tokens
         devs = summ.device_ms
         hosts = summ.host_ms
@@ -245,6 +249,7 @@ class StragglerProcessor:
                 continue  # non-finite: present, no value (already counted by the decoder)
             if dev is not None:
                 cell.dev.append(dev)
+                cell.dev_steps.append(step)
             if host is not None:
                 cell.host.append(host)
             if tokens is not None:

@@ -4,6 +4,7 @@ when no inactive entry is left (counted either way)."""
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
@@ -16,16 +17,15 @@ StateKey = tuple[str, str, int, str]
 class RankStageState:
     streak: int = 0  # fresh samples of consecutive slow windows (a full window adds window_steps)
     last_slow_index: int | None = None
-    last_slow_attribution: str = ""  # attribution of the latest slow window (a pooled confirmation reports it)
     alert: Verdict | None = None  # the straggler verdict while active, refreshed every slow window
     held_reported: bool = False  # recovery_evidence_insufficient already emitted for this hold
     last_uncertain_reason: str = ""
     last_uncertain_index: int | None = None
     # (window index, per-step device ms) of the latest judged samples: pools sparse (sampled) device timing
     dev_recent: deque[tuple[int, float]] | None = None
-    # the previous judged window's full set of per-step device samples (pooled confirmation)
-    prev_dev: list[float] | None = None
-    prev_dev_index: int = -1
+    # sequential evidence (sequential.py): recent per-step records (flat doubles) and the window they reached
+    seq_hist: array[float] | None = None
+    seq_index: int = -1
 
     @property
     def active(self) -> bool:

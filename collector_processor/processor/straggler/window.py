@@ -19,6 +19,8 @@ class RankCell:
     dev: list[float] = field(default_factory=list)
     host: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
+    # the step of each dev sample (step-aligned windows only): per-step comparison (sequential.py)
+    dev_steps: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -378,10 +378,10 @@ def _first_straggler_step(emitted):  # type: ignore[no-untyped-def]
     return next((v.step for v in emitted if v.verdict == s.VERDICT_STRAGGLER), None)
 
 
-def test_pooled_confirmation_convicts_when_most_of_two_windows_is_slow() -> None:
+def test_sequential_evidence_convicts_a_slowdown_starting_mid_window_one_window_earlier() -> None:
     """Rank 3 +6 % from step 22, step 22 itself only +2 %: window 4 (steps 20-24) has median +2 %, under the
-    4 % tolerance, window 5 is slow. The two-window rule waits for window 6; pooled, 7 of windows 4-5's 10
-    samples are slow, so the verdict comes at the end of window 5."""
+    4 % tolerance, window 5 is slow. The two-window rule waits for window 6; the per-step excess of steps
+    22-29 spans windows 4 and 5, each averaging beyond the margin: the verdict comes at the end of window 5."""
     def val(r, st):  # type: ignore[no-untyped-def]
         if r != 3 or st < 22:
             return (PAR, 10.0)
@@ -389,23 +389,16 @@ def test_pooled_confirmation_convicts_when_most_of_two_windows_is_slow() -> None
 
     on, emitted_on, _ = make_processor()
     feed(on, range(0, 45), val)
-    off, emitted_off, _ = make_processor(Config(pooled_confirmation=False))
+    off, emitted_off, _ = make_processor(Config(sequential=False))
     feed(off, range(0, 45), val)
     assert _first_straggler_step(emitted_on) == 29  # end of window 5
     assert _first_straggler_step(emitted_off) == 34  # end of window 6: two consecutive slow windows
 
 
-def test_pooled_confirmation_never_convicts_one_slow_window_next_to_a_par_one() -> None:
-    """A single +30 % window after a par one: the pooled median is slow, but not most of the samples."""
-    proc, emitted, _ = make_processor()
-    feed(proc, range(0, 45), lambda r, st: ((PAR * 1.3 if r == 3 and st // 5 == 6 else PAR), 10.0))
-    assert stragglers(emitted) == []
-
-
-def test_pooled_confirmation_after_a_slow_window_and_a_narrow_miss() -> None:
-    """Window 4 slow (+6 %), window 5 narrowly under the tolerance by one fast step and noise (median +3.5 %)
-    with most samples slow: the pair confirms at the end of window 5 (reporting the pooled comparison);
-    without pooled confirmation the streak resets and window 6 + 7 are needed."""
+def test_sequential_evidence_after_a_slow_window_and_a_narrow_miss() -> None:
+    """Window 4 slow (+6 %), window 5 narrowly under the tolerance (median +3.5 %): the per-step excess of
+    both is beyond the margin, so the verdict comes at the end of window 5 (reporting the lookback's means
+    against the peers' medians); without rule 11 the streak resets and windows 6 + 7 are needed."""
     def val(r, st):  # type: ignore[no-untyped-def]
         if r != 3 or st < 20:
             return (PAR, 10.0)
@@ -415,9 +408,113 @@ def test_pooled_confirmation_after_a_slow_window_and_a_narrow_miss() -> None:
 
     on, emitted_on, _ = make_processor()
     feed(on, range(0, 45), val)
-    off, emitted_off, _ = make_processor(Config(pooled_confirmation=False))
+    off, emitted_off, _ = make_processor(Config(sequential=False))
     feed(off, range(0, 45), val)
     first = next(v for v in emitted_on if v.verdict == s.VERDICT_STRAGGLER)
-    assert first.step == 29 and first.attribution == s.ATTRIBUTION_GPU
-    assert first.deviation is not None and first.deviation > 0.04  # the pooled comparison, not window 5's
+    assert (first.step, first.reason, first.attribution) == (29, "persistent_excess", s.ATTRIBUTION_GPU)
+    assert first.deviation is not None and abs(first.deviation - 0.06) < 1e-9  # the lookback's median, not window 5's
+    assert first.reference_rank is None and first.reference_ms == PAR
     assert _first_straggler_step(emitted_off) == 39
+
+
+# --- rule 11: sequential evidence -------------------------------------------------------------------------
+
+def _first(emitted, rank=3):  # type: ignore[no-untyped-def]
+    return next((v for v in emitted if v.verdict == s.VERDICT_STRAGGLER and v.rank == rank), None)
+
+
+def test_sequential_evidence_finds_a_small_slowdown_the_window_rules_miss_in_noise() -> None:
+    """2 % per-step noise, rank 3 +5 % on a 60 ms stage from step 43 (mid-window). Window medians against
+    the fastest of seven peers need a ~6.7 % noise-raised tolerance there; the per-step excess over the
+    peers' median adds up: found within 15 steps, by rule 11, as a GPU stall. Without it: not within 15."""
+    def sim() -> Sim:
+        return Sim(seed=11, noise=0.02, device_factor=lambda r, n, st: 1.05 if (r == 3 and n == "forward-compute"
+                                                                                and st >= 43) else 1.0)
+    on, emitted_on, _ = make_processor()
+    run(on, sim(), range(0, 120))
+    off, emitted_off, _ = make_processor(Config(sequential=False))
+    run(off, sim(), range(0, 120))
+    v = _first(emitted_on)
+    assert v is not None and v.step is not None and v.step - 43 <= 15
+    # the window it fired in may be slow on its own (then reported against the fastest peer, rule 8)
+    assert (v.stage, v.attribution) == ("forward-compute", s.ATTRIBUTION_GPU)
+    assert v.reason in ("persistent_excess", "slower_than_reference")
+    assert v.deviation is not None and 0.02 < v.deviation < 0.12
+    assert stragglers(emitted_on) == [(3, "forward-compute")]  # nobody else
+    late = _first(emitted_off)
+    assert late is None or (late.step is not None and late.step - 43 > 15)
+
+
+def test_sequential_evidence_never_convicts_one_window_or_a_spike() -> None:
+    """Exact values (spread at its floor): one +30 % window after par, or two single-step x3 spikes in
+    consecutive windows, add at most a capped step each and fall back to 0: no verdict. Two consecutive
+    +3 % windows do convict (so the rule is live here)."""
+    proc, emitted, _ = make_processor()
+    feed(proc, range(0, 60), lambda r, st: ((PAR * 1.3 if r == 3 and st // 5 == 6 else PAR), 10.0))
+    feed(proc, range(60, 100), lambda r, st: ((PAR * 3 if r == 3 and st in (74, 75) else PAR), 10.0))
+    assert stragglers(emitted) == []
+    feed(proc, range(100, 130), lambda r, st: ((PAR * 1.03 if r == 3 and st >= 110 else PAR), 10.0))
+    v = _first(emitted)
+    assert v is not None and v.reason == "persistent_excess" and v.step == 119
+
+
+def test_sequential_alert_holds_while_the_excess_persists_and_recovers_at_par() -> None:
+    """A +3 % rank convicted by rule 11 sits within the 4 % window tolerance: the alert holds while its
+    per-step excess stays beyond the margin (no straggler/recovered flapping), and recovers at par."""
+    proc, emitted, _ = make_processor()
+    feed(proc, range(0, 80), lambda r, st: ((PAR * 1.03 if r == 3 and st >= 20 else PAR), 10.0))
+    assert kinds(emitted, rank=3) == [(s.VERDICT_STRAGGLER, "persistent_excess")]
+    assert [a.rank for a in proc.active()] == [3]
+    feed(proc, range(80, 95), lambda r, st: (PAR, 10.0))
+    assert kinds(emitted, rank=3) == [(s.VERDICT_STRAGGLER, "persistent_excess"),
+                                      (s.VERDICT_RECOVERED, "within_tolerance")]
+    assert proc.active() == []
+
+
+def test_sequential_evidence_attributes_a_host_stall_to_the_host() -> None:
+    """Device +12 % (7 ms) and host +12 ms on the same steps: the host stall explains the device stretch."""
+    proc, emitted, _ = make_processor(Config(tolerance=0.2, noise_z=0))  # window rules out of the way
+    feed(proc, range(0, 60), lambda r, st: ((PAR * 1.12, 22.0) if r == 3 and st >= 22 else (PAR, 10.0)))
+    v = _first(emitted)
+    assert v is not None and v.reason == "persistent_excess" and v.attribution == s.ATTRIBUTION_HOST
+
+
+def test_sequential_evidence_skips_ranks_with_unequal_work() -> None:
+    """Rank 5 does 20 % more tokens and is 20 % slower: uncertain (rule 5), never a straggler, and not the
+    reference of rank 3's per-step comparison (rank 3 at par is not convicted by comparison with it)."""
+    proc, emitted, _ = make_processor()
+    feed(proc, range(0, 80), lambda r, st: ((PAR * 1.2 if r == 5 else PAR), 10.0),
+         tokens_of=lambda r, st: 9830 if r == 5 else 8192)
+    assert stragglers(emitted) == []
+    assert (s.VERDICT_UNCERTAIN, "workload_incomparable") in kinds(emitted, rank=5)
+    proc2, emitted2, _ = make_processor()
+    feed(proc2, range(0, 80), lambda r, st: ((PAR * 1.2 if r == 5 else PAR), 10.0))
+    assert stragglers(emitted2) == [(5, "forward-compute")]  # without tokens it is convicted
+
+
+def test_sequential_alert_holds_in_noise_without_flapping() -> None:
+    """+3 % at 1 % noise: convicted once by rule 11; the alert holds while the window's mean excess stays
+    beyond half the margin (hysteresis), so it does not recover on one noisy window and get convicted
+    again (before: 11-15 straggler/recovered pairs in 600 steps)."""
+    sim = Sim(seed=0, noise=0.01, device_factor=lambda r, n, st: 1.03 if (r == 3 and n == "forward-compute"
+                                                                         and st >= 20) else 1.0)
+    proc, emitted, _ = make_processor()
+    run(proc, sim, range(0, 300))
+    got = [(v.verdict, v.reason) for v in emitted if v.rank == 3 and v.stage == "forward-compute"
+           and v.verdict != s.VERDICT_UNCERTAIN]
+    assert got == [(s.VERDICT_STRAGGLER, "persistent_excess")]
+
+
+def test_a_window_missing_one_device_sample_still_counts_as_full() -> None:
+    """Auto sampling's host-only probe (every 16th step with N = 1) leaves a window 4 device samples: it
+    still counts as a full window for persistence, so a 2x slowdown of an 8 ms stage (rule 11 skips stages
+    under 10 ms) is convicted at step 34 with or without probes (with probes it took until step 39)."""
+    def first(probe: bool):  # type: ignore[no-untyped-def]
+        proc, emitted, _ = make_processor()
+        feed(proc, range(0, 60), lambda r, st: (None if (probe and st % 16 == 15) else
+                                                8.0 * (2.0 if r == 3 and st >= 25 else 1.0), 1.0),
+             stage="optimizer", group="optimizer")
+        return _first_straggler_step(emitted)
+
+    assert first(False) == 34
+    assert first(True) == 34
