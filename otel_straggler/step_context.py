@@ -16,8 +16,10 @@ the ring's interval count, keeps moving averages of the step period and of inter
 the smallest N in ``[1, max_every]`` whose event cost stays within ``budget`` (a fraction of the step time)
 when paid every N-th step. The cost is the larger of two estimates: 2 records per interval x the record cost
 measured when the pool was warmed, and, once both kinds of step have been seen ``MIN_MEASURED`` times, what a
-device-sampled step measurably takes longer than a host-only one (moving averages of both periods; with
-N = 1 every ``PROBE_EVERY``-th step is host-only so that there is one to compare with). The
+device-sampled step measurably takes longer than a host-only one (moving averages of both periods, the
+difference taken at its lower 2-standard-error bound, so step jitter does not move N; steps over
+``OUTLIER`` x the average period and the time from install to the first step are left out; with N = 1
+every ``PROBE_EVERY``-th step is host-only so that there is one to compare with). The
 second is the real price: on the H200 VM a launch-bound step with 19 intervals paid 2.8 % (1.1 ms) on its
 sampled steps, four times its records' micro-cost (a record competes with the launches for the driver),
 which made the first estimate pick N = 3 where the budget needs the cap. A 35 ms launch-bound step gets
@@ -41,7 +43,7 @@ OUTLIER = 3.0  # a step longer than 3x the average period is not booked to eithe
 class StepContext:
     __slots__ = ("_adaptive", "_budget", "_cuda", "_every", "_intervals", "_last_count", "_last_on", "_last_t",
                  "_max_every", "_measured", "_n_avg", "_n_off", "_n_on", "_period_avg", "_period_off", "_period_on",
-                 "_record_cost_s", "auto", "binding", "device_on", "host_reason", "step")
+                 "_record_cost_s", "_var_off", "_var_on", "auto", "binding", "device_on", "host_reason", "step")
 
     def __init__(self, *, device_every: int = 4, cuda: bool = False, budget: float = 0.0025, max_every: int = 4,
                  record_cost_s: float = 10e-6, intervals: Callable[[], int] | None = None) -> None:
@@ -57,6 +59,7 @@ class StepContext:
         self._n_avg = 0.0
         # step period of device-sampled and of host-only steps (moving averages) and how many of each
         self._period_on = self._period_off = 0.0
+        self._var_on = self._var_off = 0.0  # moving variances of the two periods
         self._n_on = self._n_off = 0
         self._last_on = False
         self._measured = False  # the first period (from install to the first step) includes setup: not a step
@@ -87,13 +90,22 @@ class StepContext:
                     pass  # never booked to the sampled or host-only period: it is not the price of sampling
                 elif self._last_on:  # the step that just ended was device-sampled
                     self._n_on += 1
-                    self._period_on += (1.0 / self._n_on if self._n_on < 20 else 0.05) * (period - self._period_on)
+                    w = 1.0 / self._n_on if self._n_on < 20 else 0.05
+                    dev = period - self._period_on
+                    self._period_on += w * dev
+                    self._var_on += w * (dev * dev * (1.0 - w) - self._var_on)
                 else:
                     self._n_off += 1
-                    self._period_off += (1.0 / self._n_off if self._n_off < 20 else 0.05) * (period - self._period_off)
+                    w = 1.0 / self._n_off if self._n_off < 20 else 0.05
+                    dev = period - self._period_off
+                    self._period_off += w * dev
+                    self._var_off += w * (dev * dev * (1.0 - w) - self._var_off)
                 cost = 2.0 * self._n_avg * self._record_cost_s
                 if self._n_on >= MIN_MEASURED and self._n_off >= MIN_MEASURED:
-                    cost = max(cost, self._period_on - self._period_off)
+                    # the lower end (2 standard errors) of the measured price: step-to-step jitter is far
+                    # larger than the budget, so an unproven difference must not move N
+                    se = math.sqrt(self._var_on / min(self._n_on, 39) + self._var_off / min(self._n_off, 39))
+                    cost = max(cost, self._period_on - self._period_off - 2.0 * se)
                 every = math.ceil(cost / (self._budget * self._period_avg)) if self._budget > 0 else self._max_every
                 self._every = min(self._max_every, max(1, every))
         elif self._last_t is not None:

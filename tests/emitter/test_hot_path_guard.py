@@ -59,6 +59,7 @@ ALLOWED_CALLS = {
     "perf_counter",
     "_intervals",
     "ceil",
+    "sqrt",
     "min",
     "float",
     "getattr",
