@@ -152,7 +152,7 @@ VERDICTS: Final = (VERDICT_STRAGGLER, VERDICT_RECOVERED, VERDICT_UNCERTAIN)
 
 REASONS: Final = (
     "slower_than_reference",  # straggler: beyond tolerance and floor for N consecutive windows
-    "persistent_excess",  # straggler: per-step excess over the peers' median accumulated over 2+ windows (CUSUM)
+    "persistent_excess",  # straggler: per-step excess over the peers' median summed over 2+ windows (rule 11)
     "within_tolerance",  # recovered: a comparable measurement is back within tolerance
     "below_absolute_floor",  # uncertain: relative gap beyond tolerance but absolute gap under floor
     "workload_incomparable",  # uncertain: the rank's tokens differ from its peers' beyond tolerance

@@ -41,9 +41,9 @@ OUTLIER = 3.0  # a step longer than 3x the average period is not booked to eithe
 
 
 class StepContext:
-    __slots__ = ("_adaptive", "_budget", "_cuda", "_every", "_intervals", "_last_count", "_last_on", "_last_t",
-                 "_max_every", "_measured", "_n_avg", "_n_off", "_n_on", "_period_avg", "_period_off", "_period_on",
-                 "_record_cost_s", "_var_off", "_var_on", "auto", "binding", "device_on", "host_reason", "step")
+    __slots__ = ("_adaptive", "_budget", "_cuda", "_every", "_intervals", "_last_count", "_last_t",
+                 "_max_every", "_measured", "_n_avg", "_period_avg", "_periods", "_record_cost_s", "auto",
+                 "binding", "device_on", "host_reason", "step")
 
     def __init__(self, *, device_every: int = 4, cuda: bool = False, budget: float = 0.0025, max_every: int = 4,
                  record_cost_s: float = 10e-6, intervals: Callable[[], int] | None = None) -> None:
@@ -58,10 +58,9 @@ class StepContext:
         self._period_avg = 0.0
         self._n_avg = 0.0
         # step period of device-sampled and of host-only steps (moving averages) and how many of each
-        self._period_on = self._period_off = 0.0
-        self._var_on = self._var_off = 0.0  # moving variances of the two periods
-        self._n_on = self._n_off = 0
-        self._last_on = False
+        # per kind of step (host-only, device-sampled): [steps seen, moving mean period, moving variance]
+        self._periods = ([0.0, 0.0, 0.0], [0.0, 0.0, 0.0])
+        self.device_on = False  # until the first step: also what _adapt reads as "the step that just ended"
         self._measured = False  # the first period (from install to the first step) includes setup: not a step
         self._cuda = bool(cuda)
         self.auto = True
@@ -86,26 +85,21 @@ class StepContext:
                 # the step period follows a real change within a few steps, but one outlier moves it <= 3x
                 self._period_avg += a * ((min(period, OUTLIER * avg) if avg else period) - avg)
                 self._n_avg += a * (n - self._n_avg)
-                if outlier:
-                    pass  # never booked to the sampled or host-only period: it is not the price of sampling
-                elif self._last_on:  # the step that just ended was device-sampled
-                    self._n_on += 1
-                    w = 1.0 / self._n_on if self._n_on < 20 else 0.05
-                    dev = period - self._period_on
-                    self._period_on += w * dev
-                    self._var_on += w * (dev * dev * (1.0 - w) - self._var_on)
-                else:
-                    self._n_off += 1
-                    w = 1.0 / self._n_off if self._n_off < 20 else 0.05
-                    dev = period - self._period_off
-                    self._period_off += w * dev
-                    self._var_off += w * (dev * dev * (1.0 - w) - self._var_off)
+                if not outlier:  # an outlier is never booked to either kind: it is not the price of sampling
+                    k = self._periods[1 if self.device_on else 0]  # the kind of the step that just ended
+                    k[0] += 1.0
+                    w = 1.0 / k[0] if k[0] < 20.0 else 0.05
+                    dev = period - k[1]
+                    k[1] += w * dev
+                    k[2] += w * (dev * dev * (1.0 - w) - k[2])
                 cost = 2.0 * self._n_avg * self._record_cost_s
-                if self._n_on >= MIN_MEASURED and self._n_off >= MIN_MEASURED:
+                off, on = self._periods
+                if on[0] >= MIN_MEASURED and off[0] >= MIN_MEASURED:
                     # the lower end (2 standard errors) of the measured price: step-to-step jitter is far
-                    # larger than the budget, so an unproven difference must not move N
-                    se = math.sqrt(self._var_on / min(self._n_on, 39) + self._var_off / min(self._n_off, 39))
-                    cost = max(cost, self._period_on - self._period_off - 2.0 * se)
+                    # larger than the budget, so an unproven difference must not move N (39: the effective
+                    # sample count of a 0.05 moving average)
+                    se = math.sqrt(on[2] / min(on[0], 39.0) + off[2] / min(off[0], 39.0))
+                    cost = max(cost, on[1] - off[1] - 2.0 * se)
                 every = math.ceil(cost / (self._budget * self._period_avg)) if self._budget > 0 else self._max_every
                 self._every = min(self._max_every, max(1, every))
         elif self._last_t is not None:
@@ -121,7 +115,7 @@ class StepContext:
         on = self._cuda and step % self._every == 0
         if on and self._adaptive and self._every == 1 and step % PROBE_EVERY == PROBE_EVERY - 1:
             on = False  # probe: a host-only step to compare with
-        self.device_on = self._last_on = on
+        self.device_on = on
         self.host_reason = None if on else (SAMPLED_OUT if self._cuda else NO_CUDA)
 
     def set_step(

@@ -159,7 +159,7 @@ class Detector:
     def _sequential(self, cohort: Cohort, stage: str, window: Window, per: dict[int, RankStat],
                     rank_tokens: dict[int, float] | None, tok_median: float | None) -> dict[int, SeqResult]:
         """Rule 11: every comparable rank's per-step device excess over its peers' per-step median added to its
-        CUSUM (``sequential.py``). ``rank_tokens`` None: every rank's work is comparable; else only ranks whose
+        history (``sequential.py``). ``rank_tokens`` None: every rank's work is comparable; else only ranks whose
         tokens are within the workload tolerance of the cohort's median take part (the others are judged
         uncertain by rule 5 and are nobody's reference)."""
         cfg = self.cfg
@@ -177,8 +177,8 @@ class Detector:
             return {}
         # a stage under device_min_stage_ms is launch-bound and keeps the host floor (rule 9): only a slowdown
         # of 5 ms or more could convict there, which the window rule finds on its own; not worth the per-step work
-        stat = sorted(rs.dev for rs in per.values() if rs.dev is not None)
-        if not stat or stat[len(stat) // 2] < cfg.device_min_stage_ms:
+        stat = [rs.dev for rs in per.values() if rs.dev is not None]
+        if not stat or median(stat) < cfg.device_min_stage_ms:
             return {}
         items = excess(dev, cfg.min_cohort_size)
         history = cohort.seq_sigma.get(stage)
@@ -367,28 +367,16 @@ class Detector:
     def _seq_verdict(self, ctx: _Ctx, stage: str, group: str, r: int, seq: SeqResult, per: dict[int, RankStat],
                      peers: list[int] | None, tols: tuple[float, float], size: int) -> Verdict:
         """A rule-11 straggler verdict: the lookback's value against the mean of the peers' per-step medians,
-        attributed by comparing its device excess with the rank's host excess in this window (its host
-        median against the comparable peers' median host time; host against host only)."""
-        cfg = self.cfg
+        attributed as rule 8 attributes (``_attribution``) with that device comparison and the margin as its
+        tolerance."""
         value, ref = seq.value_ms, seq.reference_ms
         assert value is not None and ref is not None
-        hdev = hgap = None
-        mine = per[r].host
-        if mine is not None:
-            hv = [v for p in (peers if peers is not None else per) if p != r and (v := per[p].host) is not None]
-            if hv:
-                href = median(hv)
-                hgap = mine - href
-                hdev = relative_deviation(mine, href)
-        attribution = attribute(measurement=DEVICE, device_deviation=relative_deviation(value, ref),
-                                device_gap_ms=value - ref, host_deviation=hdev, host_gap_ms=hgap,
-                                tolerance=cfg.sequential_margin, host_tolerance=tols[1],
-                                floor_ms=self.floor(DEVICE, ref), host_floor_ms=cfg.absolute_floor_ms,
-                                host_explains_fraction=cfg.host_explains_fraction,
-                                host_ambiguous_fraction=cfg.host_ambiguous_fraction)
+        dev = relative_deviation(value, ref)
+        attribution = self._attribution(DEVICE, per[r], r, per, peers if peers is not None else
+                                        [p for p in per if p != r], tols,
+                                        device=(dev, value - ref, ref, self.cfg.sequential_margin))
         return self._verdict(ctx, stage, group, r, s.VERDICT_STRAGGLER, "persistent_excess", attribution=attribution,
-                             measurement=DEVICE, value=value, ref_rank=None, ref_ms=ref,
-                             dev=relative_deviation(value, ref), size=size)
+                             measurement=DEVICE, value=value, ref_rank=None, ref_ms=ref, dev=dev, size=size)
 
     def floor(self, kind: str, ref_ms: float) -> float:
         """Absolute gap floor of one comparison: the host floor, or for a device comparison of a stage of
@@ -427,10 +415,16 @@ class Detector:
                 SortedPeers({r: st.host for r, st in per.items() if st.host is not None}))
 
     def _attribution(self, meas: str, mine: RankStat, r: int, per: dict[int, RankStat], peers: list[int],
-                     tols: tuple[float, float]) -> str:
+                     tols: tuple[float, float],
+                     device: tuple[float | None, float, float, float] | None = None) -> str:
+        """Device against the peers' device values and host against their host values (``attribution.py``).
+        ``device``: (deviation, gap ms, reference ms, tolerance) of a comparison made elsewhere (rule 11)."""
         cfg = self.cfg
         dev_d = dev_g = host_d = host_g = ref_d = None
-        if mine.dev is not None:
+        dev_tol = tols[0]
+        if device is not None:
+            dev_d, dev_g, ref_d, dev_tol = device
+        elif mine.dev is not None:
             dev_vals = {p: v for p in peers if (v := per[p].dev) is not None}
             ref = reference_of(dev_vals, cfg.reference, cfg.fastest_quantile)
             if ref is not None:
@@ -445,7 +439,7 @@ class Detector:
                 host_d = relative_deviation(mine.host, ref[1])
                 host_g = mine.host - ref[1]
         return attribute(measurement=meas, device_deviation=dev_d, device_gap_ms=dev_g, host_deviation=host_d,
-                         host_gap_ms=host_g, tolerance=tols[0], host_tolerance=tols[1],
+                         host_gap_ms=host_g, tolerance=dev_tol, host_tolerance=tols[1],
                          floor_ms=self.floor(DEVICE, ref_d) if ref_d is not None else cfg.absolute_floor_ms,
                          host_floor_ms=cfg.absolute_floor_ms,
                          host_explains_fraction=cfg.host_explains_fraction,
