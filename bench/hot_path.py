@@ -1,10 +1,13 @@
 """Cost of one timer start+stop on the training thread versus its floor.
 
 Floor: on CPU two ``time.perf_counter_ns()`` calls (the clock reads a start/stop cannot avoid); on CUDA
-two bare ``record()`` of pre-created events. Arms are interleaved over many repetitions and compared by
-medians. The ring is drained between repetitions (untimed), as the readout thread would.
+two bare ``record()`` of pre-created events. On CUDA the pool records through the driver's ``cuEventRecord``
+(``event_pool.py``); the rows also show start+stop with torch's ``Event.record`` and two bare driver records.
+Arms are interleaved over many repetitions and compared by medians. The ring is drained between
+repetitions (untimed), as the readout thread would.
 
-Last line: ``hot_path_ratio=<x> start_stop_ns=<ns> floor_ns=<ns>``.
+Last line: ``hot_path_ratio=<x> start_stop_ns=<ns> floor_ns=<ns>`` (plus, on CUDA, ``record_api=<api>
+start_stop_torch_record_ns=<ns> floor_driver_ns=<ns>``).
 """
 
 from __future__ import annotations
@@ -175,6 +178,24 @@ def main(argv: list[str] | None = None) -> int:
                 e2.record()
 
         floor_name = "2x event.record()"
+        drec = pool.record
+
+        def floor_driver(n: int) -> None:
+            for _ in range(n):
+                drec(e1)
+                drec(e2)
+
+        # the same start/stop with torch's Event.record (record_api=torch), for reference
+        tpool = EventPool(cfg.pool_size, record_api="torch")
+        ttimers = Timers(2, "minmax", config=cfg, pool=tpool, sink=_NullSink())
+        ttimers.set_step(0)
+        ttimer = ttimers("forward-compute", 2)
+        tstart, tstop = ttimer.start, ttimer.stop
+
+        def ours_torch(n: int) -> None:
+            for _ in range(n):
+                tstart()
+                tstop()
     else:
         clk = time.perf_counter_ns
 
@@ -209,10 +230,14 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
         readout.drain(force=True)
         htimers.readout.drain(force=True)
+        if cuda:
+            ttimers.readout.drain(force=True)
 
     floors: list[float] = []
     arms: list[float] = []
     hosts: list[float] = []
+    torch_arms: list[float] = []
+    driver_floors: list[float] = []
     for _ in range(10):  # warm-up
         ours(200)
         floor(200)
@@ -226,17 +251,23 @@ def main(argv: list[str] | None = None) -> int:
             floors.append(_per_call_ns(floor, args.n))
             arms.append(_per_call_ns(ours, args.n))
         hosts.append(_per_call_ns(host_only, args.n))
+        if cuda:
+            torch_arms.append(_per_call_ns(ours_torch, args.n))
+            driver_floors.append(_per_call_ns(floor_driver, args.n))
         settle()
     snap = timers.counters.snapshot()
     timers.shutdown(1.0)
     htimers.shutdown(1.0)
+    if cuda:
+        ttimers.shutdown(1.0)
     med_arm, med_floor = statistics.median(arms), statistics.median(floors)
     ratio = med_arm / med_floor
     print(f"device: {'cuda' if cuda else 'cpu'}; reps={args.reps} x n={args.n}; medians per start+stop pair")
     print(f"{'arm':<34}{'median ns':>12}{'p10 ns':>10}{'p90 ns':>10}")
     rows = [("timer.start()+timer.stop()", arms), (floor_name, floors)]
     if cuda:
-        rows.append(("start+stop, step not sampled", hosts))
+        rows += [("start+stop, step not sampled", hosts), ("start+stop, torch Event.record", torch_arms),
+                 (f"2x pool.record ({pool.record_api})", driver_floors)]
     for name, xs in rows:
         q = statistics.quantiles(xs, n=10)
         print(f"{name:<34}{statistics.median(xs):>12.1f}{q[0]:>10.1f}{q[-1]:>10.1f}")
@@ -245,7 +276,11 @@ def main(argv: list[str] | None = None) -> int:
         f"degraded_no_cuda={snap['degraded_no_cuda']} degraded_pool_exhausted={snap['degraded_pool_exhausted']} "
         f"device_intervals={snap['intervals'] - sum(v for k, v in snap.items() if k.startswith('degraded_'))}"
     )
-    print(f"hot_path_ratio={ratio:.2f} start_stop_ns={med_arm:.1f} floor_ns={med_floor:.1f}")
+    extra = ""
+    if cuda:
+        extra = (f" record_api={pool.record_api} start_stop_torch_record_ns={statistics.median(torch_arms):.1f}"
+                 f" floor_driver_ns={statistics.median(driver_floors):.1f}")
+    print(f"hot_path_ratio={ratio:.2f} start_stop_ns={med_arm:.1f} floor_ns={med_floor:.1f}{extra}")
     return 0
 
 

@@ -12,6 +12,7 @@ and recorded in ``EmitterConfig.config_errors`` (the counters count each as a ``
 | OTEL_STRAGGLER_DEVICE_BUDGET | device_budget | 0.0025 | auto: event cost allowed, as a fraction of step time |
 | OTEL_STRAGGLER_DEVICE_EVERY_MAX | device_every_max | 4 | auto: largest N (>= 1 device sample per window) |
 | OTEL_STRAGGLER_POOL_SIZE | pool_size | 1024 | pre-created CUDA events (two per interval awaiting readout) |
+| OTEL_STRAGGLER_RECORD_API | record_api | auto | ``auto``/``driver``: cuEventRecord (checked), ``torch`` |
 | OTEL_STRAGGLER_RING_SIZE | ring_size | 8192 | interval ring slots (rounded up to a power of two) |
 | OTEL_STRAGGLER_READOUT_INTERVAL_MS | readout_interval_ms | 100 | readout thread poll period |
 | OTEL_STRAGGLER_READOUT_TIMEOUT_S | readout_timeout_s | 30 | an unfinished end event older than this -> host-only |
@@ -42,6 +43,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from otel_straggler import schema
+from otel_straggler.event_pool import RECORD_APIS
 
 _log = logging.getLogger(__name__)
 _warned: set[str] = set()
@@ -118,6 +120,9 @@ class EmitterConfig:
     device_budget: float = 0.0025
     device_every_max: int = 4
     pool_size: int = 1024
+    # auto: the CUDA driver's cuEventRecord on raw handles when it passes the install check (a fraction of
+    # torch's Event.record cost on the training thread), else torch's; torch: always torch's
+    record_api: str = "auto"
     ring_size: int = 8192
     # 100 ms: every wake of the readout thread takes the GIL from a launch-bound training thread (a forced
     # switch plus the drain); fewer, larger drains cost it less (bench/results/gpu-h200.md section 3)
@@ -176,6 +181,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "device_budget": _float_pos,
     "device_every_max": _int_min(1),
     "pool_size": _int_min(2),
+    "record_api": _choice(*RECORD_APIS),
     "ring_size": _int_min(2),
     "readout_interval_ms": _float_pos,
     "readout_timeout_s": _float_pos,

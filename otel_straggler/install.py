@@ -88,7 +88,7 @@ def build_timers(enabled: bool | None = None, **opts: Any) -> Timers | None:
     config = EmitterConfig.from_env(env, enabled=enabled, **opts)
     if not config.enabled:
         return None
-    pool = create_pool(config.pool_size, extras.get("event_factory"))
+    pool = create_pool(config.pool_size, extras.get("event_factory"), config.record_api)
     identity = extras.get("identity") or resolve_identity(
         env=env, cuda=pool.cuda, job_id=config.job_id or None, topology_epoch=config.topology_epoch, **id_args
     )

@@ -4,13 +4,15 @@ The only consumer of the ring (see ``ring.py``). Every ``readout_interval_ms`` (
 training thread never signals it, since setting a ``threading.Event`` takes a lock) it drains the ring
 in order:
 
-* a slot with CUDA events waits for its last event's ``query()``; while that is False the drain STOPS
+* a slot with CUDA events waits for its last event: ``pool.elapsed(start, end)`` (one driver call, or torch's
+  ``query()`` then ``elapsed_time()``) is None, or for a lone event ``query()`` False, while it is
+  unfinished; the drain then STOPS
   at that slot (head-of-line: completion order is preserved, nothing blocks on an unfinished event)
   unless the slot is older than ``readout_timeout_s``: then the interval goes out host-only
   (``readout_timeout``) and its events move to a bounded quarantine; they return to the pool only once
   ``query()`` is True (or at shutdown), so a recorded-but-unfinished event is never re-recorded;
-* device time is ``start.elapsed_time(end)``; any CUDA exception makes the interval host-only
-  (``cuda_error``) and quarantines its events;
+* device time is that elapsed time; any CUDA exception makes the interval host-only (``cuda_error``) and
+  quarantines its events;
 * the batch goes to ``sink.submit``; about once a second ``sink.publish_stats(counters.snapshot())``.
   Sink exceptions are caught and counted.
 
@@ -159,6 +161,7 @@ class Readout:
         now = _clock()
         timeout_ns = self.timeout_ns
         free = self.pool.free
+        elapsed = self.pool.elapsed
         off = self._wall_offset
         batch: list[Interval] = []
         more = False
@@ -176,7 +179,11 @@ class Readout:
                 wait_ev = eev if eev is not None else sev
                 if wait_ev is not None:
                     try:
-                        done: bool | None = bool(wait_ev.query())
+                        if reason is None and sev is not None and eev is not None:
+                            device_ms = elapsed(sev, eev)  # None while unfinished
+                            done: bool | None = device_ms is not None
+                        else:
+                            done = bool(wait_ev.query())
                     except Exception:
                         done = None
                     if done is None:
@@ -189,11 +196,6 @@ class Readout:
                         else:
                             break  # head-of-line: later slots wait for this one
                     else:
-                        if reason is None and sev is not None and eev is not None:
-                            try:
-                                device_ms = float(sev.elapsed_time(eev))
-                            except Exception:
-                                reason = CUDA_ERROR
                         if sev is not None:
                             free.append(sev)
                         if eev is not None:

@@ -14,17 +14,24 @@ per call. Without CUDA it is always False and ``host_reason`` is ``no_cuda``.
 ``device_every=0`` (auto, the default): at each step change the context reads the monotonic clock once and
 the ring's interval count, keeps moving averages of the step period and of intervals per step, and picks
 the smallest N in ``[1, max_every]`` whose event cost stays within ``budget`` (a fraction of the step time)
-when paid every N-th step. The cost is the larger of two estimates: 2 records per interval x the record cost
-measured when the pool was warmed, and, once both kinds of step have been seen ``MIN_MEASURED`` times, what a
-device-sampled step measurably takes longer than a host-only one (moving averages of both periods, the
-difference taken at its lower 2-standard-error bound, so step jitter does not move N; steps over
-``OUTLIER`` x the average period and the time from install to the first step are left out; with N = 1
-every ``PROBE_EVERY``-th step is host-only so that there is one to compare with). The
-second is the real price: on the H200 VM a launch-bound step with 19 intervals paid 2.8 % (1.1 ms) on its
-sampled steps, four times its records' micro-cost (a record competes with the launches for the driver),
-which made the first estimate pick N = 3 where the budget needs the cap. A 35 ms launch-bound step gets
-N = 4; steps of a second or more get N = 1, so the detector sees device time on every step where it is
-cheap.
+when paid every N-th step. The cost of a device-sampled step is estimated two ways:
+
+* a prior: 2 records per interval x the record cost measured when the pool was warmed x ``PRIOR_FACTOR``.
+  A record between kernel launches costs several times its warm micro-cost: on the H200 VM a launch-bound
+  step with 19 intervals paid 4.6x (torch's record) to 5.9x (the driver's) the micro-cost on its sampled
+  steps (``bench/results/gpu-h200.md``);
+* the measurement: what a device-sampled step takes longer than a host-only one, from per-kind running means
+  of the step period over the last ~``MEASURE_STEPS`` steps of each kind (steps over ``OUTLIER`` x the
+  average period and the time from install to the first step are left out; with N = 1 every
+  ``PROBE_EVERY``-th step is host-only so that there is one to compare with).
+
+Once the measurement resolves the budget (its 2-standard-error half-width is at most half of what the
+budget allows per step) it is the cost: on steady, long (GPU-bound) steps the records' CPU time hides behind
+device work and N drops to 1. Until then the cost is the larger of the prior and the
+measurement's lower 2-standard-error bound: step jitter on a launch-bound step (+-15 % on the VM) is far
+larger than the budget, so an unproven difference must not lower N, and a proven one raises it. A 40 ms
+launch-bound step with 19 intervals gets N = 4; steps of a few hundred ms or more get N = 1, so the detector
+sees device time on every step where it is cheap.
 """
 
 from __future__ import annotations
@@ -35,24 +42,29 @@ from collections.abc import Callable
 
 from otel_straggler.counters import NO_CUDA, SAMPLED_OUT
 
-MIN_MEASURED = 4  # steps of each kind (device-sampled, host-only) before their period difference is trusted
+MIN_MEASURED = 4  # steps of each kind (device-sampled, host-only) before their period difference is used
+MEASURE_STEPS = 100  # the per-kind running mean weighs about the last 100 steps of its kind
+PRIOR_FACTOR = 5.0  # in-context cost of a record on a launch-bound step / its warm micro-cost (4.6-5.9 measured)
+RESOLVED = 0.5  # the measurement decides alone once 2 standard errors <= this fraction of the budget
 PROBE_EVERY = 16  # auto with N = 1: every 16th step is host-only, so the price of sampling stays measured
 OUTLIER = 3.0  # a step longer than 3x the average period is not booked to either kind's period
 
 
 class StepContext:
-    __slots__ = ("_adaptive", "_budget", "_cuda", "_every", "_intervals", "_last_count", "_last_t",
+    __slots__ = ("_adaptive", "_budget", "_clock", "_cuda", "_every", "_intervals", "_last_count", "_last_t",
                  "_max_every", "_measured", "_n_avg", "_period_avg", "_periods", "_record_cost_s", "auto",
                  "binding", "device_on", "host_reason", "step")
 
     def __init__(self, *, device_every: int = 4, cuda: bool = False, budget: float = 0.0025, max_every: int = 4,
-                 record_cost_s: float = 10e-6, intervals: Callable[[], int] | None = None) -> None:
+                 record_cost_s: float = 10e-6, intervals: Callable[[], int] | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self._adaptive = int(device_every) <= 0
         self._max_every = max(1, int(max_every))
         self._every = self._max_every if self._adaptive else max(1, int(device_every))
         self._budget = float(budget)
         self._record_cost_s = float(record_cost_s)
         self._intervals = intervals
+        self._clock = clock  # seconds, monotonic (tests pass a fake)
         self._last_t: float | None = None
         self._last_count = 0
         self._period_avg = 0.0
@@ -73,7 +85,7 @@ class StepContext:
 
     def _adapt(self) -> None:
         """Once per step change: moving averages of step period and intervals per step -> N."""
-        now = time.perf_counter()
+        now = self._clock()
         count = self._intervals() if self._intervals is not None else 0
         if self._last_t is not None and self._measured:
             period = now - self._last_t
@@ -88,19 +100,25 @@ class StepContext:
                 if not outlier:  # an outlier is never booked to either kind: it is not the price of sampling
                     k = self._periods[1 if self.device_on else 0]  # the kind of the step that just ended
                     k[0] += 1.0
-                    w = 1.0 / k[0] if k[0] < 20.0 else 0.05
+                    w = 1.0 / k[0] if k[0] < MEASURE_STEPS else 1.0 / MEASURE_STEPS
                     dev = period - k[1]
                     k[1] += w * dev
                     k[2] += w * (dev * dev * (1.0 - w) - k[2])
-                cost = 2.0 * self._n_avg * self._record_cost_s
+                micro = 2.0 * self._n_avg * self._record_cost_s
+                cost = PRIOR_FACTOR * micro
+                allowed = self._budget * self._period_avg
                 off, on = self._periods
                 if on[0] >= MIN_MEASURED and off[0] >= MIN_MEASURED:
-                    # the lower end (2 standard errors) of the measured price: step-to-step jitter is far
-                    # larger than the budget, so an unproven difference must not move N (39: the effective
-                    # sample count of a 0.05 moving average)
-                    se = math.sqrt(on[2] / min(on[0], 39.0) + off[2] / min(off[0], 39.0))
-                    cost = max(cost, on[1] - off[1] - 2.0 * se)
-                every = math.ceil(cost / (self._budget * self._period_avg)) if self._budget > 0 else self._max_every
+                    # standard error of the difference of the two running means (2 / w - 1: the effective
+                    # sample count of a moving average of weight w)
+                    cap = 2.0 * MEASURE_STEPS - 1.0
+                    se = math.sqrt(on[2] / min(on[0], cap) + off[2] / min(off[0], cap))
+                    diff = on[1] - off[1]
+                    if 2.0 * se <= RESOLVED * allowed:
+                        cost = max(0.0, diff)
+                    else:
+                        cost = max(cost, diff - 2.0 * se)
+                every = math.ceil(cost / allowed) if self._budget > 0 else self._max_every
                 self._every = min(self._max_every, max(1, every))
         elif self._last_t is not None:
             self._measured = True

@@ -21,7 +21,8 @@ Megatron's text format. Differences, all deliberate:
   ``pickle`` gives an inert copy (host-only, no pool, no thread, no sink) that still works.
 
 Hot path (start/stop on the training thread): one ``perf_counter_ns()``; on device-sampled steps a
-pre-created event from the pool and its ``record()`` on the current stream; at stop one ring slot written
+pre-created event from the pool recorded on the current stream (``pool.record``: the driver's
+``cuEventRecord`` on the raw handles where available, ``event_pool.py``); at stop one ring slot written
 (step, repeat index and workload bound here, at completion). No lock, no I/O, no logging, no sync.
 """
 
@@ -99,6 +100,7 @@ class Timer:
         "_orphans",
         "_pool_cap",
         "_reason",
+        "_record",
         "_rep",
         "_rep_step",
         "_ring",
@@ -137,6 +139,7 @@ class Timer:
         self._free = pool.free
         self._orphans = pool.orphans
         self._pool_cap = pool.capacity
+        self._record = pool.record
         self._c = counters
         self._inject = inject
         self._is_step = is_step
@@ -160,7 +163,7 @@ class Timer:
                     self._sev = ev
                     self._reason = None
                     try:
-                        ev.record()
+                        self._record(ev)
                     except Exception:
                         self._reason = CUDA_ERROR
                 else:
@@ -202,7 +205,7 @@ class Timer:
                     if free:
                         eev = free.popleft()
                         try:
-                            eev.record()
+                            self._record(eev)
                         except Exception:
                             reason = CUDA_ERROR
                         n = self._pool_cap - len(free)

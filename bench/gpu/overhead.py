@@ -12,15 +12,19 @@ launch-bound (~40 ms steps, the host's launches are the critical path) and GPU-b
   host    (``--host-arm``) the same shim timing host-only (no CUDA event): what the events cost on top
   shim20  (``--prev-arm``) the shim with the previous emitter defaults (readout every 20 ms, export child
           at the training process's priority), side by side with the current ones
+  shimT   (``--torch-arm``) the shim recording its events with torch's ``Event.record`` instead of the
+          driver's ``cuEventRecord`` (``record_api=torch``), same N
 Each step ends with torch.cuda.synchronize() in every arm (Megatron's loss reduction syncs each step too).
 Short arms (1-2 steps) make slow drift of a shared machine (clocks, neighbours: +-15 % over minutes on the
 lent VM) cancel inside each round; the per-round paired ratio arm/off is then noisy only by step-to-step
 jitter, and the median over hundreds of rounds is reported with a bootstrap 95 % interval. Also reported:
 the training thread's CPU time per step (``time.thread_time``, excludes the final synchronize), which is
 what the shim adds in the launch-bound regime and is far less noisy than wall time.
-The shim's readout thread and exporter child stay alive during the other arms (idle: an empty ring
-polled every 100 ms), so the off and native arms carry that idle cost too; it is small and biases the
-shim ratio towards 1 by that amount, not more.
+The shim's readout thread and exporter child stay alive during the other arms. With 1-step arms a shim's
+readout drain (every 100 ms) mostly lands in the steps of the arms after it, so its GIL time is spread over
+every arm and the shim's ratio is optimistic by part of it; ``--steps 6 --warmup 2`` keeps each arm's
+drains inside its own turn (the warmup steps absorb the previous arm's last drain), and a round's value is
+the mean of its steps (sampled and not), so the ratio is what a run pays.
 
 Usage (on a GPU machine):
   python bench/gpu/overhead.py --sizes launch-bound,gpu-bound --rounds 400 --seconds 150
@@ -141,7 +145,7 @@ def _pin_others() -> int:
 
 
 def run_size(size_name: str, rounds: int, steps: int, warmup: int, seconds: float, host_arm: bool,
-             train_cpu: int | None = None, prev_arm: bool = False) -> dict:
+             train_cpu: int | None = None, prev_arm: bool = False, torch_arm: bool = False) -> dict:
     from megatron.core.timers import Timers as NativeTimers
 
     from otel_straggler.demo.megatron_gpt import SIZES, MegatronGPT
@@ -155,10 +159,13 @@ def run_size(size_name: str, rounds: int, steps: int, warmup: int, seconds: floa
         arms["host"] = _shim(1 << 40)  # never a sampled step: host-only timing
     if prev_arm:
         arms["shim20"] = _shim(every, readout_interval_ms=20.0, export_nice=0)
+    if torch_arm:
+        arms["shimT"] = _shim(every, record_api="torch")
     names = list(arms)
     if train_cpu is not None:  # the shims' threads and children started on the other cores
         os.sched_setaffinity(0, [train_cpu])
-    print(f"  {size_name}: device_every=auto settles on N={every}", flush=True)
+    print(f"  {size_name}: device_every=auto settles on N={every}; the shim records events with "
+          f"{arms['shim'].pool.record_api}", flush=True)
     per_round: dict[str, list[float]] = {n: [] for n in names}
     sampled: dict[str, list[bool]] = {n: [] for n in names}  # was the arm's step device-sampled
     cpu_round: dict[str, list[float]] = {n: [] for n in names}
@@ -174,10 +181,10 @@ def run_size(size_name: str, rounds: int, steps: int, warmup: int, seconds: floa
             model.set_timers(arms[arm])
             measure(model, warmup)
             wall, cpu = measure(model, steps)
-            per_round[arm].append(statistics.median(wall))
+            per_round[arm].append(statistics.fmean(wall))  # a round's cost: every step of it, sampled or not
             ctx = getattr(arms[arm], "ctx", None)
             sampled[arm].append(bool(ctx is not None and ctx.device_on))
-            cpu_round[arm].append(statistics.median(cpu))
+            cpu_round[arm].append(statistics.fmean(cpu))
             all_steps[arm].extend(wall)
             all_cpu[arm].extend(cpu)
         done = r + 1
@@ -187,11 +194,11 @@ def run_size(size_name: str, rounds: int, steps: int, warmup: int, seconds: floa
     model.set_timers(None)
     if train_cpu is not None:
         _pin_others()
-    for arm in ("shim", "host", "shim20"):
+    for arm in ("shim", "host", "shim20", "shimT"):
         if arm in arms:
             arms[arm].shutdown(5.0)
     res: dict = {"size": size_name, "rounds": done, "steps_per_arm_round": steps, "warmup_per_arm_round": warmup,
-                 "device_every": every, "arms": names}
+                 "device_every": every, "arms": names, "record_api": arms["shim"].pool.record_api}
     for arm in names:
         res[f"{arm}_median_ms"] = statistics.median(all_steps[arm])
         res[f"{arm}_cpu_median_ms"] = statistics.median(all_cpu[arm])
@@ -226,6 +233,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured steps per arm per round (after a switch)")
     ap.add_argument("--seconds", type=float, default=150.0, help="time budget per size (rounds stop after it)")
     ap.add_argument("--host-arm", action="store_true", help="add a host-only shim arm")
+    ap.add_argument("--torch-arm", action="store_true",
+                    help="add a shim arm recording events with torch's Event.record (record_api=torch)")
     ap.add_argument("--prev-arm", action="store_true",
                     help="add a shim arm with the previous defaults (readout 20 ms, export child not niced)")
     ap.add_argument("--pin", action="store_true",
@@ -247,7 +256,7 @@ def main() -> int:
     print(f"torch {torch.__version__}, device {torch.cuda.get_device_name(0)}, training thread on cpu "
           f"{train_cpu if train_cpu is not None else 'any'}", flush=True)
     results = [run_size(name, args.rounds, args.steps, args.warmup, args.seconds, args.host_arm, train_cpu,
-                        args.prev_arm) for name in args.sizes.split(",")]
+                        args.prev_arm, args.torch_arm) for name in args.sizes.split(",")]
     metrics = ""
     try:
         import urllib.request

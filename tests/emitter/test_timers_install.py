@@ -27,6 +27,10 @@ def test_config_defaults_env_and_overrides() -> None:
     )
     c = EmitterConfig.from_env({"OTEL_STRAGGLER_ENABLED": "1", "OTEL_STRAGGLER_DEVICE_EVERY": "2"}, device_every=8)
     assert c.enabled and c.device_every == 8 and c.config_errors == ()
+    assert EmitterConfig.from_env({}).record_api == "auto"
+    assert EmitterConfig.from_env({"OTEL_STRAGGLER_RECORD_API": "torch"}).record_api == "torch"
+    c = EmitterConfig.from_env({"OTEL_STRAGGLER_RECORD_API": "cupy"})
+    assert c.record_api == "auto" and c.config_errors == ("record_api",)
 
 
 def test_bad_values_fall_back_warn_once_and_count(caplog: pytest.LogCaptureFixture) -> None:

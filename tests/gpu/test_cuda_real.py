@@ -86,6 +86,55 @@ def test_pool_is_real_cuda_and_warmed_at_install() -> None:
     assert statistics.median(t_warm) < statistics.median(t_fresh)
 
 
+def test_pool_records_through_the_driver_on_the_current_stream() -> None:
+    """auto passes the install check and records with cuEventRecord; like torch's record it uses the CURRENT
+    stream: a pair around work on a side stream times that work (on the default stream it would time
+    nothing), and a pair mixing torch's and the driver's records agrees."""
+    pool = create_pool(16)
+    assert pool.record_api == "driver"
+    assert create_pool(4, record_api="torch").record_api == "torch"
+    side = torch.cuda.Stream()
+    a, b, c, d = (pool.free.popleft() for _ in range(4))
+    _gpu_sleep_ms(0.0)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        pool.record(a)
+        _gpu_sleep_ms(6.0)
+        pool.record(b)
+        c.record()  # torch
+        _gpu_sleep_ms(6.0)
+        pool.record(d)
+    d.synchronize()
+    assert a.elapsed_time(b) > 3.0, a.elapsed_time(b)
+    assert c.elapsed_time(d) > 3.0, c.elapsed_time(d)
+
+
+def test_driver_record_on_a_thread_that_never_used_cuda() -> None:
+    """A fresh thread has no current CUDA context until its first runtime call; the driver record falls back
+    to torch's record there (which makes the context current) instead of failing the interval."""
+    timers, sink = _timers()
+    assert timers.pool.record_api == "driver"
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            timers.set_step(0)
+            timers("forward-compute", log_level=2).start()  # the thread's first CUDA call
+            _gpu_sleep_ms(6.0)
+            timers("forward-compute").stop()
+        except BaseException as exc:  # reported to the test thread
+            errors.append(exc)
+
+    th = threading.Thread(target=run)
+    th.start()
+    th.join()
+    assert not errors
+    assert timers.flush(10.0)
+    timers.shutdown(5.0)
+    got = [iv for iv in sink.intervals if iv.name == "forward-compute"]
+    assert len(got) == 1 and got[0].degraded is None and got[0].device_ms > 3.0, got
+
+
 def test_device_time_measures_gpu_work_not_launch_time() -> None:
     timers, sink = _timers()
     timers.set_step(4)
