@@ -41,6 +41,17 @@ class _NullSink:
         pass
 
 
+def _pairs(first: Callable[[], object], second: Callable[[], object]) -> Callable[[int], None]:
+    """A loop of ``n`` calls of ``first()`` then ``second()`` (a start/stop pair, or a floor's two calls)."""
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            first()
+            second()
+
+    return run
+
+
 def _per_call_ns(fn: Callable[[int], None], n: int) -> float:
     t0 = time.perf_counter_ns()
     fn(n)
@@ -172,11 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         e2.record()
         torch.cuda.synchronize()
 
-        def floor(n: int) -> None:
-            for _ in range(n):
-                e1.record()
-                e2.record()
-
+        floor = _pairs(e1.record, e2.record)
         floor_name = "2x event.record()"
         drec = pool.record
 
@@ -190,40 +197,19 @@ def main(argv: list[str] | None = None) -> int:
         ttimers = Timers(2, "minmax", config=cfg, pool=tpool, sink=_NullSink())
         ttimers.set_step(0)
         ttimer = ttimers("forward-compute", 2)
-        tstart, tstop = ttimer.start, ttimer.stop
-
-        def ours_torch(n: int) -> None:
-            for _ in range(n):
-                tstart()
-                tstop()
+        ours_torch = _pairs(ttimer.start, ttimer.stop)
     else:
-        clk = time.perf_counter_ns
-
-        def floor(n: int) -> None:
-            for _ in range(n):
-                clk()
-                clk()
-
+        floor = _pairs(time.perf_counter_ns, time.perf_counter_ns)
         floor_name = "2x perf_counter_ns()"
 
-    start, stop = timer.start, timer.stop
-
-    def ours(n: int) -> None:
-        for _ in range(n):
-            start()
-            stop()
+    ours = _pairs(timer.start, timer.stop)
 
     # the same path on a step that is not device-sampled (host clock only), for reference
     hcfg = EmitterConfig(enabled=True, device_every=4, ring_size=cfg.ring_size, pool_size=64)
     htimers = Timers(2, "minmax", config=hcfg, pool=pool, sink=_NullSink())
     htimers.set_step(1)
     htimer = htimers("forward-compute", 2)
-    hstart, hstop = htimer.start, htimer.stop
-
-    def host_only(n: int) -> None:
-        for _ in range(n):
-            hstart()
-            hstop()
+    host_only = _pairs(htimer.start, htimer.stop)
 
     def settle() -> None:
         if cuda:

@@ -22,13 +22,14 @@ and recorded in ``EmitterConfig.config_errors`` (the counters count each as a ``
 | OTEL_STRAGGLER_STEP_TIMER | step_timer | forward-backward | timer whose start advances the auto step |
 | OTEL_STRAGGLER_SHUTDOWN_TIMEOUT_S | shutdown_timeout_s | 5 | bound on shutdown |
 
-``device_every`` defaults to ``auto``: a CUDA event record costs 6-12 us of GIL time on the lent H200 VM, and
-on a launch-bound step a device-sampled step pays more than its records (under a busy launch queue: +2.8 %
-of a 40 ms step with 19 intervals, ~4x the records' micro-cost); on a step of a second events cost < 0.1 %.
-Auto sampling picks the smallest N (1..``device_every_max``) whose cost stays within ``device_budget``,
-taking the larger of the records' micro-cost (measured when the pool is warmed) and the measured difference
-between device-sampled and host-only step periods (``step_context.py``): N = 4 launch-bound, N = 1 for long
-steps. The other steps are timed on the host (``sampled_out``). A fixed N >= 1 disables the adaptation.
+``device_every`` defaults to ``auto``: a CUDA event record costs 1.6 us warm on the lent H200 VM through the
+driver (6 us through torch's ``Event.record``), and several times that between the launches of a
+launch-bound step (a device-sampled 39 ms step with 19 intervals paid +0.9 % through the driver, +2.7 %
+through torch); on a step of a second events cost < 0.1 %. Auto sampling picks the smallest N
+(1..``device_every_max``) whose cost stays within ``device_budget``: a prior of 5x the records' micro-cost
+until the measured difference between device-sampled and host-only step periods resolves the budget
+(``step_context.py``): N = 4 launch-bound, N = 1 for long steps. The other steps are timed on the host
+(``sampled_out``). A fixed N >= 1 disables the adaptation.
 The readout thread wakes every 100 ms (each wake takes the GIL from the training thread; 20 ms cost a
 launch-bound step ~0.8 % more, ``bench/results/gpu-h200.md`` section 3) and the export child runs at
 ``export_nice`` (+10) so it yields to training processes on shared cores.
