@@ -15,10 +15,12 @@ present is NaN, infinite or negative). A non-finite duration next to a finite on
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans
 
+from collector_processor.processor.straggler import arrays
 from collector_processor.processor.straggler.model import StageSample, StepSummary
 from otel_straggler import schema as s
 
@@ -59,16 +61,6 @@ class DecodeResult:
 
     def reject(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
-
-
-def _number(v: object) -> float:
-    """A numeric AnyValue as float (doubles normally; ints accepted)."""
-    which = v.WhichOneof("value")  # type: ignore[attr-defined]
-    if which == "double_value":
-        return v.double_value  # type: ignore[attr-defined]
-    if which == "int_value":
-        return float(v.int_value)  # type: ignore[attr-defined]
-    return math.nan
 
 
 def resource_identity(rs: ResourceSpans) -> ResourceIdentity:
@@ -148,12 +140,12 @@ def decode_resource_spans(rs: ResourceSpans, out: DecodeResult, skip_service: st
                     v = kv.value
                     dev = v.double_value
                     if not dev:  # 0.0 or not a double: ask which (rare)
-                        dev = _number(v)
+                        dev = arrays.number(v)
                 elif k == k_host:
                     v = kv.value
                     host = v.double_value
                     if not host:
-                        host = _number(v)
+                        host = arrays.number(v)
                 elif k == k_iter:
                     step = kv.value.int_value
                 elif k == k_group:
@@ -178,13 +170,6 @@ def decode_resource_spans(rs: ResourceSpans, out: DecodeResult, skip_service: st
             ))
 
 
-def _doubles(values: object) -> list[float]:
-    """A numeric array (homogeneous, as OTel requires): doubles read directly, ints converted."""
-    if values and values[0].WhichOneof("value") != "double_value":  # type: ignore[index]
-        return [_number(x) for x in values]  # type: ignore[attr-defined]
-    return [x.double_value for x in values]  # type: ignore[attr-defined]
-
-
 def _decode_summary(span: object, ident: ResourceIdentity, out: DecodeResult) -> None:
     """One ``rank-step`` span with its step summary -> one ``StepSummary``: the rank-step's own host time
     (entry 0, when finite) and one entry per timer; bad entries counted as the stage-span path counts them."""
@@ -195,19 +180,19 @@ def _decode_summary(span: object, ident: ResourceIdentity, out: DecodeResult) ->
     for kv in span.attributes:  # type: ignore[attr-defined]
         k = kv.key
         if k == s.ATTR_SUMMARY_DEVICE_MS:
-            devs = _doubles(kv.value.array_value.values)
+            devs = arrays.doubles(kv.value.array_value)
         elif k == s.ATTR_SUMMARY_HOST_MS:
-            hosts = _doubles(kv.value.array_value.values)
+            hosts = arrays.doubles(kv.value.array_value)
         elif k == s.ATTR_SUMMARY_STAGES:
-            stages = [x.string_value for x in kv.value.array_value.values]
+            stages = arrays.strings(kv.value.array_value)
         elif k == s.ATTR_SUMMARY_GROUPS:
-            groups = [x.string_value for x in kv.value.array_value.values]
+            groups = arrays.strings(kv.value.array_value)
         elif k == s.ATTR_SUMMARY_COUNTS:
-            counts = [x.int_value for x in kv.value.array_value.values]
+            counts = arrays.ints(kv.value.array_value)
         elif k == s.ATTR_ITERATION:
             step = kv.value.int_value
         elif k == s.ATTR_HOST_MS:
-            host_total = _number(kv.value)
+            host_total = arrays.number(kv.value)
         elif k == s.ATTR_WORKLOAD_TOKENS:
             t = kv.value.int_value
             tokens = t if t > 0 else None
@@ -227,26 +212,58 @@ def _decode_summary(span: object, ident: ResourceIdentity, out: DecodeResult) ->
         else:
             out.non_finite_values += 1
             out.reject(REJECT_NON_FINITE)
-    names = [s.SPAN_RANK_STEP] if host_ok else []  # the rank-step itself, as its stage span would be
+    # the rank-step itself first (its host time, as its stage span would give it), then one entry per timer
+    names: list[str] = [s.SPAN_RANK_STEP] if host_ok else []
     grps = ["step"] if host_ok else []
     dev_out: list[float | None] = [None] if host_ok else []
     host_out: list[float | None] = [host_total] if host_ok else []
     cnt = [1] if host_ok else []
-    not_measured = s.SUMMARY_NOT_MEASURED
-    for i, stage in enumerate(stages):
-        if not stage:
-            out.reject(REJECT_MALFORMED)
-            continue
-        dev, host_ms = _clean(None if devs[i] == not_measured else devs[i], hosts[i], out)
-        names.append(stage)
-        grps.append(groups[i] or "other")
-        dev_out.append(dev)
-        host_out.append(host_ms)
-        cnt.append(counts[i] if counts[i] > 0 else 1)
+    dev_entries = _device_entries(devs, n)
+    if dev_entries is not None and _clean_values(hosts) and all(stages) and all(groups) and min(counts) > 0:
+        # every entry valid, as a healthy emitter sends them: whole lists at once, what the loop below gives
+        # entry by entry (this runs once per rank-step: per-entry calls were most of the decode's cost)
+        names += stages
+        grps += groups
+        dev_out += dev_entries
+        host_out += hosts
+        cnt += counts
+    else:
+        not_measured = s.SUMMARY_NOT_MEASURED
+        for i, stage in enumerate(stages):
+            if not stage:
+                out.reject(REJECT_MALFORMED)
+                continue
+            dev, host_ms = _clean(None if devs[i] == not_measured else devs[i], hosts[i], out)
+            names.append(stage)
+            grps.append(groups[i] or "other")
+            dev_out.append(dev)
+            host_out.append(host_ms)
+            cnt.append(counts[i] if counts[i] > 0 else 1)
     out.summaries.append(StepSummary(
         ident.job, ident.cohort, ident.rank, ident.host, ident.gpu, ident.world_size, ident.dp_size, step, tokens,
         span.start_time_unix_nano, span.end_time_unix_nano, span.trace_id, span.span_id,  # type: ignore[attr-defined]
         names, grps, dev_out, host_out, cnt))
+
+
+def _device_entries(devs: Sequence[float], n: int) -> Sequence[float | None] | None:
+    """The summary's device times with "not measured" as None; None when a measured one is negative or not
+    finite (the per-entry path drops and counts those)."""
+    not_measured = s.SUMMARY_NOT_MEASURED
+    missing = devs.count(not_measured)
+    if not missing:
+        return devs if _clean_values(devs) else None
+    if missing == n:  # a step without device timing (sampled)
+        return [None] * n
+    if not _clean_values([d for d in devs if d != not_measured]):
+        return None
+    return [None if d == not_measured else d for d in devs]
+
+
+def _clean_values(values: Sequence[float]) -> bool:
+    """True when a non-empty list holds only finite, non-negative values: its minimum is not negative and
+    its sum is finite (a NaN or an infinity makes the sum NaN or infinite; a NaN can hide from ``min``, never
+    from the sum). An overflowing sum only sends the list down the per-entry path."""
+    return bool(values) and min(values) >= 0.0 and _isfinite(sum(values))
 
 
 def _clean(dev: float | None, host: float | None, out: DecodeResult) -> tuple[float | None, float | None]:

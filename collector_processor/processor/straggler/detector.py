@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from collector_processor.processor.straggler import sequential
@@ -38,12 +39,20 @@ _MEDIAN_SE = 1.2533  # standard error of the median of n normal samples = 1.2533
 @dataclass(slots=True)
 class RankStat:
     dev: float | None
-    host: float | None
     dev_samples: list[float]
     host_samples: list[float]
     fresh: int = 0  # samples of this window behind the device statistic (0: all of them)
     dev_used: list[float] | None = None  # the samples behind the device statistic when pooled
     dev_steps: list[int] | None = None  # the step of each device sample (step windows)
+    _host: float | None = None
+
+    @property
+    def host(self) -> float | None:
+        """Median of the host samples (None without any), computed on first read: a rank with device times
+        is judged on those, its host statistic is read only for a host-stall group or an attribution."""
+        if self._host is None and self.host_samples:
+            self._host = median(self.host_samples)
+        return self._host
 
 
 @dataclass(slots=True)
@@ -55,6 +64,43 @@ class WindowOutcome:
     rank_deviation: dict[int, float] = field(default_factory=dict)
     # alerts refreshed or cleared in this window: (rank, stage) -> alert or None
     alerts: dict[tuple[int, str], Verdict | None] = field(default_factory=dict)
+
+
+class Tolerances:
+    """Device and host tolerance of one stage in one window (``Detector._tolerances``). The host one is
+    computed on first use: a stage whose ranks all have device times needs it only for a host-stall group
+    or a slow rank's attribution, and its robust sigma costs as much as the device one."""
+
+    __slots__ = ("_host", "_host_of", "device")
+
+    def __init__(self, device: float, host_of: Callable[[], float]) -> None:
+        self.device = device
+        self._host: float | None = None
+        self._host_of = host_of
+
+    @property
+    def host(self) -> float:
+        if self._host is None:
+            self._host = self._host_of()
+        return self._host
+
+
+class Views:
+    """One stage's device values and host values (a rank without device samples is compared host-vs-host),
+    each sorted once for every rank's reference; the host side on first use (see ``Tolerances``)."""
+
+    __slots__ = ("_host", "_per", "device")
+
+    def __init__(self, per: dict[int, RankStat]) -> None:
+        self._per = per
+        self.device = SortedPeers({r: st.dev for r, st in per.items() if st.dev is not None})
+        self._host: SortedPeers | None = None
+
+    @property
+    def host(self) -> SortedPeers:
+        if self._host is None:
+            self._host = SortedPeers({r: st.host for r, st in self._per.items() if st.host is not None})
+        return self._host
 
 
 @dataclass(slots=True)
@@ -101,13 +147,8 @@ class Detector:
                     tokens.setdefault(r, []).extend(cell.tokens)
                 if r not in warm:
                     continue
-                per[r] = RankStat(
-                    median(cell.dev) if cell.dev else None,
-                    median(cell.host) if cell.host else None,
-                    cell.dev,
-                    cell.host,
-                    dev_steps=cell.dev_steps,
-                )
+                per[r] = RankStat(median(cell.dev) if cell.dev else None, cell.dev, cell.host,
+                                  dev_steps=cell.dev_steps)
             stats[stage] = per
         rank_tokens = {r: median(v) for r, v in tokens.items() if r in warm}
         tok_values = list(rank_tokens.values())
@@ -148,7 +189,7 @@ class Detector:
             if group not in self._judged or not per:
                 continue
             self._pool_device(cohort, stage, window.index, per)
-            views = self._views(per) if uniform else None
+            views = Views(per) if uniform else None
             tols = self._tolerances(per)
             seq = self._sequential(cohort, stage, window, per, None if uniform else rank_tokens, tok_median)
             for r in sorted(per):
@@ -215,8 +256,8 @@ class Detector:
                 rs.dev = median(rs.dev_used)
                 rs.fresh = len(rs.dev_samples)
 
-    def _tolerances(self, per: dict[int, RankStat]) -> tuple[float, float]:
-        """(device, host) tolerance of this stage in this window: ``tolerance``, raised to ``noise_z`` standard
+    def _tolerances(self, per: dict[int, RankStat]) -> Tolerances:
+        """Device and host tolerance of this stage in this window: ``tolerance``, raised to ``noise_z`` standard
         errors of a rank's window median when the cohort's step-to-step noise is larger. The per-step sigma is
         estimated robustly within each rank (``pooled_relative_sigma``: spikes and a slow rank do not move
         it); the standard error of a median of k samples is 1.2533 sigma / sqrt(k). A +5 % fault is found
@@ -224,18 +265,20 @@ class Detector:
         (docs/detection-defaults.md)."""
         cfg = self.cfg
         if cfg.noise_z <= 0:
-            return cfg.tolerance, cfg.tolerance
+            return Tolerances(cfg.tolerance, lambda: cfg.tolerance)
         need = cfg.min_cohort_size
         scale = cfg.noise_z * _MEDIAN_SE / math.sqrt(cfg.window_steps)
-        dev = pooled_relative_sigma((st.dev_used or st.dev_samples for st in per.values()), need)
-        host = pooled_relative_sigma((st.host_samples for st in per.values()), need)
-        return (cfg.tolerance if dev is None else max(cfg.tolerance, scale * dev),
-                cfg.tolerance if host is None else max(cfg.tolerance, scale * host))
+
+        def raised(sigma: float | None) -> float:
+            return cfg.tolerance if sigma is None else max(cfg.tolerance, scale * sigma)
+
+        return Tolerances(raised(pooled_relative_sigma((st.dev_used or st.dev_samples for st in per.values()), need)),
+                          lambda: raised(pooled_relative_sigma((st.host_samples for st in per.values()), need)))
 
     # --- one rank, one stage ------------------------------------------------------------------------
     def _judge_rank(self, ctx: _Ctx, out: WindowOutcome, stage: str, group: str, r: int,
                     per: dict[int, RankStat], rank_tokens: dict[int, float], tok_median: float | None,
-                    views: tuple[SortedPeers, SortedPeers] | None, tols: tuple[float, float],
+                    views: Views | None, tols: Tolerances,
                     seq: SeqResult | None = None) -> None:
         cfg = self.cfg
         key = (ctx.cohort.job, ctx.cohort.key, r, stage)
@@ -271,19 +314,19 @@ class Detector:
             dev = math.inf if value > 0 else 0.0
         gap = value - ref_ms
         host_stall = False
-        tol = tols[0] if meas == DEVICE else tols[1]
-        if meas == DEVICE and mine.host is not None and group in cfg.host_stall_groups \
+        tol = tols.device if meas == DEVICE else tols.host
+        if meas == DEVICE and group in cfg.host_stall_groups and mine.host is not None \
                 and not (dev > tol and gap >= self.floor(DEVICE, ref_ms)):
             # device flat (or sub-floor): is the host interval up against the peers' host times? A host
             # stall outside the device interval (e.g. waiting for data) still delays the step.
             href, hsize, _ = self._reference(r, HOST, per, views, tok, rank_tokens)
             if href is not None:
                 hdev = relative_deviation(mine.host, href[1])
-                if hdev is not None and hdev > tols[1] and mine.host - href[1] >= cfg.absolute_floor_ms:
+                if hdev is not None and hdev > tols.host and mine.host - href[1] >= cfg.absolute_floor_ms:
                     meas, value, (ref_rank, ref_ms), dev, gap, size = HOST, mine.host, href, hdev, \
                         mine.host - href[1], hsize
                     host_stall = True
-                    tol = tols[1]
+                    tol = tols.host
         prev = out.rank_deviation.get(r)
         if math.isfinite(dev) and (prev is None or dev > prev):
             out.rank_deviation[r] = dev
@@ -365,7 +408,7 @@ class Detector:
         return seq.value_ms - seq.reference_ms >= self.floor(DEVICE, seq.reference_ms)
 
     def _seq_verdict(self, ctx: _Ctx, stage: str, group: str, r: int, seq: SeqResult, per: dict[int, RankStat],
-                     peers: list[int] | None, tols: tuple[float, float], size: int) -> Verdict:
+                     peers: list[int] | None, tols: Tolerances, size: int) -> Verdict:
         """A rule-11 straggler verdict: the lookback's value against the mean of the peers' per-step medians,
         attributed as rule 8 attributes (``_attribution``) with that device comparison and the margin as its
         tolerance."""
@@ -387,14 +430,15 @@ class Detector:
         return cfg.absolute_floor_ms
 
     def _reference(self, r: int, kind: str, per: dict[int, RankStat],
-                   views: tuple[SortedPeers, SortedPeers] | None, tok: float | None, rank_tokens: dict[int, float]
+                   views: Views | None, tok: float | None, rank_tokens: dict[int, float]
                    ) -> tuple[tuple[int, float] | None, int, list[int] | None]:
         """(reference peer and value, effective cohort size incl. the rank, comparable peers or None=all)."""
         cfg = self.cfg
         q = cfg.fastest_quantile
         if views is not None or tok is None:
             # common case: every peer's work is comparable; O(1) per rank against pre-sorted values
-            view = (views or self._views(per))[0 if kind == DEVICE else 1]
+            views = views or Views(per)
+            view = views.device if kind == DEVICE else views.host
             size = 1 + view.peers(r)
             return (view.reference(r, cfg.reference, q) if size >= cfg.min_cohort_size else None), size, None
         # unequal work in the cohort: the reference set is the rank's comparable class, O(n) per rank
@@ -408,20 +452,14 @@ class Detector:
         size = 1 + len(peer_vals)
         return (reference_of(peer_vals, cfg.reference, q) if size >= cfg.min_cohort_size else None), size, peers_all
 
-    @staticmethod
-    def _views(per: dict[int, RankStat]) -> tuple[SortedPeers, SortedPeers]:
-        """Device values, and host values (a rank without device samples is compared host-vs-host)."""
-        return (SortedPeers({r: st.dev for r, st in per.items() if st.dev is not None}),
-                SortedPeers({r: st.host for r, st in per.items() if st.host is not None}))
-
     def _attribution(self, meas: str, mine: RankStat, r: int, per: dict[int, RankStat], peers: list[int],
-                     tols: tuple[float, float],
+                     tols: Tolerances,
                      device: tuple[float | None, float, float, float] | None = None) -> str:
         """Device against the peers' device values and host against their host values (``attribution.py``).
         ``device``: (deviation, gap ms, reference ms, tolerance) of a comparison made elsewhere (rule 11)."""
         cfg = self.cfg
         dev_d = dev_g = host_d = host_g = ref_d = None
-        dev_tol = tols[0]
+        dev_tol = tols.device
         if device is not None:
             dev_d, dev_g, ref_d, dev_tol = device
         elif mine.dev is not None:
@@ -439,7 +477,7 @@ class Detector:
                 host_d = relative_deviation(mine.host, ref[1])
                 host_g = mine.host - ref[1]
         return attribute(measurement=meas, device_deviation=dev_d, device_gap_ms=dev_g, host_deviation=host_d,
-                         host_gap_ms=host_g, tolerance=dev_tol, host_tolerance=tols[1],
+                         host_gap_ms=host_g, tolerance=dev_tol, host_tolerance=tols.host,
                          floor_ms=self.floor(DEVICE, ref_d) if ref_d is not None else cfg.absolute_floor_ms,
                          host_floor_ms=cfg.absolute_floor_ms,
                          host_explains_fraction=cfg.host_explains_fraction,

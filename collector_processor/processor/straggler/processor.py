@@ -223,8 +223,11 @@ class StragglerProcessor:
 
     def _add_summary(self, cohort: Cohort, summ: StepSummary, now: float) -> int | None:
         """Every entry of one rank-step summary, as ``_add`` would put them one by one (one rank, one step,
-        so one window: looked up once). Returns the samples accepted, None when the window is closed (late)."""
-        if not summ.stages:
+        so one window: looked up once). Returns the samples accepted, None when the window is closed (late).
+        The summary is queued in its window as a whole (``Window.queue_summary``); its entries' stages are
+        admitted once per rank and window, not per rank-step."""
+        stages = summ.stages
+        if not stages:
             return 0
         info = self._rank(cohort, summ.rank, summ.host, summ.gpu, summ.world_size, summ.dp_size, now)
         if info is None:
@@ -232,19 +235,33 @@ class StragglerProcessor:
         w = self._window(cohort, info, summ.step, summ.start_unix_ns, now)
         if w is None:
             return None
+        devs = summ.device_ms
+        hosts = summ.host_ms
+        if w.queued(summ.rank) != stages:  # (the cohort's stages only grow: admitted once, admitted for good)
+            groups = summ.groups
+            admitted = [self._stage_ok(cohort, stage, groups[i]) for i, stage in enumerate(stages)]
+            if not all(admitted):  # over max_stages: the admitted entries one by one
+                return self._add_entries(w, summ, admitted)
+        w.queue_summary(summ.rank, stages, summ.step, summ.tokens, devs, hosts)
+        # an entry with neither value (non-finite, already counted by the decoder) is present, not accepted
+        accepted = len(stages) if None not in hosts else sum(
+            1 for dev, host in zip(devs, hosts, strict=True) if dev is not None or host is not None)
+        if accepted:
+            self._extend(w, summ.step, summ.start_unix_ns, summ.end_unix_ns)
+        return accepted
+
+    def _add_entries(self, w: Window, summ: StepSummary, admitted: list[bool]) -> int:
+        """The admitted entries of a summary straight into their cells (a cohort at its stage cap)."""
         rank = summ.rank
         step = summ.step
         tokens = summ.tokens
-        devs = summ.device_ms
-        hosts = summ.host_ms
-        groups = summ.groups
         accepted = 0
         for i, stage in enumerate(summ.stages):
-            if not self._stage_ok(cohort, stage, groups[i]):
+            if not admitted[i]:
                 continue
             cell = w.cell(stage, rank)
-            dev = devs[i]
-            host = hosts[i]
+            dev = summ.device_ms[i]
+            host = summ.host_ms[i]
             if dev is None and host is None:
                 continue  # non-finite: present, no value (already counted by the decoder)
             if dev is not None:

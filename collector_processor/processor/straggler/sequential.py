@@ -148,6 +148,18 @@ class SeqResult:
     reference_ms: float | None
 
 
+_ROOTS: tuple[float, ...] = tuple(math.sqrt(n) for n in range(65))
+
+
+def _roots(n: int) -> tuple[float, ...]:
+    """sqrt(0) .. sqrt(n) at least: the lookback scan divides by sqrt(n) for every n of every rank, so from a
+    table. A longer history gets a new, longer table (never a change to one a caller may be reading)."""
+    global _ROOTS
+    if n >= len(_ROOTS):
+        _ROOTS = tuple(math.sqrt(i) for i in range(2 * n + 1))
+    return _ROOTS
+
+
 def reset(st: RankStageState) -> None:
     st.seq_hist = None
     st.seq_index = -1
@@ -171,14 +183,17 @@ def update(st: RankStageState, index: int, items: list[StepExcess], sigma: float
     if over > 0:
         del hist[:over]
     n_total = len(hist) // _REC
+    roots = _roots(n_total)
     best = -math.inf
     best_n = 0
     zsum = 0.0
-    for n in range(1, n_total + 1):
-        z = hist[(n_total - n) * _REC + 1] / sigma
+    n = 0
+    for d in reversed(hist[1::_REC]):  # d of every kept step, newest first: lookbacks of n = 1, 2, ...
+        n += 1
+        z = d / sigma
         zsum += z if z < cap else cap
         if n >= min_steps:
-            score = zsum / math.sqrt(n)
+            score = zsum / roots[n]
             if score > best:
                 best, best_n = score, n
     window_excess = wsum / len(items) if items else 0.0

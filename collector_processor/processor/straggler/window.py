@@ -2,10 +2,15 @@
 
 A window holds, per stage and rank, the per-step samples of that rank. Windows close in index order; the
 highest closed index is a fence: a sample for a window at or below it is ``late`` (counted, never re-judged).
+
+Step summaries (one row per rank-step: every timer of the step) are queued per rank as they come and spread
+into the cells when the window closes (``Window.settle``), column by column: a window's rows of one rank
+have the same timers, so each cell gets its values in one ``extend`` instead of an append per rank-step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 KIND_STEP = "step"
@@ -24,6 +29,18 @@ class RankCell:
 
 
 @dataclass(slots=True)
+class SummaryRows:
+    """One rank's step summaries in one window, not yet in the cells. Every row has the entries ``stages``
+    (all admitted to the cohort), so the rows are columns once transposed."""
+
+    stages: Sequence[str]
+    steps: list[int] = field(default_factory=list)
+    tokens: list[int | None] = field(default_factory=list)
+    dev: list[Sequence[float | None]] = field(default_factory=list)
+    host: list[Sequence[float | None]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class Window:
     kind: str
     index: int
@@ -35,8 +52,14 @@ class Window:
     start_ns: int = 0
     end_ns: int = 0
     cells: dict[str, dict[int, RankCell]] = field(default_factory=dict)
+    rows: dict[int, SummaryRows] = field(default_factory=dict)  # queued step summaries per rank
 
     def cell(self, stage: str, rank: int) -> RankCell:
+        if self.rows:  # queued summaries arrived first: theirs go in first
+            self.settle()
+        return self._cell(stage, rank)
+
+    def _cell(self, stage: str, rank: int) -> RankCell:
         ranks = self.cells.get(stage)
         if ranks is None:
             ranks = self.cells[stage] = {}
@@ -45,7 +68,66 @@ class Window:
             c = ranks[rank] = RankCell()
         return c
 
+    def queued(self, rank: int) -> Sequence[str] | None:
+        """The entries of the rank's queued summaries (None: none queued)."""
+        rows = self.rows.get(rank)
+        return rows.stages if rows is not None else None
+
+    def queue_summary(self, rank: int, stages: Sequence[str], step: int, tokens: int | None,
+                      dev: Sequence[float | None], host: Sequence[float | None]) -> None:
+        """Queue one rank-step summary whose entries (``stages``, parallel to ``dev`` and ``host``) are all
+        admitted. A rank's summary with other entries than its queued ones first settles the queue."""
+        rows = self.rows.get(rank)
+        if rows is None or rows.stages != stages:
+            if rows is not None:
+                self.settle()
+            rows = self.rows[rank] = SummaryRows(stages)
+        rows.steps.append(step)
+        rows.tokens.append(tokens)
+        rows.dev.append(dev)
+        rows.host.append(host)
+
+    def settle(self) -> None:
+        """Spread the queued summaries into the cells, as adding them entry by entry in arrival order would
+        (cells created, and values appended, in the same order): rank by rank in the order ranks first
+        queued, which is the arrival order of first appearances because each rank's rows share one list of
+        entries. Per entry: a device time with its step, a host time, and the rank-step's tokens when the
+        entry had a value at all (an entry with neither still makes the rank present)."""
+        pending, self.rows = self.rows, {}
+        for rank, rows in pending.items():
+            steps = rows.steps
+            all_tokens = [t for t in rows.tokens if t is not None]
+            for stage, dev, host in zip(rows.stages, zip(*rows.dev), zip(*rows.host), strict=True):
+                ranks = self.cells.get(stage)
+                if ranks is None:
+                    ranks = self.cells[stage] = {}
+                c = ranks.get(rank)
+                if c is None and None not in dev and None not in host:  # the common case: a new, full cell
+                    ranks[rank] = RankCell(list(dev), list(host), all_tokens.copy(), steps.copy())
+                    continue
+                if c is None:
+                    c = ranks[rank] = RankCell()
+                if None not in dev:
+                    c.dev.extend(dev)
+                    c.dev_steps.extend(steps)
+                else:
+                    for d, t in zip(dev, steps, strict=True):
+                        if d is not None:
+                            c.dev.append(d)
+                            c.dev_steps.append(t)
+                if None not in host:  # every entry has a value: each adds its tokens
+                    c.host.extend(host)
+                    c.tokens.extend(all_tokens)
+                    continue
+                for d, h, tok in zip(dev, host, rows.tokens, strict=True):
+                    if h is not None:
+                        c.host.append(h)
+                    if tok is not None and (d is not None or h is not None):
+                        c.tokens.append(tok)
+
     def ranks(self) -> set[int]:
+        if self.rows:
+            self.settle()
         out: set[int] = set()
         for ranks in self.cells.values():
             out.update(ranks)
@@ -83,6 +165,7 @@ class WindowSet:
         out = sorted((w for i, w in self.open.items() if i <= index), key=lambda w: w.index)
         for w in out:
             del self.open[w.index]
+            w.settle()
         if self.closed_through is None or index > self.closed_through:
             self.closed_through = index
         return out
