@@ -75,14 +75,19 @@ class Config(BaseModel):
     # Sequential evidence (rule 11, sequential.py): per rank and stage, the per-step device excess over the
     # comparable peers' per-step median, in units of the cohort's measured per-step spread, summed over every
     # lookback of more than a window's steps that ends now. sequential_threshold: the standardised sum
-    # (sum / sqrt(n), a one-sided z-score) that convicts; sequential_margin: the least mean excess that is a
-    # straggler, over the lookback and in each of the two latest windows' steps; sequential_step_cap: the most
-    # one step adds (a spike is one step's evidence); sequential_history_steps: the longest lookback;
-    # sequential_sigma_windows: windows whose spreads are averaged; sequential_sigma_floor: the least spread
-    # assumed. Measured in docs/detection-defaults.md.
+    # (sum / sqrt(n), a one-sided z-score) that convicts; sequential_margin: the least median excess over the
+    # lookback that is a straggler; sequential_window_z: the least standardised sum of the lookback's steps in
+    # this window and in the previous one, each (two consecutive windows of evidence); sequential_rest_z: the
+    # least standardised sum of the lookback without its strongest run of window_steps steps (one window, or
+    # a burst as long, does not convict on its own); sequential_step_cap: the most one step adds (a spike is
+    # one step's evidence); sequential_history_steps: the longest lookback; sequential_sigma_windows: windows
+    # whose spreads are averaged; sequential_sigma_floor: the least spread assumed. Measured in
+    # docs/detection-defaults.md.
     sequential: bool = True
     sequential_threshold: float = Field(default=5.5, gt=0)
     sequential_margin: float = Field(default=0.025, gt=0)
+    sequential_window_z: float = Field(default=2.0, gt=0)
+    sequential_rest_z: float = Field(default=3.0, gt=0)
     sequential_step_cap: float = Field(default=3.0, gt=0)
     sequential_history_steps: int = Field(default=20, ge=2)
     sequential_sigma_windows: int = Field(default=16, ge=1)

@@ -18,7 +18,7 @@ from collector_processor.processor.straggler.cohort import Cohort
 from collector_processor.processor.straggler.config import Config
 from collector_processor.processor.straggler.impact import impact, step_period_ms
 from collector_processor.processor.straggler.model import Verdict
-from collector_processor.processor.straggler.sequential import SeqResult, excess, smoothed_sigma, spread
+from collector_processor.processor.straggler.sequential import SeqParams, SeqResult, excess, smoothed_sigma, spread
 from collector_processor.processor.straggler.state import RankStageState, StateStore
 from collector_processor.processor.straggler.statistics import (
     SortedPeers,
@@ -121,6 +121,10 @@ class Detector:
         self.states = states
         self.c = counters
         self._judged = frozenset(config.judged_groups)
+        self._seq = SeqParams(margin=config.sequential_margin, cap=config.sequential_step_cap,
+                              threshold=config.sequential_threshold, min_steps=config.window_steps + 1,
+                              history=config.sequential_history_steps, run_steps=config.window_steps,
+                              window_z=config.sequential_window_z, rest_z=config.sequential_rest_z)
 
     # --- window -------------------------------------------------------------------------------------
     def judge(self, cohort: Cohort, window: Window, now_ns: int) -> WindowOutcome:
@@ -231,9 +235,7 @@ class Detector:
         out: dict[int, SeqResult] = {}
         for r, lst in items.items():
             st = self.states.get((cohort.job, cohort.key, r, stage))
-            out[r] = sequential.update(st, window.index, lst, sigma, cfg.sequential_margin,
-                                       cfg.sequential_step_cap, cfg.sequential_threshold, cfg.window_steps + 1,
-                                       cfg.sequential_history_steps)
+            out[r] = sequential.update(st, window.index, lst, sigma, self._seq)
         return out
 
     def _pool_device(self, cohort: Cohort, stage: str, idx: int, per: dict[int, RankStat]) -> None:

@@ -417,6 +417,25 @@ def test_sequential_evidence_after_a_slow_window_and_a_narrow_miss() -> None:
     assert _first_straggler_step(emitted_off) == 39
 
 
+def test_sequential_evidence_when_a_window_median_dips_under_the_margin() -> None:
+    """Rank 3 +6 % from step 20; in window 5 (steps 25-29) three steps are only +2 %, so the window's median
+    (+2 %) is under the 2.5 % margin. Its steps still carry evidence of their own (each +2 % step is beyond the
+    spread here), the lookback's median is +6 %: rule 11 convicts at the end of window 5. Before (a margin on
+    each window's median) and without rule 11 the verdict waited for windows 6 + 7."""
+    def val(r, st):  # type: ignore[no-untyped-def]
+        if r != 3 or st < 20:
+            return (PAR, 10.0)
+        return (PAR * (1.02 if st in (27, 28, 29) else 1.06), 10.0)
+
+    on, emitted_on, _ = make_processor()
+    feed(on, range(0, 45), val)
+    off, emitted_off, _ = make_processor(Config(sequential=False))
+    feed(off, range(0, 45), val)
+    first = next(v for v in emitted_on if v.verdict == s.VERDICT_STRAGGLER)
+    assert (first.rank, first.step, first.reason) == (3, 29, "persistent_excess")
+    assert _first_straggler_step(emitted_off) == 39
+
+
 # --- rule 11: sequential evidence -------------------------------------------------------------------------
 
 def _first(emitted, rank=3):  # type: ignore[no-untyped-def]
@@ -446,16 +465,18 @@ def test_sequential_evidence_finds_a_small_slowdown_the_window_rules_miss_in_noi
 
 
 def test_sequential_evidence_never_convicts_one_window_or_a_spike() -> None:
-    """Exact values (spread at its floor): one +30 % window after par, or two single-step x3 spikes in
-    consecutive windows, add at most a capped step each and fall back to 0: no verdict. Two consecutive
-    +3 % windows do convict (so the rule is live here)."""
+    """Exact values (spread at its floor): one +30 % window after par, five +30 % steps straddling two windows
+    (one step in window 14, four in window 15: both windows' steps slow, which convicted before), or two
+    single-step x3 spikes in consecutive windows, add at most a capped step each and fall back to 0: no
+    verdict. Two consecutive +3 % windows do convict (so the rule is live here)."""
     proc, emitted, _ = make_processor()
     feed(proc, range(0, 60), lambda r, st: ((PAR * 1.3 if r == 3 and st // 5 == 6 else PAR), 10.0))
-    feed(proc, range(60, 100), lambda r, st: ((PAR * 3 if r == 3 and st in (74, 75) else PAR), 10.0))
+    feed(proc, range(60, 100), lambda r, st: ((PAR * 1.3 if r == 3 and 74 <= st <= 78 else PAR), 10.0))
+    feed(proc, range(100, 140), lambda r, st: ((PAR * 3 if r == 3 and st in (114, 115) else PAR), 10.0))
     assert stragglers(emitted) == []
-    feed(proc, range(100, 130), lambda r, st: ((PAR * 1.03 if r == 3 and st >= 110 else PAR), 10.0))
+    feed(proc, range(140, 170), lambda r, st: ((PAR * 1.03 if r == 3 and st >= 150 else PAR), 10.0))
     v = _first(emitted)
-    assert v is not None and v.reason == "persistent_excess" and v.step == 119
+    assert v is not None and v.reason == "persistent_excess" and v.step == 159
 
 
 def test_sequential_alert_holds_while_the_excess_persists_and_recovers_at_par() -> None:

@@ -52,9 +52,13 @@ def test_spread_is_the_per_step_sigma_and_ignores_a_slow_rank() -> None:
     assert sigma is not None and 0.019 < sigma < 0.026  # 2 % x 1.106 (the peers' median noise)
 
 
+_PARAMS = q.SeqParams(margin=0.025, cap=3.0, threshold=5.5, min_steps=6, history=20, run_steps=5, window_z=2.0,
+                      rest_z=3.0)
+
+
 def _feed(st: RankStageState, index: int, ds: list[float], sigma: float = 0.02) -> q.SeqResult:
     items = [(index * 5 + i, 100.0 * (1.0 + d), 100.0) for i, d in enumerate(ds)]
-    return q.update(st, index, items, sigma, 0.025, 3.0, 5.5, 6, 20)
+    return q.update(st, index, items, sigma, _PARAMS)
 
 
 def test_lookback_statistic_fires_on_two_windows_of_evidence_only() -> None:
@@ -74,6 +78,55 @@ def test_lookback_statistic_fires_on_two_windows_of_evidence_only() -> None:
     assert not r.fires and r.steps == 0
 
 
+def test_one_window_of_evidence_never_convicts_however_it_straddles_two_windows() -> None:
+    """Five +30 % steps (capped at 3 sigma each), the first at the end of window 1 and four in window 2, then
+    par: over the last 6 steps T = 15 / sqrt(6) = 6.1 and both windows' steps are slow (the previous rule, a
+    margin on each window's median, convicted here). Without the strongest run of 5 steps nothing is left:
+    no conviction. One more slow step (six in a row) is evidence beyond one window's run and convicts."""
+    st = RankStageState()
+    _feed(st, 0, [0.0] * 5)
+    _feed(st, 1, [0.0, 0.0, 0.0, 0.0, 0.3])
+    r = _feed(st, 2, [0.3, 0.3, 0.3, 0.3, 0.0])
+    assert r.score > 5.5 and r.steps == 6 and not r.fires
+    st = RankStageState()
+    _feed(st, 0, [0.0] * 5)
+    _feed(st, 1, [0.0, 0.0, 0.0, 0.0, 0.3])
+    r = _feed(st, 2, [0.3] * 5)
+    assert r.fires and r.steps == 6  # the 6th step alone reaches 3 sigma (the cap)
+
+
+def test_two_windows_of_evidence_with_one_window_median_under_the_margin_convict() -> None:
+    """+5 % then a window at +6, +6, +2, +2, +2 %: its median (+2 %) is under the 2.5 % margin, which stopped
+    the previous rule; its steps still carry 4 sigma of evidence of their own and the lookback's median is
+    +5 %: convicted."""
+    st = RankStageState()
+    _feed(st, 0, [0.05] * 5)
+    r = _feed(st, 1, [0.06, 0.06, 0.02, 0.02, 0.02])
+    assert r.fires and r.steps == 10
+
+
+def test_a_rank_slow_in_every_other_window_is_not_convicted_on_the_windows_at_par() -> None:
+    """Slow, par, slow: the lookback over all three is far beyond the threshold and its median beyond the
+    margin, but the previous window's steps carry no evidence (and at the par window's close this window's
+    steps carry none): no conviction."""
+    st = RankStageState()
+    for i in range(8):
+        r = _feed(st, i, [0.3 if i % 2 == 0 else 0.0] * 5)
+        assert not r.fires, i
+    assert r.score > 5.5
+
+
+def test_strongest_run_is_over_consecutive_steps_not_samples() -> None:
+    """Every step sampled: the run of k values; sampled device timing (steps 0, 4, 8, ...): a run of 5 steps
+    holds 1-2 samples."""
+    assert q.strongest_run([0.0, 1.0, 2.0, 3.0, 4.0], [1.0, 3.0, 3.0, 0.0, 2.0], 2) == (6.0, 2)
+    assert q.strongest_run([0.0, 1.0, 2.0], [1.0, -1.0, 2.0], 3) == (2.0, 3)
+    assert q.strongest_run([0.0, 1.0], [1.0, 2.0], 5) == (3.0, 2)
+    assert q.strongest_run([0.0, 4.0, 8.0, 12.0], [3.0, 3.0, 3.0, 1.0], 5) == (6.0, 2)
+    assert q.strongest_run([0.0, 4.0, 9.0, 12.0], [3.0, 1.0, 3.0, 3.0], 5) == (6.0, 2)
+    assert q.strongest_run([0.0, 5.0, 10.0], [1.0, 3.0, 2.0], 5) == (3.0, 1)
+
+
 def test_lookback_statistic_needs_the_margin_not_just_significance() -> None:
     st = RankStageState()
     _feed(st, 0, [0.01] * 5, sigma=0.001)  # +1 % on a very quiet stage: 10 sigma per step, under the margin
@@ -85,4 +138,4 @@ def test_history_is_bounded() -> None:
     st = RankStageState()
     for i in range(50):
         _feed(st, i, [0.0] * 5)
-    assert st.seq_hist is not None and len(st.seq_hist) == 20 * 3
+    assert st.seq_hist is not None and len(st.seq_hist) == 20 * 4
