@@ -124,7 +124,8 @@ def scenarios(reps: int, target_reps: int, quick: bool, rng: random.Random, layo
 def sim_config(args: argparse.Namespace, run: Run, seed: int, job: str = "sim-job") -> SimConfig:
     return SimConfig(layout=Layout(tp=args.tp, dp=args.dp), steps=args.steps,
                      step_model=StepModel.with_forward_ms(run.forward_ms),
-                     noise=Noise(jitter=args.jitter, host_jitter=args.host_jitter),
+                     noise=Noise(jitter=args.jitter, host_jitter=args.host_jitter,
+                                 step_jitter=getattr(args, "step_jitter", 0.0)),
                      device_every=args.device_every, seed=seed, job=job)
 
 
@@ -143,6 +144,8 @@ def main() -> int:
     ap.add_argument("--device-every", type=int, default=1)
     ap.add_argument("--jitter", type=float, default=Noise.jitter, help="device time noise per stage-step (sigma)")
     ap.add_argument("--host-jitter", type=float, default=Noise.host_jitter, help="host time noise (sigma)")
+    ap.add_argument("--step-jitter", type=float, default=Noise.step_jitter,
+                    help="step time noise common to every rank of a step (sigma, on device times)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
                     help="override a processor config default (JSON value), e.g. --set tolerance=0.05")
@@ -166,7 +169,8 @@ def main() -> int:
         if (i + 1) % 25 == 0 or i + 1 == len(runs):
             print(f"  {i + 1}/{len(runs)} runs, {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
 
-    print(f"\ndevice jitter {args.jitter:.1%}/step, host jitter {args.host_jitter or args.jitter:.1%}, "
+    common = f" + {args.step_jitter:.1%} common to a step's ranks" if args.step_jitter else ""
+    print(f"\ndevice jitter {args.jitter:.1%}/step{common}, host jitter {args.host_jitter or args.jitter:.1%}, "
           f"device every {args.device_every}, DP {args.dp} x TP {args.tp}, {args.steps} steps, overrides {overrides}")
     print(f"{'scenario':30} {'runs':>4} {'recall':>6} {'<=15':>6} {'med st':>6} {'p95 st':>6} {'stage':>5} "
           f"{'attr':>5} {'recov':>5} {'FA':>4}")
@@ -206,6 +210,7 @@ def main() -> int:
         "stage_accuracy": round(sum(stage_ok) / max(1, len(stage_ok)), 4),
         "median_recovery_steps": round(median(recov), 1), "target_runs": len(target), "runs": len(runs),
         "healthy_rank_steps": healthy_rs, "device_every": args.device_every, "jitter": args.jitter,
+        **({"step_jitter": args.step_jitter} if args.step_jitter else {}),
     }
     if args.otlp:
         picks = [i for i, r in enumerate(runs) if r.name == TARGET][: max(1, args.otlp - args.otlp // 3)]

@@ -39,6 +39,9 @@ class Noise:
     late_ranks: int = 1  # ranks whose spans start late
     late_by_steps: int = 15
     missing_prob: float = 0.001  # each span independently lost
+    # Gaussian sigma of a per-step factor on every rank's device times alike (the job's step time jitters with
+    # it: clocks, shared network and storage). 0 by default: the per-step comparison cancels it exactly.
+    step_jitter: float = 0.0
 
 
 @dataclass
@@ -72,7 +75,7 @@ def resource_for(info: RankInfo, cfg: SimConfig) -> Resource:
 
 
 class JobStream:
-    """Iterates (step, request) for the whole job; ``truth`` keeps the generated per-rank values."""
+    """Iterates (step, request) for the whole job."""
 
     def __init__(self, cfg: SimConfig, faults: list[Fault]) -> None:
         self.cfg = cfg
@@ -84,6 +87,8 @@ class JobStream:
         self.start_step = {r.rank: (cfg.noise.late_by_steps if i in late else 1) for i, r in enumerate(self.ranks)}
         self.warm_skew = {r.rank: 1.0 + self.rng.uniform(0.0, cfg.noise.warmup_skew) for r in self.ranks}
         self.healthy_rank_steps = 0
+        # its own stream: the per-rank draws are the same with and without step jitter
+        self._step_rng = random.Random(cfg.seed ^ 0x5EED)
 
     def _factor(self, step: int, rank: int, host: bool = False) -> float:
         n = self.cfg.noise
@@ -101,6 +106,7 @@ class JobStream:
         cohort_faulty = {self.ranks[f.rank].cohort for f in self.faults if f.kind == "cohort"}
         for step in range(1, cfg.steps + 1):
             device_on = step % cfg.device_every == 0
+            common = 1.0 + self._step_rng.gauss(0.0, cfg.noise.step_jitter) if cfg.noise.step_jitter else 1.0
             per_rank: dict[int, list[tuple[str, str, int, float, float, int]]] = {}
             arrival: dict[int, float] = {}
             tokens: dict[int, int] = {}
@@ -119,7 +125,7 @@ class JobStream:
                 tokens[info.rank] = tok
                 before_sync = 0.0
                 for i, st in enumerate(sm.stages):
-                    dev = st.device_ms * work * self._factor(step, info.rank)
+                    dev = st.device_ms * work * self._factor(step, info.rank) * common
                     host = st.device_ms * st.host_fraction * work * self._factor(step, info.rank, host=True)
                     if st.group == "data":
                         host = dev

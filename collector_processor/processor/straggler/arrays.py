@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Sequence
+from operator import attrgetter
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue
 
@@ -36,30 +37,26 @@ def number(v: AnyValue) -> float:
     return math.nan
 
 
-def _remember(memo: dict[bytes, tuple], raw: bytes, values: tuple) -> None:  # type: ignore[type-arg]
-    if len(memo) >= _MEMO_MAX:  # a stream of ever-new arrays (not this project's emitter): start over
-        memo.clear()
-    memo[raw] = values
+def _memoized(memo: dict[bytes, tuple], array: ArrayValue, field: str) -> tuple:  # type: ignore[type-arg]
+    """The ``field`` of every element of an array, remembered by the array's wire bytes."""
+    raw = array.SerializeToString()
+    out = memo.get(raw)
+    if out is None:
+        if len(memo) >= _MEMO_MAX:  # a stream of ever-new arrays (not this project's emitter): start over
+            memo.clear()
+        get = attrgetter(field)
+        out = memo[raw] = tuple(get(x) for x in array.values)
+    return out
 
 
 def strings(array: ArrayValue) -> tuple[str, ...]:
     """The string values of an array (an element that is not a string reads as "", as protobuf reads it)."""
-    raw = array.SerializeToString()
-    out = _strings_memo.get(raw)
-    if out is None:
-        out = tuple(x.string_value for x in array.values)
-        _remember(_strings_memo, raw, out)
-    return out
+    return _memoized(_strings_memo, array, "string_value")
 
 
 def ints(array: ArrayValue) -> tuple[int, ...]:
     """The int values of an array (an element that is not an int reads as 0)."""
-    raw = array.SerializeToString()
-    out = _ints_memo.get(raw)
-    if out is None:
-        out = tuple(x.int_value for x in array.values)
-        _remember(_ints_memo, raw, out)
-    return out
+    return _memoized(_ints_memo, array, "int_value")
 
 
 def doubles(array: ArrayValue) -> Sequence[float]:

@@ -10,8 +10,8 @@ since it began it is far beyond the noise: over 12 steps, 7.9 standard deviation
 For each step t of a closed window and each comparable rank with a device sample of t::
 
     d_t = x_t / m_t - 1             m_t: median of the other comparable ranks' samples of step t
-    z_t = min(d_t / sigma, cap)     sigma: robust spread of d within the cohort's ranks, averaged over the
-                                    cohort's last ``sigma_windows`` windows
+    z_t = min(d_t / sigma, cap)     sigma: standard deviation of d within the cohort's ranks (spikes left
+                                    out), averaged over the cohort's last ``sigma_windows`` windows
     T   = max over n of (z_{t-n+1} + ... + z_t) / sqrt(n),  n from window_steps + 1 to the history kept
 
 A rank is convicted at the close of a window when, over the lookback of n samples that gives ``T``:
@@ -57,6 +57,7 @@ from collector_processor.processor.straggler.state import RankStageState
 from collector_processor.processor.straggler.statistics import median, pooled_relative_sigma
 
 _MAD_SIGMA = 1.4826  # sigma of a normal distribution = 1.4826 x its median absolute deviation
+SPIKE_SIGMAS = 5.0  # a value this many robust sigmas from its rank's median is a spike, not spread
 MIN_SPREAD_SAMPLES = 8  # fewer excess values than this in a window: no spread estimate from it
 _REC = 4  # doubles per step in the history: window index, step, d, peers' median ms
 
@@ -127,19 +128,49 @@ def _loo_medians(col: list[tuple[float, int]]) -> tuple[float, float, float, int
 
 
 def spread(items: Iterable[list[StepExcess]], min_ranks: int) -> float | None:
-    """Robust sigma of the relative excess d = x / m - 1: within each rank (every step's distance to the
-    rank's own median, pooled: a rank slow as a whole and spikes do not move it), or, when too few ranks have
-    3 steps in the window (sampled device timing), around the median of every d (1.4826 x MAD). None with
-    fewer than ``MIN_SPREAD_SAMPLES`` values."""
+    """Sigma of the relative excess d = x / m - 1: within each rank, pooled (a rank slow as a whole does not
+    move it), or, when too few ranks have 3 steps in the window (sampled device timing), around the median of
+    every d (1.4826 x MAD). None with fewer than ``MIN_SPREAD_SAMPLES`` values.
+
+    Within ranks it is a standard deviation (``_pooled_sd``), the robust estimate (every step's distance to
+    its rank's median, ``pooled_relative_sigma``) only setting which values are spikes: T sums z, and what
+    scales a sum is the standard deviation; and from a window's ~32 degrees of freedom the standard deviation
+    varies by ~15 % window to window where the median distance varies by ~24 %, so the few windows a cohort
+    has when a fault begins early in a job give a steadier sigma (a high one hides a slow rank, a low one
+    raises healthy T)."""
     ratios = [[x / m for _, x, m in lst] for lst in items]
     within = pooled_relative_sigma(ratios, min_ranks)
     if within is not None:
-        return within
+        return _pooled_sd(ratios, within)
     ds = [q for lst in ratios for q in lst]
     if len(ds) < MIN_SPREAD_SAMPLES:
         return None
     c = median(ds)
     return _MAD_SIGMA * median([abs(d - c) for d in ds])
+
+
+def _pooled_sd(ratios: list[list[float]], robust: float) -> float:
+    """Pooled within-rank standard deviation of the relative values, each rank's values around their own mean
+    (n - 1 degrees of freedom each), leaving out values more than ``SPIKE_SIGMAS`` x ``robust`` from the rank's
+    median (spikes); ``robust`` itself when fewer than ``MIN_SPREAD_SAMPLES`` degrees of freedom remain."""
+    ss = 0.0
+    dof = 0
+    for vals in ratios:
+        if len(vals) < 3:
+            continue
+        c = median(vals)
+        lim = SPIKE_SIGMAS * robust * c
+        kept = [v for v in vals if abs(v - c) <= lim]
+        k = len(kept)
+        if k < 2:
+            continue
+        mean = sum(kept) / k
+        ss += sum((v - mean) * (v - mean) for v in kept) / (mean * mean)
+        dof += k - 1
+    if dof < MIN_SPREAD_SAMPLES:
+        return robust
+    # sqrt of an unbiased variance is low by the factor c4(dof) (1.3 % at a window's ~32 degrees of freedom)
+    return math.sqrt(ss / dof) / (1.0 - 1.0 / (4.0 * dof) - 7.0 / (32.0 * dof * dof))
 
 
 def smoothed_sigma(history: deque[float], current: float | None, floor: float) -> float | None:
