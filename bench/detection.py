@@ -125,7 +125,7 @@ def sim_config(args: argparse.Namespace, run: Run, seed: int, job: str = "sim-jo
     return SimConfig(layout=Layout(tp=args.tp, dp=args.dp), steps=args.steps,
                      step_model=StepModel.with_forward_ms(run.forward_ms),
                      noise=Noise(jitter=args.jitter, host_jitter=args.host_jitter,
-                                 step_jitter=getattr(args, "step_jitter", 0.0)),
+                                 step_jitter=args.step_jitter),
                      device_every=args.device_every, seed=seed, job=job)
 
 

@@ -51,7 +51,7 @@ def _one(job: tuple[int, float, dict, float]) -> tuple[list[float], int, int]:
     detector.sequential.update = observe
     try:
         args = argparse.Namespace(tp=2, dp=8, steps=150, jitter=jitter, host_jitter=Noise.host_jitter,
-                                  device_every=1)
+                                  step_jitter=Noise.step_jitter, device_every=1)
         run = bench.Run("healthy", None, bench.TARGET_STAGE_MS if seed % 2 else 48.0)
         score, _ = bench.run_one(bench.sim_config(args, run, seed), None, overrides)
     finally:

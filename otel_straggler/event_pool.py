@@ -43,9 +43,15 @@ _log = logging.getLogger(__name__)
 
 RECORD_APIS = ("auto", "driver", "torch")
 _DRIVER_CHECK_CYCLES = 2_000_000  # GPU sleep between the check's two records (~1 ms)
-
-
 CUDA_ERROR_NOT_READY = 600  # CUresult: an event of the pair has not completed yet
+
+
+def _driver_call(name: str, *argtypes: Any) -> Any:
+    """A CUDA driver API function (``libcuda.so.1``) through ctypes, returning its ``CUresult`` as an int."""
+    fn = getattr(ctypes.CDLL("libcuda.so.1"), name)
+    fn.argtypes = argtypes
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def query_then_elapsed(sev: Any, eev: Any) -> float | None:
@@ -59,9 +65,7 @@ def driver_elapsed() -> Callable[[Any, Any], float | None]:
     """``elapsed(sev, eev)``: one ``cuEventElapsedTime`` through ctypes (the GIL is released during the call)
     instead of torch's ``query()`` and ``elapsed_time()``; None while either event is unfinished, raises on
     any other error. Not thread-safe (one result buffer): the readout thread's alone."""
-    fn = ctypes.CDLL("libcuda.so.1").cuEventElapsedTime
-    fn.argtypes = (ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p)
-    fn.restype = ctypes.c_int
+    fn = _driver_call("cuEventElapsedTime", ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p)
     out = ctypes.c_float()
     ref = ctypes.byref(out)
 
@@ -81,9 +85,7 @@ def driver_recorder(device_index: int) -> Callable[[Any], None]:
     on a non-zero result, torch's ``ev.record()`` (raises if that fails too)."""
     import torch
 
-    fn = ctypes.CDLL("libcuda.so.1").cuEventRecord
-    fn.argtypes = (ctypes.c_void_p, ctypes.c_void_p)
-    fn.restype = ctypes.c_int
+    fn = _driver_call("cuEventRecord", ctypes.c_void_p, ctypes.c_void_p)
     raw_stream = torch._C._cuda_getCurrentRawStream
 
     def record(ev: Any) -> None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Sequence
-from operator import attrgetter
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue
 
@@ -37,26 +37,26 @@ def number(v: AnyValue) -> float:
     return math.nan
 
 
-def _memoized(memo: dict[bytes, tuple], array: ArrayValue, field: str) -> tuple:  # type: ignore[type-arg]
-    """The ``field`` of every element of an array, remembered by the array's wire bytes."""
-    raw = array.SerializeToString()
-    out = memo.get(raw)
+def _bounded_get(memo: dict, key: object, make: Callable[[], object]) -> Any:  # type: ignore[type-arg]
+    """``memo[key]``, made by ``make()`` when missing; the memo is cleared when it holds ``_MEMO_MAX`` keys (a
+    stream of ever-new arrays, not this project's emitter: start over)."""
+    out = memo.get(key)
     if out is None:
-        if len(memo) >= _MEMO_MAX:  # a stream of ever-new arrays (not this project's emitter): start over
+        if len(memo) >= _MEMO_MAX:
             memo.clear()
-        get = attrgetter(field)
-        out = memo[raw] = tuple(get(x) for x in array.values)
+        out = memo[key] = make()
     return out
 
 
 def strings(array: ArrayValue) -> tuple[str, ...]:
     """The string values of an array (an element that is not a string reads as "", as protobuf reads it)."""
-    return _memoized(_strings_memo, array, "string_value")
+    return _bounded_get(_strings_memo, array.SerializeToString(),
+                        lambda: tuple(x.string_value for x in array.values))
 
 
 def ints(array: ArrayValue) -> tuple[int, ...]:
     """The int values of an array (an element that is not an int reads as 0)."""
-    return _memoized(_ints_memo, array, "int_value")
+    return _bounded_get(_ints_memo, array.SerializeToString(), lambda: tuple(x.int_value for x in array.values))
 
 
 def doubles(array: ArrayValue) -> Sequence[float]:
@@ -67,12 +67,7 @@ def doubles(array: ArrayValue) -> Sequence[float]:
     # element k starts at 11 k: these three bytes at every start, and a length of exactly 11 n, mean that
     # parsing element by element would find n AnyValues each holding only a double
     if not rest and raw[0::11] == b"\x0a" * n and raw[1::11] == b"\x09" * n and raw[2::11] == b"\x21" * n:
-        unpack = _unpackers.get(n)
-        if unpack is None:
-            if len(_unpackers) >= _MEMO_MAX:
-                _unpackers.clear()
-            unpack = _unpackers[n] = struct.Struct("<" + "3xd" * n)
-        return unpack.unpack(raw)
+        return _bounded_get(_unpackers, n, lambda: struct.Struct("<" + "3xd" * n)).unpack(raw)
     values = array.values
     if values and values[0].WhichOneof("value") != "double_value":
         return [number(x) for x in values]
