@@ -343,7 +343,7 @@ class StragglerProcessor:
                 self.c["windows_closed_early"] += 1
                 self._evicted("open_windows")
                 self._close(cohort, ws, oldest, now)
-            w, _ = ws.get_or_open(idx, now, cfg.window_steps)
+            w = ws.get_or_open(idx, now, cfg.window_steps)
         return w
 
     @staticmethod

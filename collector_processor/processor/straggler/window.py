@@ -143,13 +143,10 @@ class WindowSet:
     closed_through: int | None = None  # fence: every index <= this is closed
     anchor_ns: int | None = None  # wall clock only: the cohort's first observation
 
-    def is_closed(self, index: int) -> bool:
-        return self.closed_through is not None and index <= self.closed_through
-
-    def get_or_open(self, index: int, now_s: float, window_steps: int) -> tuple[Window, bool]:
+    def get_or_open(self, index: int, now_s: float, window_steps: int) -> Window:
         w = self.open.get(index)
         if w is not None:
-            return w, False
+            return w
         if self.kind == KIND_STEP:
             w = Window(self.kind, index, now_s, index * window_steps, index * window_steps + window_steps - 1)
         else:
@@ -158,7 +155,7 @@ class WindowSet:
             if other.index < index and other.successor_s is None:
                 other.successor_s = now_s
         self.open[index] = w
-        return w, True
+        return w
 
     def pop_through(self, index: int) -> list[Window]:
         """Remove and return every open window with index <= ``index`` (ascending) and move the fence."""
@@ -169,18 +166,6 @@ class WindowSet:
         if self.closed_through is None or index > self.closed_through:
             self.closed_through = index
         return out
-
-    def oldest(self) -> int | None:
-        return min(self.open) if self.open else None
-
-
-def step_index(step: int, window_steps: int) -> int:
-    return step // window_steps
-
-
-def wall_index(start_ns: int, anchor_ns: int, window_ns: int) -> int:
-    """Integer arithmetic only: no float boundary can merge or split windows."""
-    return (start_ns - anchor_ns) // window_ns
 
 
 def due_by_progress(ws: WindowSet, rank_max_index: list[int]) -> int | None:
