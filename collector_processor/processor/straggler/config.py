@@ -55,7 +55,7 @@ class Config(BaseModel):
     # window median, from the step-to-step noise measured within the cohort's ranks (robust: spikes and a
     # slow rank do not move it). 8: device timing with <= ~0.9 % per-step noise keeps the 4 % tolerance; a
     # noisier cohort is judged on what its noise supports instead of producing false alarms, and its small
-    # slowdowns are found by sequential evidence (rule 11; 6 gave a false alarm at 2 % noise). 0 disables.
+    # slowdowns are found by sequential_excess (6 gives a false alarm at 2 % noise). 0 disables.
     noise_z: float = Field(default=8.0, ge=0)
     # Absolute gap (value - reference) under which a slow-looking window is uncertain, never slow: the floor
     # of every HOST comparison and of device comparisons of small stages. Host intervals of sub-ms to few-ms
@@ -72,7 +72,7 @@ class Config(BaseModel):
     warmup_windows: int = Field(default=2, ge=0)
     # Consecutive window indices beyond tolerance before a straggler verdict.
     persistence_windows: int = Field(default=2, ge=1)
-    # Sequential evidence (rule 11, sequential.py): per rank and stage, the per-step device excess over the
+    # sequential_excess (sequential.py): per rank and stage, the per-step device excess over the
     # comparable peers' per-step median, in units of the cohort's measured per-step spread, summed over every
     # lookback of more than a window's steps that ends now. sequential_threshold: the standardised sum
     # (sum / sqrt(n), a one-sided z-score) that convicts; sequential_margin: the least median excess over the

@@ -221,7 +221,7 @@ def _decode_summary(span: object, ident: ResourceIdentity, out: DecodeResult) ->
     dev_entries = _device_entries(devs, n)
     if dev_entries is not None and _clean_values(hosts) and all(stages) and all(groups) and min(counts) > 0:
         # every entry valid, as a healthy emitter sends them: whole lists at once, what the loop below gives
-        # entry by entry (this runs once per rank-step: per-entry calls were most of the decode's cost)
+        # entry by entry (this runs once per rank-step: per-entry calls would be most of the decode's cost)
         names += stages
         grps += groups
         dev_out += dev_entries

@@ -115,7 +115,7 @@ def test_metric_series_cap_is_counted() -> None:
     proc, _, tel = make_processor(cfg, clock)
     run(proc, Sim(), range(0, 30), clock=clock)
     st = proc.stats()
-    # per-rank series stop one short of the cap (max(1, 10 %) is kept for alert series; rule changed with
+    # per-rank series stop one short of the cap (max(1, 10 %) is kept for alert series, see
     # test_alert_series_keep_room_when_rank_series_fill_the_cap)
     assert st["metric_series"] == 4 and st["metric_series_refused"] > 0
     assert _counter(tel, s.M_EVICTIONS, structure="metric_series") == st["metric_series_refused"]
