@@ -40,6 +40,12 @@ class Config(BaseModel):
     grace_s: float = Field(default=5.0, ge=0)
     # A rank not heard from for this long no longer holds windows open (it may have died or been rescheduled).
     rank_timeout_s: float = Field(default=30.0, gt=0)
+    # A window that accepted no sample for window_idle_s, or opened window_max_age_s ago, is closed (judged) at
+    # the next tick, whatever its cohort's progress: the last window of a job that stopped, or one that a
+    # client keeps re-sending a step of, never completes. 60 s: twice the report interval rank_timeout_s
+    # assumes (a window of a running job takes a sample at least once per step); 600 s: 5 steps of 2 minutes.
+    window_idle_s: float = Field(default=60.0, gt=0)
+    window_max_age_s: float = Field(default=600.0, gt=0)
 
     # --- comparison ---------------------------------------------------------------------------------
     reference: Literal["fastest", "median"] = "fastest"
@@ -122,8 +128,13 @@ class Config(BaseModel):
     max_stages: int = Field(default=64, ge=1)
     # Open windows per cohort (each holds every stage); beyond it the oldest is closed early (counted).
     max_open_windows: int = Field(default=8, ge=1)
-    # Span ids remembered for replay detection (LRU).
+    # Stage-span ids remembered for replay detection (LRU). A step summary is deduplicated by its identity
+    # instead: one per (rank, step) in a window.
     dedup_capacity: int = Field(default=262_144, ge=1)
+    # Stage-span samples kept per (rank, step, stage) in a window (per (rank, stage) in a wall-clock window):
+    # interval detail sends one per microbatch, so repeats are legitimate up to a bound; beyond it they are
+    # rejected (over_cap). 256: a step of Megatron rarely runs more microbatches per rank and model chunk.
+    max_samples_per_step: int = Field(default=256, ge=1)
     # Per (rank, stage) detector states kept (LRU, active alerts are kept first).
     max_states: int = Field(default=200_000, ge=1)
 

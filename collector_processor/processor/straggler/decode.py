@@ -28,6 +28,7 @@ REJECT_MALFORMED = "malformed"
 REJECT_NON_FINITE = "non_finite"
 REJECT_DUPLICATE = "duplicate"
 REJECT_LATE = "late"
+REJECT_OVER_CAP = "over_cap"  # a stage span beyond max_samples_per_step of its (rank, step, stage)
 
 COLLECTOR_SERVICE_NAME = "otel-straggler-collector"
 
