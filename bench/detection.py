@@ -72,8 +72,7 @@ def run_one(cfg: SimConfig, fault: Fault | None, proc_overrides: dict | None = N
         proc.process_traces(req)
         proc.tick(time.time())
     proc.shutdown(5.0)
-    cohorts = {r.rank: r.cohort for r in stream.ranks}
-    return score_run(fault, verdicts, cohorts, stream.healthy_rank_steps), verdicts
+    return score_run(fault, verdicts, stream.healthy_rank_steps), verdicts
 
 
 def scenarios(reps: int, target_reps: int, quick: bool, rng: random.Random, layout: Layout) -> list[Run]:

@@ -1,9 +1,9 @@
-"""The healthy tail of rule 11 (sequential evidence): how close do healthy ranks come to its threshold?
+"""The healthy tail of sequential_excess: how close do healthy ranks come to its threshold?
 
 False alarms per 1e5 rank-steps are too rare to count directly at the rates a 16k-rank job needs; this
 bench runs healthy simulated jobs through the real processor and records, at every window close, the
 largest standardised lookback sum ``T`` of every rank on stages of at least ``device_min_stage_ms`` whose
-mean excess in this window clears the margin (the statistic rule 11 compares with
+mean excess in this window clears the margin (the statistic sequential_excess compares with
 ``sequential_threshold``), then prints how often ``T`` reached each level next to a standard normal tail.
 The threshold's margin is read off the table (``docs/detection-defaults.md``).
 
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import detection as bench  # noqa: E402
 
-from collector_processor.processor.straggler import detector, factory  # noqa: E402
+from collector_processor.processor.straggler import factory, sequential  # noqa: E402
 from collector_processor.simulate.stream import Noise  # noqa: E402
 
 LEVELS = (3.0, 3.5, 4.0, 4.5, 5.0, 5.5)
@@ -39,7 +39,7 @@ def _one(job: tuple[int, float, dict, float]) -> tuple[list[float], int, int]:
     seed, jitter, overrides, min_stage_ms = job
     cfg = factory.create_default_config().model_copy(update=overrides)
     seen: list[float] = []
-    update = detector.sequential.update
+    update = sequential.update
 
     def observe(*args, **kwargs):  # type: ignore[no-untyped-def]
         res = update(*args, **kwargs)
@@ -48,14 +48,14 @@ def _one(job: tuple[int, float, dict, float]) -> tuple[list[float], int, int]:
             seen.append(res.score)
         return res
 
-    detector.sequential.update = observe
+    sequential.update = observe  # the detector calls it through the module
     try:
         args = argparse.Namespace(tp=2, dp=8, steps=150, jitter=jitter, host_jitter=Noise.host_jitter,
                                   step_jitter=Noise.step_jitter, device_every=1)
         run = bench.Run("healthy", None, bench.TARGET_STAGE_MS if seed % 2 else 48.0)
         score, _ = bench.run_one(bench.sim_config(args, run, seed), None, overrides)
     finally:
-        detector.sequential.update = update
+        sequential.update = update
     return seen, score.false_alarms, score.healthy_rank_steps
 
 

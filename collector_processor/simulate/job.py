@@ -29,7 +29,6 @@ class Layout:
 class RankInfo:
     rank: int
     cohort: str
-    cohort_index: int
     dp_rank: int
     pp_rank: int
     host: str
@@ -47,8 +46,7 @@ def ranks_of(layout: Layout, gpus_per_host: int = 8) -> list[RankInfo]:
                     for tp in range(layout.tp):
                         key = s.cohort_key(topology_epoch=0, stage_schema=STAGE_SCHEMA, tp=tp, pp=pp, cp=cp,
                                            ep=ep)
-                        idx = ((pp * layout.ep + ep) * layout.cp + cp) * layout.tp + tp
-                        out.append(RankInfo(rank=rank, cohort=key, cohort_index=idx, dp_rank=dp, pp_rank=pp,
+                        out.append(RankInfo(rank=rank, cohort=key, dp_rank=dp, pp_rank=pp,
                                             host=f"node{rank // gpus_per_host:04d}",
                                             gpu=f"GPU-sim-{rank:05d}"))
                         rank += 1

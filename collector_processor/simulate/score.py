@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from collector_processor.processor.straggler.model import Verdict
 from collector_processor.simulate.faults import Fault
@@ -21,16 +21,13 @@ class RunScore:
     recovered_after: int | None = None  # steps from fault end to the recovered verdict
     false_alarms: int = 0  # straggler verdicts that no label explains
     healthy_rank_steps: int = 0
-    reasons: dict[str, int] = field(default_factory=dict)
 
 
-def score_run(fault: Fault | None, verdicts: Iterable[Verdict], rank_cohort: dict[int, str],
-              healthy_rank_steps: int) -> RunScore:
+def score_run(fault: Fault | None, verdicts: Iterable[Verdict], healthy_rank_steps: int) -> RunScore:
     res = RunScore(fault=fault, healthy_rank_steps=healthy_rank_steps)
     verdicts = sorted(verdicts, key=lambda v: (v.step if v.step is not None else 0))
     first_hit: Verdict | None = None
     for v in verdicts:
-        res.reasons[f"{v.verdict}/{v.reason}"] = res.reasons.get(f"{v.verdict}/{v.reason}", 0) + 1
         if v.verdict != s.VERDICT_STRAGGLER:
             continue
         explained = False

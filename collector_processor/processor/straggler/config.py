@@ -40,6 +40,12 @@ class Config(BaseModel):
     grace_s: float = Field(default=5.0, ge=0)
     # A rank not heard from for this long no longer holds windows open (it may have died or been rescheduled).
     rank_timeout_s: float = Field(default=30.0, gt=0)
+    # A window that accepted no sample for window_idle_s, or opened window_max_age_s ago, is closed (judged) at
+    # the next tick, whatever its cohort's progress: the last window of a job that stopped, or one that a
+    # client keeps re-sending a step of, never completes. 60 s: twice the report interval rank_timeout_s
+    # assumes (a window of a running job takes a sample at least once per step); 600 s: 5 steps of 2 minutes.
+    window_idle_s: float = Field(default=60.0, gt=0)
+    window_max_age_s: float = Field(default=600.0, gt=0)
 
     # --- comparison ---------------------------------------------------------------------------------
     reference: Literal["fastest", "median"] = "fastest"
@@ -55,7 +61,7 @@ class Config(BaseModel):
     # window median, from the step-to-step noise measured within the cohort's ranks (robust: spikes and a
     # slow rank do not move it). 8: device timing with <= ~0.9 % per-step noise keeps the 4 % tolerance; a
     # noisier cohort is judged on what its noise supports instead of producing false alarms, and its small
-    # slowdowns are found by sequential evidence (rule 11; 6 gave a false alarm at 2 % noise). 0 disables.
+    # slowdowns are found by sequential_excess (6 gives a false alarm at 2 % noise). 0 disables.
     noise_z: float = Field(default=8.0, ge=0)
     # Absolute gap (value - reference) under which a slow-looking window is uncertain, never slow: the floor
     # of every HOST comparison and of device comparisons of small stages. Host intervals of sub-ms to few-ms
@@ -72,7 +78,7 @@ class Config(BaseModel):
     warmup_windows: int = Field(default=2, ge=0)
     # Consecutive window indices beyond tolerance before a straggler verdict.
     persistence_windows: int = Field(default=2, ge=1)
-    # Sequential evidence (rule 11, sequential.py): per rank and stage, the per-step device excess over the
+    # sequential_excess (sequential.py): per rank and stage, the per-step device excess over the
     # comparable peers' per-step median, in units of the cohort's measured per-step spread, summed over every
     # lookback of more than a window's steps that ends now. sequential_threshold: the standardised sum
     # (sum / sqrt(n), a one-sided z-score) that convicts; sequential_margin: the least median excess over the
@@ -122,8 +128,13 @@ class Config(BaseModel):
     max_stages: int = Field(default=64, ge=1)
     # Open windows per cohort (each holds every stage); beyond it the oldest is closed early (counted).
     max_open_windows: int = Field(default=8, ge=1)
-    # Span ids remembered for replay detection (LRU).
+    # Stage-span ids remembered for replay detection (LRU). A step summary is deduplicated by its identity
+    # instead: one per (rank, step) in a window.
     dedup_capacity: int = Field(default=262_144, ge=1)
+    # Stage-span samples kept per (rank, step, stage) in a window (per (rank, stage) in a wall-clock window):
+    # interval detail sends one per microbatch, so repeats are legitimate up to a bound; beyond it they are
+    # rejected (over_cap). 256: a step of Megatron rarely runs more microbatches per rank and model chunk.
+    max_samples_per_step: int = Field(default=256, ge=1)
     # Per (rank, stage) detector states kept (LRU, active alerts are kept first).
     max_states: int = Field(default=200_000, ge=1)
 

@@ -28,6 +28,7 @@ REJECT_MALFORMED = "malformed"
 REJECT_NON_FINITE = "non_finite"
 REJECT_DUPLICATE = "duplicate"
 REJECT_LATE = "late"
+REJECT_OVER_CAP = "over_cap"  # a stage span beyond max_samples_per_step of its (rank, step, stage)
 
 COLLECTOR_SERVICE_NAME = "otel-straggler-collector"
 
@@ -221,7 +222,7 @@ def _decode_summary(span: object, ident: ResourceIdentity, out: DecodeResult) ->
     dev_entries = _device_entries(devs, n)
     if dev_entries is not None and _clean_values(hosts) and all(stages) and all(groups) and min(counts) > 0:
         # every entry valid, as a healthy emitter sends them: whole lists at once, what the loop below gives
-        # entry by entry (this runs once per rank-step: per-entry calls were most of the decode's cost)
+        # entry by entry (this runs once per rank-step: per-entry calls would be most of the decode's cost)
         names += stages
         grps += groups
         dev_out += dev_entries

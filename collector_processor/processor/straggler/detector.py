@@ -1,8 +1,18 @@
-"""Rules: one closed window of one cohort -> verdicts (see ``docs/detector.md`` for each rule and default).
+"""Judgement of one closed window of one cohort: evidence in, verdicts out.
 
-Per stage and rank the window statistic is the median of the rank's per-step device times; host time is
-used only when the rank has no device sample in the window, and then only against peers' host times
-(device and host are never mixed in one comparison).
+A verdict can be followed in this file from the window's samples to the event:
+
+* ``Detector.judge`` gathers the window's evidence (``WindowEvidence``): which ranks are past ``warmup``, each
+  warm rank's statistic per stage (``RankStat``), the ranks' work, the step period and the collective times.
+  Per judged stage (``judged_groups``) it pools sampled device timing (``device_pooling``), sets the tolerances
+  (``noise_tolerance``) and updates each rank's sequential evidence (``sequential_excess``), all in
+  ``StageEvidence``.
+* ``Judgement`` judges one rank on one stage: ``Judgement.run`` applies the rules in order, each a method of
+  the same name, and the first that decides ends the judgement. ``Judgement.absent`` judges a rank that sent
+  nothing for the stage (``missing_rank``).
+* ``Judgement._emit`` builds every ``Verdict``; its reason is a constant of ``model.py`` named after the rule.
+
+Rules, defaults and the reasons behind them: ``docs/detector.md`` (the same names).
 """
 
 from __future__ import annotations
@@ -17,9 +27,20 @@ from collector_processor.processor.straggler.attribution import attribute, colle
 from collector_processor.processor.straggler.cohort import Cohort
 from collector_processor.processor.straggler.config import Config
 from collector_processor.processor.straggler.impact import impact, step_period_ms
-from collector_processor.processor.straggler.model import Verdict
+from collector_processor.processor.straggler.model import (
+    BELOW_ABSOLUTE_FLOOR,
+    COHORT_BELOW_MIN_SIZE,
+    MISSING_SAMPLES,
+    NON_FINITE_SAMPLE,
+    PERSISTENT_EXCESS,
+    RECOVERY_EVIDENCE_INSUFFICIENT,
+    SLOWER_THAN_REFERENCE,
+    WITHIN_TOLERANCE,
+    WORKLOAD_INCOMPARABLE,
+    Verdict,
+)
 from collector_processor.processor.straggler.sequential import SeqParams, SeqResult, excess, smoothed_sigma, spread
-from collector_processor.processor.straggler.state import RankStageState, StateStore
+from collector_processor.processor.straggler.state import RankStageState, StateKey, StateStore
 from collector_processor.processor.straggler.statistics import (
     SortedPeers,
     median,
@@ -36,9 +57,12 @@ HOST = s.MEASUREMENT_HOST_ONLY
 _MEDIAN_SE = 1.2533  # standard error of the median of n normal samples = 1.2533 sigma / sqrt(n)
 
 
+# --- evidence ---------------------------------------------------------------------------------------------
 @dataclass(slots=True)
 class RankStat:
-    dev: float | None
+    """One warm rank's samples of one stage in the window and its statistic."""
+
+    dev: float | None  # median of the device samples (pooled over recent windows when sparse)
     dev_samples: list[float]
     host_samples: list[float]
     fresh: int = 0  # samples of this window behind the device statistic (0: all of them)
@@ -67,9 +91,9 @@ class WindowOutcome:
 
 
 class Tolerances:
-    """Device and host tolerance of one stage in one window (``Detector._tolerances``). The host one is
-    computed on first use: a stage whose ranks all have device times needs it only for a host-stall group
-    or a slow rank's attribution, and its robust sigma costs as much as the device one."""
+    """Device and host tolerance of one stage in one window (``noise_tolerance``). The host one is computed on
+    first use: a stage whose ranks all have device times needs it only for a host-stall group or a slow
+    rank's attribution, and its robust sigma costs as much as the device one."""
 
     __slots__ = ("_host", "_host_of", "device")
 
@@ -104,33 +128,111 @@ class Views:
 
 
 @dataclass(slots=True)
-class _Ctx:
+class WindowEvidence:
+    """What every judgement of one closed window shares."""
+
     cohort: Cohort
     window: Window
-    step: int | None
+    out: WindowOutcome
+    step: int | None  # the window's last observed step (None: wall-clock window)
     trace_id: bytes
     period_ms: float | None
     world_size: int
-    collectives: dict[str, dict[int, float]]
+    collectives: dict[str, dict[int, float]]  # collective group -> rank -> ms
+    rank_tokens: dict[int, float]  # warm rank -> median tokens per step
+    tok_median: float | None  # the cohort's median of rank_tokens
+    uniform: bool  # every warm rank's work comparable with every other's
     now_ns: int
 
 
+class StageEvidence:
+    """One judged stage in the window: every warm rank's statistic, the stage's tolerances, each rank's
+    sequential evidence, and the values sorted for references (built once, on first use)."""
+
+    __slots__ = ("_views", "group", "name", "per", "seq", "tols", "uniform")
+
+    def __init__(self, name: str, group: str, per: dict[int, RankStat], uniform: bool, tols: Tolerances) -> None:
+        self.name = name
+        self.group = group
+        self.per = per
+        self.uniform = uniform  # every rank's work comparable with every other's
+        self.tols = tols
+        self.seq: dict[int, SeqResult] = {}
+        self._views: Views | None = None
+
+    @property
+    def views(self) -> Views:
+        if self._views is None:
+            self._views = Views(self.per)
+        return self._views
+
+    def others(self, rank: int) -> list[int]:
+        return [p for p in self.per if p != rank]
+
+
+@dataclass(slots=True)
+class Comparison:
+    """The rank's value against its reference, as a verdict reports it; the fields after ``size`` are what
+    the rules decide on. A comparison that could not be made leaves the reference (or everything) None."""
+
+    measurement: str | None = None  # DEVICE or HOST; None: nothing usable was compared
+    value: float | None = None
+    ref_rank: int | None = None
+    ref_ms: float | None = None
+    deviation: float | None = None  # (value - reference) / reference; inf against a zero reference
+    size: int = 0  # effective cohort: the rank and its comparable peers with a sample of this kind
+    gap: float = 0.0  # value - reference, ms
+    tolerance: float = 0.0  # the deviation beyond which the window is slow
+    host_stall: bool = False  # the host comparison of a host_stall group replaced a flat device one
+    peers: list[int] | None = None  # the comparable peers (None: every other rank)
+
+    @property
+    def slow(self) -> bool:
+        return self.deviation is not None and self.deviation > self.tolerance
+
+
+# --- the window -------------------------------------------------------------------------------------------
 class Detector:
     def __init__(self, config: Config, states: StateStore, counters: dict[str, int]) -> None:
         self.cfg = config
         self.states = states
         self.c = counters
         self._judged = frozenset(config.judged_groups)
-        self._seq = SeqParams(margin=config.sequential_margin, cap=config.sequential_step_cap,
-                              threshold=config.sequential_threshold, min_steps=config.window_steps + 1,
-                              history=config.sequential_history_steps, run_steps=config.window_steps,
-                              window_z=config.sequential_window_z, rest_z=config.sequential_rest_z)
+        self.seq_params = SeqParams(
+            margin=config.sequential_margin, cap=config.sequential_step_cap,
+            threshold=config.sequential_threshold, min_steps=config.window_steps + 1,
+            history=config.sequential_history_steps, run_steps=config.window_steps,
+            window_z=config.sequential_window_z, rest_z=config.sequential_rest_z)
 
-    # --- window -------------------------------------------------------------------------------------
     def judge(self, cohort: Cohort, window: Window, now_ns: int) -> WindowOutcome:
+        """Every judged stage's warm ranks, each by a ``Judgement``; ranks of the cohort absent from a stage
+        are judged absent."""
+        ev, stats = self._evidence(cohort, window, now_ns)
+        for stage, per in stats.items():
+            group = cohort.stages.get(stage, "other")
+            if group not in self._judged or not per:  # judged_groups
+                continue
+            self._device_pooling(cohort, stage, window.index, per)
+            se = StageEvidence(stage, group, per, ev.uniform, self._noise_tolerance(per))
+            se.seq = self._sequential_excess(ev, se)
+            for r in sorted(per):
+                Judgement(self, ev, se, r, self.states.get(self.key(cohort, r, stage))).run()
+            for r in cohort.ranks:  # missing_rank
+                if r in per:
+                    continue
+                st = self.states.peek(self.key(cohort, r, stage))
+                if st is not None:
+                    Judgement(self, ev, se, r, st).absent()
+        return ev.out
+
+    def _evidence(self, cohort: Cohort, window: Window, now_ns: int
+                  ) -> tuple[WindowEvidence, dict[str, dict[int, RankStat]]]:
+        """The window's shared evidence and, per stage, every warm rank's statistic (``warmup``, ``statistic``);
+        also the dashboard series of the outcome."""
         cfg = self.cfg
         out = WindowOutcome()
         present = window.ranks()
+        # warmup: a rank's first windows with samples are neither judged nor anyone's reference
         warm: set[int] = set()
         for r in present:
             info = cohort.ranks.get(r)
@@ -157,7 +259,6 @@ class Detector:
         rank_tokens = {r: median(v) for r, v in tokens.items() if r in warm}
         tok_values = list(rank_tokens.values())
         tok_median = median(tok_values) if tok_values else None
-        # every rank's work comparable with every other's: no per-rank peer filtering is needed
         uniform = not tok_values or within_relative(min(tok_values), max(tok_values), cfg.workload_tolerance)
 
         # step period from rank-step spans, collective time per group, dashboard series
@@ -186,59 +287,15 @@ class Detector:
         world_size = max((cohort.ranks[r].world_size for r in present if r in cohort.ranks), default=0)
         step = window.max_step if window.kind == KIND_STEP else None
         trace_id = s.trace_id_for_step(cohort.job, step).to_bytes(16, "big") if step is not None else b""
-        ctx = _Ctx(cohort, window, step, trace_id, period, world_size or len(cohort.ranks), collectives, now_ns)
+        ev = WindowEvidence(cohort, window, out, step, trace_id, period, world_size or len(cohort.ranks),
+                            collectives, rank_tokens, tok_median, uniform, now_ns)
+        return ev, stats
 
-        for stage, per in stats.items():
-            group = cohort.stages.get(stage, "other")
-            if group not in self._judged or not per:
-                continue
-            self._pool_device(cohort, stage, window.index, per)
-            views = Views(per) if uniform else None
-            tols = self._tolerances(per)
-            seq = self._sequential(cohort, stage, window, per, None if uniform else rank_tokens, tok_median)
-            for r in sorted(per):
-                self._judge_rank(ctx, out, stage, group, r, per, rank_tokens, tok_median, views, tols, seq.get(r))
-            self._missing(ctx, out, stage, group, per)
-        return out
+    @staticmethod
+    def key(cohort: Cohort, rank: int, stage: str) -> StateKey:
+        return (cohort.job, cohort.key, rank, stage)
 
-    def _sequential(self, cohort: Cohort, stage: str, window: Window, per: dict[int, RankStat],
-                    rank_tokens: dict[int, float] | None, tok_median: float | None) -> dict[int, SeqResult]:
-        """Rule 11: every comparable rank's per-step device excess over its peers' per-step median added to its
-        history (``sequential.py``). ``rank_tokens`` None: every rank's work is comparable; else only ranks whose
-        tokens are within the workload tolerance of the cohort's median take part (the others are judged
-        uncertain by rule 5 and are nobody's reference)."""
-        cfg = self.cfg
-        if not cfg.sequential or window.kind != KIND_STEP:
-            return {}
-        dev: list[tuple[int, list[int], list[float]]] = []
-        for r, rs in per.items():
-            if rank_tokens is not None and tok_median is not None:
-                tok = rank_tokens.get(r)
-                if tok is not None and not within_relative(tok, tok_median, cfg.workload_tolerance):
-                    continue
-            if rs.dev_samples and rs.dev_steps:
-                dev.append((r, rs.dev_steps, rs.dev_samples))
-        if len(dev) < cfg.min_cohort_size:
-            return {}
-        # a stage under device_min_stage_ms is launch-bound and keeps the host floor (rule 9): only a slowdown
-        # of 5 ms or more could convict there, which the window rule finds on its own; not worth the per-step work
-        stat = [rs.dev for rs in per.values() if rs.dev is not None]
-        if not stat or median(stat) < cfg.device_min_stage_ms:
-            return {}
-        items = excess(dev, cfg.min_cohort_size)
-        history = cohort.seq_sigma.get(stage)
-        if history is None:
-            history = cohort.seq_sigma[stage] = deque(maxlen=cfg.sequential_sigma_windows)
-        sigma = smoothed_sigma(history, spread(items.values(), cfg.min_cohort_size), cfg.sequential_sigma_floor)
-        if sigma is None:
-            return {}
-        out: dict[int, SeqResult] = {}
-        for r, lst in items.items():
-            st = self.states.get((cohort.job, cohort.key, r, stage))
-            out[r] = sequential.update(st, window.index, lst, sigma, self._seq)
-        return out
-
-    def _pool_device(self, cohort: Cohort, stage: str, idx: int, per: dict[int, RankStat]) -> None:
+    def _device_pooling(self, cohort: Cohort, stage: str, idx: int, per: dict[int, RankStat]) -> None:
         """Median of each rank's latest ``window_steps`` device samples (this window first, then recent
         windows): sampled device timing leaves 1-2 samples per window, too few for a robust median."""
         k = self.cfg.window_steps
@@ -246,7 +303,7 @@ class Detector:
         for r, rs in per.items():
             if not rs.dev_samples:
                 continue
-            st = self.states.get((cohort.job, cohort.key, r, stage))
+            st = self.states.get(self.key(cohort, r, stage))
             hist = st.dev_recent
             if hist is None:
                 hist = st.dev_recent = deque(maxlen=k)
@@ -258,7 +315,7 @@ class Detector:
                 rs.dev = median(rs.dev_used)
                 rs.fresh = len(rs.dev_samples)
 
-    def _tolerances(self, per: dict[int, RankStat]) -> Tolerances:
+    def _noise_tolerance(self, per: dict[int, RankStat]) -> Tolerances:
         """Device and host tolerance of this stage in this window: ``tolerance``, raised to ``noise_z`` standard
         errors of a rank's window median when the cohort's step-to-step noise is larger. The per-step sigma is
         estimated robustly within each rank (``pooled_relative_sigma``: spikes and a slow rank do not move
@@ -277,151 +334,44 @@ class Detector:
         return Tolerances(raised(pooled_relative_sigma((st.dev_used or st.dev_samples for st in per.values()), need)),
                           lambda: raised(pooled_relative_sigma((st.host_samples for st in per.values()), need)))
 
-    # --- one rank, one stage ------------------------------------------------------------------------
-    def _judge_rank(self, ctx: _Ctx, out: WindowOutcome, stage: str, group: str, r: int,
-                    per: dict[int, RankStat], rank_tokens: dict[int, float], tok_median: float | None,
-                    views: Views | None, tols: Tolerances,
-                    seq: SeqResult | None = None) -> None:
+    def _sequential_excess(self, ev: WindowEvidence, se: StageEvidence) -> dict[int, SeqResult]:
+        """Every comparable rank's per-step device excess over its peers' per-step median added to its history
+        (``sequential.py``). With unequal work in the cohort only ranks whose tokens are within the workload
+        tolerance of the cohort's median take part (the others are uncertain by ``workload`` and nobody's
+        reference)."""
         cfg = self.cfg
-        key = (ctx.cohort.job, ctx.cohort.key, r, stage)
-        st = self.states.get(key)
-        mine = per[r]
-        if mine.dev is None and mine.host is None:
-            self.c["non_finite_windows"] += 1
-            self._unusable(ctx, out, key, st, stage, group, r, "non_finite_sample", None)
-            return
-        if mine.dev is None and st.dev_recent:
-            # a rank that times this stage on the device sent none in this window: its host time is launch
-            # time, never compared as if it were the stage's duration
-            self.c["device_samples_missing_windows"] += 1
-            self._unusable(ctx, out, key, st, stage, group, r, "missing_samples", None)
-            return
-        meas = DEVICE if mine.dev is not None else HOST
-        value = mine.dev if mine.dev is not None else mine.host
-        assert value is not None
-        tok = rank_tokens.get(r)
-        if tok is not None and tok_median is not None and len(rank_tokens) > 1 \
-                and not within_relative(tok, tok_median, cfg.workload_tolerance):
-            self.c["workload_incomparable_windows"] += 1
-            self._unusable(ctx, out, key, st, stage, group, r, "workload_incomparable", (meas, value))
-            return
-        ref, size, peers_all = self._reference(r, meas, per, views, tok, rank_tokens)
-        if ref is None:
-            self.c["below_min_cohort_windows"] += 1
-            self._unusable(ctx, out, key, st, stage, group, r, "cohort_below_min_size", (meas, value), size)
-            return
-        ref_rank, ref_ms = ref
-        dev = relative_deviation(value, ref_ms)
-        if dev is None:
-            dev = math.inf if value > 0 else 0.0
-        gap = value - ref_ms
-        host_stall = False
-        tol = tols.device if meas == DEVICE else tols.host
-        if meas == DEVICE and group in cfg.host_stall_groups and mine.host is not None \
-                and not (dev > tol and gap >= self.floor(DEVICE, ref_ms)):
-            # device flat (or sub-floor): is the host interval up against the peers' host times? A host
-            # stall outside the device interval (e.g. waiting for data) still delays the step.
-            href, hsize, _ = self._reference(r, HOST, per, views, tok, rank_tokens)
-            if href is not None:
-                hdev = relative_deviation(mine.host, href[1])
-                if hdev is not None and hdev > tols.host and mine.host - href[1] >= cfg.absolute_floor_ms:
-                    meas, value, (ref_rank, ref_ms), dev, gap, size = HOST, mine.host, href, hdev, \
-                        mine.host - href[1], hsize
-                    host_stall = True
-                    tol = tols.host
-        prev = out.rank_deviation.get(r)
-        if math.isfinite(dev) and (prev is None or dev > prev):
-            out.rank_deviation[r] = dev
-        base = dict(measurement=meas, value=value, ref_rank=ref_rank, ref_ms=ref_ms, dev=dev, size=size)
-        idx = ctx.window.index
-        if dev > tol and gap < self.floor(meas, ref_ms):
-            self.c["below_floor_windows"] += 1
-            self._unusable(ctx, out, key, st, stage, group, r, "below_absolute_floor", (meas, value), size, base)
-            return
-        if dev > tol:
-            # persistence is counted in samples: the first slow window counts its whole statistic (k), later
-            # ones only their fresh samples, so pooled sparse device samples shared by consecutive windows
-            # are not counted twice; with every step measured this is exactly N consecutive windows
-            k = cfg.window_steps
-            # a window missing one device sample (auto sampling's host-only probe step) still counts as full
-            fresh = mine.fresh if (mine.fresh and meas == DEVICE and mine.fresh < k - 1) else k
-            st.streak = st.streak + fresh if st.last_slow_index == idx - 1 else k
-            st.last_slow_index = idx
-            st.held_reported = False
-            attribution = s.ATTRIBUTION_HOST if host_stall else self._attribution(
-                meas, mine, r, per, peers_all if peers_all is not None else [p for p in per if p != r], tols)
-            if st.alert is not None:
-                st.alert = self._verdict(ctx, stage, group, r, s.VERDICT_STRAGGLER, "slower_than_reference",
-                                         attribution=st.alert.attribution, **base)
-                self.states.set_active(key, st, st.alert)
-                out.alerts[(r, stage)] = st.alert
-                return
-            need = cfg.persistence_windows * k
-            if st.streak < need and meas == DEVICE and not host_stall and self._seq_fires(seq):
-                st.streak = need  # sequential evidence (rule 11) completes the persistence
-            if st.streak >= need:
-                v = self._verdict(ctx, stage, group, r, s.VERDICT_STRAGGLER, "slower_than_reference",
-                                  attribution=attribution, **base)
-                sequential.reset(st)
-                self.states.set_active(key, st, v)
-                out.alerts[(r, stage)] = v
-                out.verdicts.append(v)
-            return
-        if st.alert is None and meas == DEVICE and not host_stall and seq is not None and self._seq_fires(seq):
-            # the window is not slow on its own, but the per-step excess accumulated over this and the
-            # previous window is (rule 11); the verdict reports the run's means against the peers' medians
-            v = self._seq_verdict(ctx, stage, group, r, seq, per, peers_all, tols, size=base["size"])
-            st.streak = 0
-            st.last_slow_index = None
-            sequential.reset(st)
-            self.states.set_active(key, st, v)
-            out.alerts[(r, stage)] = v
-            out.verdicts.append(v)
-            return
-        if st.alert is not None and (dev > cfg.tolerance or (
-                seq is not None and seq.window_excess > cfg.sequential_margin / 2)):
-            # within the noise-raised tolerance but not back within the base tolerance, or still beyond half
-            # the sequential margin over the peers' per-step medians (hysteresis: a rank just above the
-            # margin must not recover on one noisy window and be convicted again): no evidence of par, so
-            # the alert holds (refreshed, no verdict)
-            st.streak = 0
-            st.last_slow_index = None
-            st.alert = self._verdict(ctx, stage, group, r, s.VERDICT_STRAGGLER, "slower_than_reference",
-                                     attribution=st.alert.attribution, **base)
-            self.states.set_active(key, st, st.alert)
-            out.alerts[(r, stage)] = st.alert
-            return
-        # within tolerance: positive evidence of par (the floor never blocks recovery)
-        st.streak = 0
-        st.last_slow_index = None
-        st.held_reported = False
-        if st.alert is not None:
-            sequential.reset(st)
-            v = self._verdict(ctx, stage, group, r, s.VERDICT_RECOVERED, "within_tolerance",
-                              attribution=st.alert.attribution, **base)
-            self.states.set_active(key, st, None)
-            out.alerts[(r, stage)] = None
-            out.verdicts.append(v)
-
-    def _seq_fires(self, seq: SeqResult | None) -> bool:
-        """Rule 11 fires and the gap at the lookback's median excess clears the device floor."""
-        if seq is None or not seq.fires or seq.value_ms is None or seq.reference_ms is None:
-            return False
-        return seq.value_ms - seq.reference_ms >= self.floor(DEVICE, seq.reference_ms)
-
-    def _seq_verdict(self, ctx: _Ctx, stage: str, group: str, r: int, seq: SeqResult, per: dict[int, RankStat],
-                     peers: list[int] | None, tols: Tolerances, size: int) -> Verdict:
-        """A rule-11 straggler verdict: the lookback's value against the mean of the peers' per-step medians,
-        attributed as rule 8 attributes (``_attribution``) with that device comparison and the margin as its
-        tolerance."""
-        value, ref = seq.value_ms, seq.reference_ms
-        assert value is not None and ref is not None
-        dev = relative_deviation(value, ref)
-        attribution = self._attribution(DEVICE, per[r], r, per, peers if peers is not None else
-                                        [p for p in per if p != r], tols,
-                                        device=(dev, value - ref, ref, self.cfg.sequential_margin))
-        return self._verdict(ctx, stage, group, r, s.VERDICT_STRAGGLER, "persistent_excess", attribution=attribution,
-                             measurement=DEVICE, value=value, ref_rank=None, ref_ms=ref, dev=dev, size=size)
+        window = ev.window
+        if not cfg.sequential or window.kind != KIND_STEP:
+            return {}
+        per = se.per
+        dev: list[tuple[int, list[int], list[float]]] = []
+        for r, rs in per.items():
+            if not se.uniform and ev.tok_median is not None:
+                tok = ev.rank_tokens.get(r)
+                if tok is not None and not within_relative(tok, ev.tok_median, cfg.workload_tolerance):
+                    continue
+            if rs.dev_samples and rs.dev_steps:
+                dev.append((r, rs.dev_steps, rs.dev_samples))
+        if len(dev) < cfg.min_cohort_size:
+            return {}
+        # a stage under device_min_stage_ms is launch-bound and keeps the host floor (absolute_floor): only a
+        # slowdown of 5 ms or more could convict there, which window_excess finds on its own
+        stat = [rs.dev for rs in per.values() if rs.dev is not None]
+        if not stat or median(stat) < cfg.device_min_stage_ms:
+            return {}
+        items = excess(dev, cfg.min_cohort_size)
+        cohort = ev.cohort
+        history = cohort.seq_sigma.get(se.name)
+        if history is None:
+            history = cohort.seq_sigma[se.name] = deque(maxlen=cfg.sequential_sigma_windows)
+        sigma = smoothed_sigma(history, spread(items.values(), cfg.min_cohort_size), cfg.sequential_sigma_floor)
+        if sigma is None:
+            return {}
+        out: dict[int, SeqResult] = {}
+        for r, lst in items.items():
+            st = self.states.get(self.key(cohort, r, se.name))
+            out[r] = sequential.update(st, window.index, lst, sigma, self.seq_params)
+        return out
 
     def floor(self, kind: str, ref_ms: float) -> float:
         """Absolute gap floor of one comparison: the host floor, or for a device comparison of a stage of
@@ -431,39 +381,295 @@ class Detector:
             return cfg.device_floor_ms
         return cfg.absolute_floor_ms
 
-    def _reference(self, r: int, kind: str, per: dict[int, RankStat],
-                   views: Views | None, tok: float | None, rank_tokens: dict[int, float]
-                   ) -> tuple[tuple[int, float] | None, int, list[int] | None]:
-        """(reference peer and value, effective cohort size incl. the rank, comparable peers or None=all)."""
-        cfg = self.cfg
-        q = cfg.fastest_quantile
-        if views is not None or tok is None:
-            # common case: every peer's work is comparable; O(1) per rank against pre-sorted values
-            views = views or Views(per)
-            view = views.device if kind == DEVICE else views.host
-            size = 1 + view.peers(r)
-            return (view.reference(r, cfg.reference, q) if size >= cfg.min_cohort_size else None), size, None
-        # unequal work in the cohort: the reference set is the rank's comparable class, O(n) per rank
-        peers_all = [p for p in per if p != r and
-                     (p not in rank_tokens or within_relative(tok, rank_tokens[p], cfg.workload_tolerance))]
-        peer_vals: dict[int, float] = {}
-        for p in peers_all:
-            v = per[p].dev if kind == DEVICE else per[p].host
-            if v is not None:
-                peer_vals[p] = v
-        size = 1 + len(peer_vals)
-        return (reference_of(peer_vals, cfg.reference, q) if size >= cfg.min_cohort_size else None), size, peers_all
 
-    def _attribution(self, meas: str, mine: RankStat, r: int, per: dict[int, RankStat], peers: list[int],
-                     tols: Tolerances,
-                     device: tuple[float | None, float, float, float] | None = None) -> str:
-        """Device against the peers' device values and host against their host values (``attribution.py``).
-        ``device``: (deviation, gap ms, reference ms, tolerance) of a comparison made elsewhere (rule 11)."""
+# --- one rank, one stage ----------------------------------------------------------------------------------
+class Judgement:
+    """One rank's judgement of one stage at a window's close. ``run`` applies the rules in order; the first
+    that decides ends it. Every verdict is built by ``_emit``; the rank-stage state (``state.py``) carries the
+    persistence streak, the active alert and the uncertain rate limit from window to window."""
+
+    __slots__ = ("c", "cfg", "det", "ev", "key", "mine", "rank", "se", "seq", "st")
+
+    def __init__(self, det: Detector, ev: WindowEvidence, se: StageEvidence, rank: int, st: RankStageState) -> None:
+        self.det = det
+        self.cfg = det.cfg
+        self.c = det.c
+        self.ev = ev
+        self.se = se
+        self.rank = rank
+        self.key = Detector.key(ev.cohort, rank, se.name)
+        self.st = st
+        self.mine = se.per.get(rank)
+        self.seq = se.seq.get(rank)
+
+    # --- the rules, in order --------------------------------------------------------------------------
+    def run(self) -> None:
+        """The rules in order; the first that decides ends the judgement."""
+        mine = self.mine
+        assert mine is not None
+        c = self.c
+        if mine.dev is None and mine.host is None:  # non_finite
+            c["non_finite_windows"] += 1
+            return self._unusable(NON_FINITE_SAMPLE, Comparison())
+        if mine.dev is None and self.st.dev_recent:
+            # device_samples_missing: a rank that times this stage on the device sent none in this window; its
+            # host time is launch time, never compared as if it were the stage's duration
+            c["device_samples_missing_windows"] += 1
+            return self._unusable(MISSING_SAMPLES, Comparison())
+        meas = DEVICE if mine.dev is not None else HOST  # statistic: device and host are never mixed
+        value = mine.dev if mine.dev is not None else mine.host
+        assert value is not None
+        if not self.workload():
+            c["workload_incomparable_windows"] += 1
+            return self._unusable(WORKLOAD_INCOMPARABLE, Comparison(meas, value))
+        cmp = self.reference(meas, value)
+        if cmp.ref_ms is None:  # min_cohort
+            c["below_min_cohort_windows"] += 1
+            return self._unusable(COHORT_BELOW_MIN_SIZE, Comparison(meas, value, size=cmp.size))
+        cmp = self.host_stall(cmp)
+        self._record_deviation(cmp)
+        if self.absolute_floor(cmp):
+            c["below_floor_windows"] += 1
+            return self._unusable(BELOW_ABSOLUTE_FLOOR, cmp)
+        if cmp.slow:
+            return self.window_excess(cmp)
+        if self.sequential_excess(cmp) or self.hysteresis(cmp):
+            return None
+        return self.recovery(cmp)
+
+    def workload(self) -> bool:
+        """``workload``: the rank's tokens per step are within ``workload_tolerance`` of the cohort's median
+        (ranks without tokens are comparable)."""
+        ev = self.ev
+        tok = ev.rank_tokens.get(self.rank)
+        return tok is None or ev.tok_median is None or len(ev.rank_tokens) <= 1 \
+            or within_relative(tok, ev.tok_median, self.cfg.workload_tolerance)
+
+    def reference(self, kind: str, value: float) -> Comparison:
+        """``reference`` and ``min_cohort``: the rank's value against its reference peer among the comparable
+        peers with a sample of the same kind (``ref_ms`` None when they are fewer than ``min_cohort_size``
+        with the rank), with the deviation, the gap and the tolerance of that kind."""
         cfg = self.cfg
+        se = self.se
+        r = self.rank
+        q = cfg.fastest_quantile
+        tok = self.ev.rank_tokens.get(r)
+        peers: list[int] | None = None
+        if se.uniform or tok is None:
+            # every peer's work is comparable: O(1) per rank against pre-sorted values
+            view = se.views.device if kind == DEVICE else se.views.host
+            size = 1 + view.peers(r)
+            ref = view.reference(r, cfg.reference, q) if size >= cfg.min_cohort_size else None
+        else:
+            # unequal work in the cohort: the reference set is the rank's comparable class, O(n) per rank
+            rank_tokens = self.ev.rank_tokens
+            peers = [p for p in se.per if p != r and
+                     (p not in rank_tokens or within_relative(tok, rank_tokens[p], cfg.workload_tolerance))]
+            peer_vals: dict[int, float] = {}
+            for p in peers:
+                v = se.per[p].dev if kind == DEVICE else se.per[p].host
+                if v is not None:
+                    peer_vals[p] = v
+            size = 1 + len(peer_vals)
+            ref = reference_of(peer_vals, cfg.reference, q) if size >= cfg.min_cohort_size else None
+        if ref is None:
+            return Comparison(kind, value, size=size, peers=peers)
+        ref_rank, ref_ms = ref
+        dev = relative_deviation(value, ref_ms)
+        if dev is None:
+            dev = math.inf if value > 0 else 0.0
+        tol = se.tols.device if kind == DEVICE else se.tols.host
+        return Comparison(kind, value, ref_rank, ref_ms, dev, size, value - ref_ms, tol, peers=peers)
+
+    def host_stall(self, cmp: Comparison) -> Comparison:
+        """``host_stall``: in a ``host_stall_groups`` stage whose device comparison does not fire (flat or
+        sub-floor), the rank's host time beyond tolerance and the host floor against the peers' host times is
+        the comparison instead (a host stall outside the device interval, e.g. waiting for data, still delays
+        the step)."""
+        mine = self.mine
+        assert mine is not None
+        if cmp.measurement != DEVICE or self.se.group not in self.cfg.host_stall_groups or mine.host is None:
+            return cmp
+        assert cmp.ref_ms is not None
+        if cmp.slow and cmp.gap >= self.det.floor(DEVICE, cmp.ref_ms):
+            return cmp
+        host = self.reference(HOST, mine.host)
+        if host.ref_ms is None or host.ref_ms <= 0 or not (host.slow and host.gap >= self.cfg.absolute_floor_ms):
+            return cmp
+        host.host_stall = True
+        host.peers = cmp.peers
+        return host
+
+    def absolute_floor(self, cmp: Comparison) -> bool:
+        """``absolute_floor``: True when the window looks slow but its gap is under the floor of its kind (no
+        evidence either way: a 1 ms stage 50 % slower costs 0.5 ms, and host jitter alone gives such ratios)."""
+        assert cmp.ref_ms is not None and cmp.measurement is not None
+        return cmp.slow and cmp.gap < self.det.floor(cmp.measurement, cmp.ref_ms)
+
+    def window_excess(self, cmp: Comparison) -> None:
+        """``window_excess`` and ``persistence``: a slow window adds to the streak (counted in samples: the
+        first slow window counts ``window_steps``, each following one its fresh samples, so pooled sparse
+        device samples shared by consecutive windows are not counted twice); the verdict fires at
+        ``persistence_windows`` x ``window_steps``, or when ``sequential_excess`` fires in this window. An
+        active alert is refreshed."""
+        cfg = self.cfg
+        st = self.st
+        mine = self.mine
+        assert mine is not None
+        k = cfg.window_steps
+        idx = self.ev.window.index
+        # a window missing one device sample (auto sampling's host-only probe step) still counts as full
+        fresh = mine.fresh if (mine.fresh and cmp.measurement == DEVICE and mine.fresh < k - 1) else k
+        st.streak = st.streak + fresh if st.last_slow_index == idx - 1 else k
+        st.last_slow_index = idx
+        st.held_reported = False
+        if st.alert is not None:
+            return self._alert(self._emit(s.VERDICT_STRAGGLER, SLOWER_THAN_REFERENCE, st.alert.attribution, cmp))
+        need = cfg.persistence_windows * k
+        if st.streak < need and cmp.measurement == DEVICE and not cmp.host_stall and self._sequential_fires():
+            st.streak = need
+        if st.streak >= need:
+            attribution = s.ATTRIBUTION_HOST if cmp.host_stall else self._attribution(cmp)
+            sequential.reset(st)
+            self._alert(self._emit(s.VERDICT_STRAGGLER, SLOWER_THAN_REFERENCE, attribution, cmp), new=True)
+        return None
+
+    def sequential_excess(self, cmp: Comparison) -> bool:
+        """``sequential_excess``: a window not slow on its own convicts when the per-step excess over the peers'
+        per-step medians, accumulated over this and the previous window, fires (``sequential.py``). The
+        verdict reports the lookback's value at its median excess against the peers' mean per-step median."""
+        st = self.st
+        if st.alert is not None or cmp.measurement != DEVICE or cmp.host_stall or not self._sequential_fires():
+            return False
+        seq = self.seq
+        assert seq is not None and seq.value_ms is not None and seq.reference_ms is not None
+        value, ref = seq.value_ms, seq.reference_ms
+        dev = relative_deviation(value, ref)
+        found = Comparison(DEVICE, value, None, ref, dev, cmp.size, value - ref, self.cfg.sequential_margin,
+                           peers=cmp.peers)
+        v = self._emit(s.VERDICT_STRAGGLER, PERSISTENT_EXCESS, self._attribution(found, per_step=True), found)
+        st.streak = 0
+        st.last_slow_index = None
+        sequential.reset(st)
+        self._alert(v, new=True)
+        return True
+
+    def hysteresis(self, cmp: Comparison) -> bool:
+        """``hysteresis``: an active alert holds (refreshed, no verdict) while the window is within the
+        noise-raised tolerance but not the base ``tolerance``, or its mean per-step excess stays beyond half
+        the sequential margin: no evidence of par, so a rank just above the margin does not recover on one
+        noisy window and get convicted again."""
+        st = self.st
+        seq = self.seq
+        assert cmp.deviation is not None
+        if st.alert is None or not (cmp.deviation > self.cfg.tolerance or (
+                seq is not None and seq.window_excess > self.cfg.sequential_margin / 2)):
+            return False
+        st.streak = 0
+        st.last_slow_index = None
+        self._alert(self._emit(s.VERDICT_STRAGGLER, SLOWER_THAN_REFERENCE, st.alert.attribution, cmp))
+        return True
+
+    def recovery(self, cmp: Comparison) -> None:
+        """``recovery``: within tolerance is positive evidence of par (the floor never blocks it); an active
+        alert ends with ``recovered``."""
+        st = self.st
+        st.streak = 0
+        st.last_slow_index = None
+        st.held_reported = False
+        if st.alert is None:
+            return
+        sequential.reset(st)
+        v = self._emit(s.VERDICT_RECOVERED, WITHIN_TOLERANCE, st.alert.attribution, cmp)
+        self.det.states.set_active(self.key, st, None)
+        self.ev.out.alerts[(self.rank, self.se.name)] = None
+        self.ev.out.verdicts.append(v)
+
+    def absent(self) -> None:
+        """``missing_rank``: the rank sent no sample of this stage in a window its cohort filled. Its streak and
+        sequential history restart; an active alert holds (``hold``)."""
+        st = self.st
+        self.c["missing_windows"] += 1
+        st.streak = 0
+        st.last_slow_index = None
+        sequential.reset(st)
+        if st.alert is not None:
+            self._hold(Comparison())
+
+    # --- unusable evidence: hold an alert, else a rate-limited uncertain verdict --------------------------
+    def _unusable(self, reason: str, cmp: Comparison) -> None:
+        st = self.st
+        st.streak = 0
+        st.last_slow_index = None
+        sequential.reset(st)
+        if st.alert is not None:
+            return self._hold(cmp)
+        # uncertain_rate_limit: on a change of reason, else once per uncertain_every_windows
+        idx = self.ev.window.index
+        if reason == st.last_uncertain_reason and st.last_uncertain_index is not None \
+                and idx - st.last_uncertain_index < self.cfg.uncertain_every_windows:
+            self.c["uncertain_suppressed"] += 1
+            return None
+        st.last_uncertain_reason = reason
+        st.last_uncertain_index = idx
+        if cmp.measurement is None:
+            cmp.measurement = DEVICE
+        self.ev.out.verdicts.append(self._emit(s.VERDICT_UNCERTAIN, reason, s.ATTRIBUTION_UNKNOWN, cmp))
+        return None
+
+    def _hold(self, cmp: Comparison) -> None:
+        """``hold``: an unusable window keeps an active alert (its metric series fresh) and says so once."""
+        st = self.st
+        alert = st.alert
+        assert alert is not None
+        self.c["recovery_withheld_windows"] += 1
+        self.ev.out.alerts[(self.rank, self.se.name)] = alert
+        if st.held_reported:
+            return
+        st.held_reported = True
+        if cmp.measurement is None:
+            cmp.measurement = alert.measurement
+        self.ev.out.verdicts.append(self._emit(s.VERDICT_UNCERTAIN, RECOVERY_EVIDENCE_INSUFFICIENT,
+                                               alert.attribution, cmp))
+
+    # --- helpers --------------------------------------------------------------------------------------
+    def _sequential_fires(self) -> bool:
+        """``sequential_excess`` fires and the gap at the lookback's median excess clears the device floor."""
+        seq = self.seq
+        if seq is None or not seq.fires or seq.value_ms is None or seq.reference_ms is None:
+            return False
+        return seq.value_ms - seq.reference_ms >= self.det.floor(DEVICE, seq.reference_ms)
+
+    def _record_deviation(self, cmp: Comparison) -> None:
+        dev = cmp.deviation
+        out = self.ev.out
+        prev = out.rank_deviation.get(self.rank)
+        if dev is not None and math.isfinite(dev) and (prev is None or dev > prev):
+            out.rank_deviation[self.rank] = dev
+
+    def _alert(self, v: Verdict, new: bool = False) -> None:
+        """``v`` is the rank-stage's active alert (refreshed, or ``new``: emitted as well)."""
+        st = self.st
+        self.det.states.set_active(self.key, st, v)
+        self.ev.out.alerts[(self.rank, self.se.name)] = v
+        if new:
+            self.ev.out.verdicts.append(v)
+
+    def _attribution(self, cmp: Comparison, per_step: bool = False) -> str:
+        """GPU or host (``attribution.py``) of the comparison that convicts: the rank's device time against
+        the comparable peers' device times (``per_step``: ``cmp`` itself, the per-step comparison of
+        ``sequential_excess``, with its margin as the tolerance) and its host time against their host times
+        (never their device times)."""
+        cfg = self.cfg
+        mine = self.mine
+        assert mine is not None
+        per = self.se.per
+        peers = cmp.peers if cmp.peers is not None else self.se.others(self.rank)
+        tols = self.se.tols
         dev_d = dev_g = host_d = host_g = ref_d = None
         dev_tol = tols.device
-        if device is not None:
-            dev_d, dev_g, ref_d, dev_tol = device
+        if per_step:
+            dev_d, dev_g, ref_d, dev_tol = cmp.deviation, cmp.gap, cmp.ref_ms, cmp.tolerance
         elif mine.dev is not None:
             dev_vals = {p: v for p in peers if (v := per[p].dev) is not None}
             ref = reference_of(dev_vals, cfg.reference, cfg.fastest_quantile)
@@ -472,86 +678,35 @@ class Detector:
                 dev_d = relative_deviation(mine.dev, ref[1])
                 dev_g = mine.dev - ref[1]
         if mine.host is not None:
-            # host against the peers' host times (never against their device times)
             host_vals = {p: v for p in peers if (v := per[p].host) is not None}
             ref = reference_of(host_vals, cfg.reference, cfg.fastest_quantile)
             if ref is not None:
                 host_d = relative_deviation(mine.host, ref[1])
                 host_g = mine.host - ref[1]
-        return attribute(measurement=meas, device_deviation=dev_d, device_gap_ms=dev_g, host_deviation=host_d,
-                         host_gap_ms=host_g, tolerance=dev_tol, host_tolerance=tols.host,
-                         floor_ms=self.floor(DEVICE, ref_d) if ref_d is not None else cfg.absolute_floor_ms,
+        return attribute(measurement=cmp.measurement or DEVICE, device_deviation=dev_d, device_gap_ms=dev_g,
+                         host_deviation=host_d, host_gap_ms=host_g, tolerance=dev_tol, host_tolerance=tols.host,
+                         floor_ms=self.det.floor(DEVICE, ref_d) if ref_d is not None else cfg.absolute_floor_ms,
                          host_floor_ms=cfg.absolute_floor_ms,
                          host_explains_fraction=cfg.host_explains_fraction,
                          host_ambiguous_fraction=cfg.host_ambiguous_fraction)
 
-    def _missing(self, ctx: _Ctx, out: WindowOutcome, stage: str, group: str, per: dict[int, RankStat]) -> None:
-        """Ranks with an active alert on this stage but no sample in the window: the alert holds."""
-        for r in ctx.cohort.ranks:
-            if r in per:
-                continue
-            st = self.states.peek((ctx.cohort.job, ctx.cohort.key, r, stage))
-            if st is None:
-                continue
-            self.c["missing_windows"] += 1
-            st.streak = 0
-            st.last_slow_index = None
-            sequential.reset(st)
-            if st.alert is not None:
-                self._hold(ctx, out, (ctx.cohort.job, ctx.cohort.key, r, stage), st, stage, group, r, None, 0, None)
-
-    # --- unusable evidence: hold an alert, else (rate-limited) uncertain ------------------------------
-    def _unusable(self, ctx: _Ctx, out: WindowOutcome, key: tuple[str, str, int, str], st: RankStageState,
-                  stage: str, group: str, r: int, reason: str, mv: tuple[str, float] | None, size: int = 0,
-                  base: dict | None = None) -> None:
-        st.streak = 0
-        st.last_slow_index = None
-        sequential.reset(st)
-        if st.alert is not None:
-            self._hold(ctx, out, key, st, stage, group, r, mv, size, base)
-            return
-        idx = ctx.window.index
-        if reason == st.last_uncertain_reason and st.last_uncertain_index is not None \
-                and idx - st.last_uncertain_index < self.cfg.uncertain_every_windows:
-            self.c["uncertain_suppressed"] += 1
-            return
-        st.last_uncertain_reason = reason
-        st.last_uncertain_index = idx
-        kw = base or {}
-        if not kw:
-            kw = dict(measurement=mv[0] if mv else DEVICE, value=mv[1] if mv else None, ref_rank=None,
-                      ref_ms=None, dev=None, size=size)
-        out.verdicts.append(self._verdict(ctx, stage, group, r, s.VERDICT_UNCERTAIN, reason,
-                                          attribution=s.ATTRIBUTION_UNKNOWN, **kw))
-
-    def _hold(self, ctx: _Ctx, out: WindowOutcome, key: tuple[str, str, int, str], st: RankStageState,
-              stage: str, group: str, r: int, mv: tuple[str, float] | None, size: int, base: dict | None) -> None:
-        self.c["recovery_withheld_windows"] += 1
-        out.alerts[(r, stage)] = st.alert  # still active: keeps its metric series fresh
-        if st.held_reported:
-            return
-        st.held_reported = True
-        kw = base or dict(measurement=mv[0] if mv else st.alert.measurement,  # type: ignore[union-attr]
-                          value=mv[1] if mv else None, ref_rank=None, ref_ms=None, dev=None, size=size)
-        out.verdicts.append(self._verdict(ctx, stage, group, r, s.VERDICT_UNCERTAIN, "recovery_evidence_insufficient",
-                                          attribution=st.alert.attribution, **kw))  # type: ignore[union-attr]
-
-    # --- verdict construction -----------------------------------------------------------------------
-    def _verdict(self, ctx: _Ctx, stage: str, group: str, r: int, verdict: str, reason: str, *, attribution: str,
-                 measurement: str, value: float | None, ref_rank: int | None, ref_ms: float | None,
-                 dev: float | None, size: int) -> Verdict:
-        info = ctx.cohort.ranks.get(r)
+    def _emit(self, verdict: str, reason: str, attribution: str, cmp: Comparison) -> Verdict:
+        """The verdict on this rank and stage, with the comparison it reports and its cost."""
+        ev = self.ev
+        info = ev.cohort.ranks.get(self.rank)
+        value, ref_ms, dev = cmp.value, cmp.ref_ms, cmp.deviation
         lost = max(value - ref_ms, 0.0) if (value is not None and ref_ms is not None
                                               and verdict == s.VERDICT_STRAGGLER) else 0.0
+        straggler = verdict == s.VERDICT_STRAGGLER
         return Verdict(
-            job=ctx.cohort.job, cohort=ctx.cohort.key, rank=r, host=info.host if info else "",
-            gpu=info.gpu if info else "", stage=stage, group=group, verdict=verdict, reason=reason,
+            job=ev.cohort.job, cohort=ev.cohort.key, rank=self.rank, host=info.host if info else "",
+            gpu=info.gpu if info else "", stage=self.se.name, group=self.se.group, verdict=verdict, reason=reason,
             deviation=dev if (dev is None or math.isfinite(dev)) else None, value_ms=value,
-            reference_rank=ref_rank, reference_ms=ref_ms, measurement=measurement,
-            window_start=ctx.window.start, window_end=ctx.window.end, step=ctx.step, attribution=attribution,
-            step_time_lost_ms=lost, gpu_seconds_per_hour=impact(lost, ctx.world_size, ctx.period_ms),
-            cohort_size=size,
-            collective_evidence=collective_evidence(r, ctx.collectives, self.cfg.tolerance)
-            if verdict == s.VERDICT_STRAGGLER else "",
-            trace_id=ctx.trace_id, emitted_unix_ns=ctx.now_ns,
+            reference_rank=cmp.ref_rank, reference_ms=ref_ms,
+            measurement=cmp.measurement or DEVICE, window_start=ev.window.start, window_end=ev.window.end,
+            step=ev.step, attribution=attribution, step_time_lost_ms=lost,
+            gpu_seconds_per_hour=impact(lost, ev.world_size, ev.period_ms), cohort_size=cmp.size,
+            collective_evidence=collective_evidence(self.rank, ev.collectives, self.cfg.tolerance) if straggler
+            else "",
+            trace_id=ev.trace_id, emitted_unix_ns=ev.now_ns,
         )

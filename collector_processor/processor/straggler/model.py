@@ -11,6 +11,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from otel_straggler import schema as s
+
+
+def _reason(name: str) -> str:
+    """A ``straggler.reason`` value, checked against the schema's list at import."""
+    if name not in s.REASONS:
+        raise ValueError(f"{name!r} is not in otel_straggler.schema.REASONS")
+    return name
+
+
+# ``Verdict.reason`` values (``schema.REASONS``), named after the rule that gives each (docs/detector.md)
+SLOWER_THAN_REFERENCE = _reason("slower_than_reference")  # straggler: window_excess + persistence
+PERSISTENT_EXCESS = _reason("persistent_excess")  # straggler: sequential_excess
+WITHIN_TOLERANCE = _reason("within_tolerance")  # recovered: recovery
+BELOW_ABSOLUTE_FLOOR = _reason("below_absolute_floor")  # uncertain: absolute_floor
+WORKLOAD_INCOMPARABLE = _reason("workload_incomparable")  # uncertain: workload
+COHORT_BELOW_MIN_SIZE = _reason("cohort_below_min_size")  # uncertain: min_cohort
+MISSING_SAMPLES = _reason("missing_samples")  # uncertain: device_samples_missing
+RECOVERY_EVIDENCE_INSUFFICIENT = _reason("recovery_evidence_insufficient")  # uncertain: hold
+NON_FINITE_SAMPLE = _reason("non_finite_sample")  # uncertain: non_finite
+
 
 @dataclass(slots=True)
 class StageSample:
@@ -87,6 +108,6 @@ class Verdict:
     step_time_lost_ms: float  # excess time per step on the critical path
     gpu_seconds_per_hour: float  # step_time_lost * waiting ranks * steps per hour
     cohort_size: int  # effective comparable ranks (including this one)
-    collective_evidence: str  # e.g. "rank_waits_least_in_grad-sync" or ""
+    collective_evidence: str  # e.g. "waits_least:grad-sync" or ""
     trace_id: bytes  # trace of the step where the verdict fired (16 bytes, may be empty)
     emitted_unix_ns: int = 0

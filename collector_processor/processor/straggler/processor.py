@@ -6,6 +6,7 @@ read from another thread, through an immutable swap (see ``metrics.py``).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -14,21 +15,39 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from collector_processor.processor.straggler.cohort import NO_INDEX, Cohort, CohortRegistry, RankInfo
 from collector_processor.processor.straggler.config import Config
-from collector_processor.processor.straggler.decode import REJECT_DUPLICATE, REJECT_LATE, decode_request
+from collector_processor.processor.straggler.decode import (
+    REJECT_DUPLICATE,
+    REJECT_LATE,
+    REJECT_MALFORMED,
+    REJECT_OVER_CAP,
+    decode_request,
+)
 from collector_processor.processor.straggler.detector import Detector
 from collector_processor.processor.straggler.events import verdict_resource_spans
 from collector_processor.processor.straggler.metrics import StragglerMetrics
 from collector_processor.processor.straggler.model import StageSample, StepSummary, Verdict
 from collector_processor.processor.straggler.state import StateStore
-from collector_processor.processor.straggler.window import KIND_STEP, Window, WindowSet, due_by_progress, due_by_time
+from collector_processor.processor.straggler.window import (
+    KIND_STEP,
+    Window,
+    WindowSet,
+    due_by_age,
+    due_by_progress,
+    due_by_time,
+)
 from collector_processor.telemetry import Telemetry
 from otel_straggler import schema as s
 
+log = logging.getLogger(__name__)
+
 _MAX_PENDING_SPANS = 4096
+_DUPLICATE_LOG_EVERY_S = 600.0  # one line per (job, rank) at most this often about its duplicate rank-steps
+_DUPLICATE_LOG_KEYS = 1024  # (job, rank) pairs remembered for that (least recently logged forgotten first)
 
 COUNTERS = (
     "spans_accepted", "rejected_malformed", "rejected_non_finite", "rejected_duplicate", "rejected_late",
-    "non_finite_values", "windows_closed", "windows_closed_early", "windows_closed_by_grace",
+    "rejected_over_cap", "non_finite_values", "windows_closed", "windows_closed_early", "windows_closed_by_grace",
+    "windows_closed_by_age",
     "warmup_excluded", "missing_windows", "non_finite_windows", "device_samples_missing_windows",
     "progress_close_deferred",
     "workload_incomparable_windows",
@@ -59,6 +78,8 @@ class StragglerProcessor:
         self._wall_window_ns = round(config.wall_window_s * 1e9)
         self._evict_flush: dict[str, int] = {}
         self._closed_flush = 0
+        # (job, rank) -> [when its last duplicate line was logged, duplicates since]
+        self._duplicate_log: OrderedDict[tuple[str, int], list[float]] = OrderedDict()
         self.last_rejected = 0
 
     # --- component ----------------------------------------------------------------------------------
@@ -108,22 +129,21 @@ class StragglerProcessor:
             if outcome is None:
                 accepted += 1
                 touched[id(cohort)] = cohort
-            elif outcome == REJECT_LATE:
-                rejected[REJECT_LATE] = rejected.get(REJECT_LATE, 0) + 1
+            elif outcome == REJECT_LATE or outcome == REJECT_OVER_CAP:
+                rejected[outcome] = rejected.get(outcome, 0) + 1
         for summ in res.summaries:
             # rejections count spans (one rank-step span), as partial_success reports them; acceptances
             # count the samples the detector uses
-            if self._duplicate(summ.span_id):
-                rejected[REJECT_DUPLICATE] = rejected.get(REJECT_DUPLICATE, 0) + 1
-                continue
             if (summ.job, summ.cohort) != last_key:
                 cohort = self._cohort(summ, now)
                 last_key = (summ.job, summ.cohort)
             if cohort is None:
                 continue
             ok = self._add_summary(cohort, summ, now)
-            if ok is None:
-                rejected[REJECT_LATE] = rejected.get(REJECT_LATE, 0) + 1
+            if isinstance(ok, str):
+                rejected[ok] = rejected.get(ok, 0) + 1
+                if ok == REJECT_DUPLICATE:
+                    self._log_duplicate(summ, now)
             elif ok:
                 accepted += ok
                 touched[id(cohort)] = cohort
@@ -152,15 +172,21 @@ class StragglerProcessor:
         return req
 
     def tick(self, now_s: float) -> None:
-        """Close windows whose grace expired, wall-clock windows past their span, and windows held open
-        only by ranks that stopped reporting (``rank_timeout_s``)."""
+        """Close windows whose grace expired, wall-clock windows past their span, windows held open only by
+        ranks that stopped reporting (``rank_timeout_s``), and windows idle or old beyond ``window_idle_s`` /
+        ``window_max_age_s`` (an idle collector closes its last windows here)."""
+        cfg = self.cfg
         for cohort in self.cohorts:
             for ws in (cohort.steps, cohort.wall):
                 if not ws.open:
                     continue
-                due = due_by_time(ws, now_s, self.cfg.grace_s, self.cfg.wall_window_s)
+                due = due_by_time(ws, now_s, cfg.grace_s, cfg.wall_window_s)
                 if due is not None:
                     self.c["windows_closed_by_grace"] += sum(1 for i in ws.open if i <= due)
+                    self._close(cohort, ws, due, now_s)
+                due = due_by_age(ws, now_s, cfg.window_idle_s, cfg.window_max_age_s)
+                if due is not None:
+                    self.c["windows_closed_by_age"] += sum(1 for i in ws.open if i <= due)
                     self._close(cohort, ws, due, now_s)
             self._close_by_progress(cohort, now_s)
         self._finish(now_s)
@@ -173,6 +199,8 @@ class StragglerProcessor:
         out = dict(self.c)
         out["cohorts"] = len(self.cohorts)
         out["open_windows"] = sum(len(ch.steps.open) + len(ch.wall.open) for ch in self.cohorts)
+        out["window_samples"] = sum(w.held() for ch in self.cohorts for ws in (ch.steps, ch.wall)
+                                    for w in ws.open.values())
         out["states"] = len(self.states)
         out["active"] = len(self.states.active_alerts())
         out["dedup_entries"] = len(self._seen)
@@ -210,6 +238,8 @@ class StragglerProcessor:
         if non_finite:
             return None
         step = smp.step
+        if not cell.admit(step, self.cfg.max_samples_per_step):
+            return REJECT_OVER_CAP
         if smp.device_ms is not None:
             cell.dev.append(smp.device_ms)
             if step is not None:
@@ -218,14 +248,16 @@ class StragglerProcessor:
             cell.host.append(smp.host_ms)
         if smp.tokens is not None:
             cell.tokens.append(smp.tokens)
-        self._extend(w, smp.step, smp.start_unix_ns, smp.end_unix_ns)
+        self._extend(w, smp.step, smp.start_unix_ns, smp.end_unix_ns, now)
         return None
 
-    def _add_summary(self, cohort: Cohort, summ: StepSummary, now: float) -> int | None:
+    def _add_summary(self, cohort: Cohort, summ: StepSummary, now: float) -> int | str:
         """Every entry of one rank-step summary, as ``_add`` would put them one by one (one rank, one step,
-        so one window: looked up once). Returns the samples accepted, None when the window is closed (late).
-        The summary is queued in its window as a whole (``Window.queue_summary``); its entries' stages are
-        admitted once per rank and window, not per rank-step."""
+        so one window: looked up once). Returns the samples accepted, or why none: ``late`` (the window is
+        closed), ``duplicate`` (the window holds this rank's summary of this step: a summary is one per rank
+        and step, whatever its span id), ``malformed`` (a stage listed twice). The summary is queued in its
+        window as a whole (``Window.queue_summary``); its entries' stages are admitted once per rank and
+        window, not per rank-step."""
         stages = summ.stages
         if not stages:
             return 0
@@ -234,23 +266,28 @@ class StragglerProcessor:
             return 0
         w = self._window(cohort, info, summ.step, summ.start_unix_ns, now)
         if w is None:
-            return None
+            return REJECT_LATE
         devs = summ.device_ms
         hosts = summ.host_ms
-        if w.queued(summ.rank) != stages:  # (the cohort's stages only grow: admitted once, admitted for good)
+        new_stages = w.queued(summ.rank) != stages
+        if new_stages and len(set(stages)) != len(stages):
+            return REJECT_MALFORMED
+        if not w.first_summary(summ.rank, summ.step):
+            return REJECT_DUPLICATE
+        if new_stages:  # (the cohort's stages only grow: admitted once, admitted for good)
             groups = summ.groups
             admitted = [self._stage_ok(cohort, stage, groups[i]) for i, stage in enumerate(stages)]
             if not all(admitted):  # over max_stages: the admitted entries one by one
-                return self._add_entries(w, summ, admitted)
+                return self._add_entries(w, summ, admitted, now)
         w.queue_summary(summ.rank, stages, summ.step, summ.tokens, devs, hosts)
         # an entry with neither value (non-finite, already counted by the decoder) is present, not accepted
         accepted = len(stages) if None not in hosts else sum(
             1 for dev, host in zip(devs, hosts, strict=True) if dev is not None or host is not None)
         if accepted:
-            self._extend(w, summ.step, summ.start_unix_ns, summ.end_unix_ns)
+            self._extend(w, summ.step, summ.start_unix_ns, summ.end_unix_ns, now)
         return accepted
 
-    def _add_entries(self, w: Window, summ: StepSummary, admitted: list[bool]) -> int:
+    def _add_entries(self, w: Window, summ: StepSummary, admitted: list[bool], now: float) -> int:
         """The admitted entries of a summary straight into their cells (a cohort at its stage cap)."""
         rank = summ.rank
         step = summ.step
@@ -273,11 +310,32 @@ class StragglerProcessor:
                 cell.tokens.append(tokens)
             accepted += 1
         if accepted:
-            self._extend(w, summ.step, summ.start_unix_ns, summ.end_unix_ns)
+            self._extend(w, summ.step, summ.start_unix_ns, summ.end_unix_ns, now)
         return accepted
 
+    def _log_duplicate(self, summ: StepSummary, now: float) -> None:
+        """Say that a rank's rank-step was dropped as a duplicate: at most once per (job, rank) and
+        ``_DUPLICATE_LOG_EVERY_S``, with the count since its last line (every one is counted in
+        ``spans_rejected_total{reason="duplicate"}``)."""
+        key = (summ.job, summ.rank)
+        seen = self._duplicate_log.get(key)
+        if seen is not None:
+            seen[1] += 1
+            if now - seen[0] < _DUPLICATE_LOG_EVERY_S:
+                return
+            self._duplicate_log.move_to_end(key)
+        else:
+            seen = self._duplicate_log[key] = [now, 1]
+            if len(self._duplicate_log) > _DUPLICATE_LOG_KEYS:
+                self._duplicate_log.popitem(last=False)
+        log.warning("job %s rank %d: %d duplicate rank-step(s) dropped since the last such line, the latest of "
+                    "step %d (the same rank and step sent again, whatever its span id); counted in "
+                    "%s{reason=\"duplicate\"}", summ.job, summ.rank, int(seen[1]), summ.step, s.M_SPANS_REJECTED)
+        seen[0], seen[1] = now, 0
+
     def _duplicate(self, span_id: bytes) -> bool:
-        """True when this span id was seen (LRU set of ``dedup_capacity``); an empty id is never a duplicate."""
+        """True when this stage span's id was seen (LRU set of ``dedup_capacity``); an empty id is never a
+        duplicate."""
         if not span_id:
             return False
         seen = self._seen
@@ -287,6 +345,7 @@ class StragglerProcessor:
         if len(seen) > self.cfg.dedup_capacity:
             seen.popitem(last=False)
             self.c["evicted_dedup"] += 1
+            self._evicted("dedup")
         return False
 
     def _rank(self, cohort: Cohort, rank: int, host: str, gpu: str, world_size: int, dp_size: int,
@@ -343,11 +402,12 @@ class StragglerProcessor:
                 self.c["windows_closed_early"] += 1
                 self._evicted("open_windows")
                 self._close(cohort, ws, oldest, now)
-            w, _ = ws.get_or_open(idx, now, cfg.window_steps)
+            w = ws.get_or_open(idx, now, cfg.window_steps)
         return w
 
     @staticmethod
-    def _extend(w: Window, step: int | None, start_unix_ns: int, end_unix_ns: int) -> None:
+    def _extend(w: Window, step: int | None, start_unix_ns: int, end_unix_ns: int, now: float) -> None:
+        w.last_s = now
         if step is not None and (w.max_step is None or step > w.max_step):
             w.max_step = step
         if w.start_ns == 0 or start_unix_ns < w.start_ns:

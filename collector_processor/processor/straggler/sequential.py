@@ -1,7 +1,7 @@
-"""Sequential evidence (``docs/detector.md`` rule 11): per rank and judged stage, the rank's recent per-step
-excess over its comparable peers' per-step median, tested over every lookback that ends now.
+"""Sequential evidence (``sequential_excess`` in ``docs/detector.md``): per rank and judged stage, the rank's
+recent per-step excess over its comparable peers' per-step median, tested over every lookback that ends now.
 
-Why: the window rule compares a rank's 5-step median with the fastest peer's. At 2 % per-step noise a +5 %
+Why: ``window_excess`` compares a rank's 5-step median with the fastest peer's. At 2 % per-step noise a +5 %
 rank is only about two standard errors from a healthy one in such a comparison, so two windows in a row
 rarely both clear a threshold that keeps healthy ranks quiet. Step by step, against the median of the other
 ranks' samples of the same step, the same +5 % is about 2.3 standard deviations, and summed over the steps
@@ -32,15 +32,14 @@ A rank is convicted at the close of a window when, over the lookback of n sample
   ``docs/detection-defaults.md``).
 
 ``cap`` bounds what one step adds, so a heavy-tail spike is one step's evidence, not a verdict. Stages under
-``device_min_stage_ms`` are skipped (their floor is the host's 5 ms, rule 9: only a slowdown the window rule
-finds on its own could convict there).
+``device_min_stage_ms`` are skipped (their floor is the host's 5 ms, ``absolute_floor``: only a slowdown
+``window_excess`` finds on its own could convict there).
 
-Why standardised sums and not ``margin`` on the median of this window's and of the previous window's steps
-(the previous rule): at 2 % per-step noise a 5-step median is +-1.2 % around the rank's true excess, so a
-+5 % rank often had one of the two under a 2.5 % margin (the only obstacle at the last window close within 15
-steps in 44 of 52 misses in 1,800 runs); and the previous window's steps in the lookback can be a single
-one, so one slow window convicted whenever that healthy step was 1.1 sigma high (18 % of +30 % bursts of 5
-steps at 2 % noise, 65 % when the burst straddled two windows).
+Why standardised sums per window and not ``margin`` on the median of this window's and of the previous
+window's steps: at 2 % per-step noise a 5-step median is +-1.2 % around the rank's true excess, so a +5 %
+rank often has one of the two under a 2.5 % margin; and the previous window's steps in the lookback can be
+a single one, so a margin on its median lets one slow window convict whenever that healthy step is 1.1 sigma
+high (``docs/detection-defaults.md``, ``bench/results/detection.md``).
 
 History is kept per (rank, stage) in a flat ``array`` (4 doubles per step, at most ``history`` steps).
 """
@@ -185,7 +184,7 @@ def smoothed_sigma(history: deque[float], current: float | None, floor: float) -
 
 @dataclass(frozen=True, slots=True)
 class SeqParams:
-    """Rule 11's knobs (``Config.sequential_*``), fixed per detector."""
+    """``sequential_excess``'s knobs (``Config.sequential_*``), fixed per detector."""
 
     margin: float  # least median excess over the lookback
     cap: float  # most one step adds, in sigmas

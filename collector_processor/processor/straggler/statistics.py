@@ -92,9 +92,6 @@ class SortedPeers:
         self._vals = [v for _, v in items]
         self._pos = {r: i for i, r in enumerate(self._ranks)}
 
-    def __len__(self) -> int:
-        return len(self._vals)
-
     def peers(self, rank: int) -> int:
         return len(self._vals) - (1 if rank in self._pos else 0)
 

@@ -3,6 +3,11 @@
 A window holds, per stage and rank, the per-step samples of that rank. Windows close in index order; the
 highest closed index is a fence: a sample for a window at or below it is ``late`` (counted, never re-judged).
 
+What a window holds is bounded by the data's identity, not by who sends it: one step summary per (rank,
+step) (``Window.first_summary``), at most ``max_samples_per_step`` stage-span samples per (rank, step, stage)
+(``RankCell.admit``), and a window lives at most ``window_max_age_s``, or ``window_idle_s`` past its last
+accepted sample (``due_by_age``), however much repeated data keeps arriving for it.
+
 Step summaries (one row per rank-step: every timer of the step) are queued per rank as they come and spread
 into the cells when the window closes (``Window.settle``), column by column: a window's rows of one rank
 have the same timers, so each cell gets its values in one ``extend`` instead of an append per rank-step.
@@ -26,6 +31,19 @@ class RankCell:
     tokens: list[int] = field(default_factory=list)
     # the step of each dev sample (step-aligned windows only): per-step comparison (sequential.py)
     dev_steps: list[int] = field(default_factory=list)
+    # stage-span samples admitted per step (None: wall-clock window); stays None on the summary path
+    counts: dict[int | None, int] | None = None
+
+    def admit(self, step: int | None, cap: int) -> bool:
+        """One more stage-span sample of ``step``, unless the cell holds ``cap`` of that step already."""
+        counts = self.counts
+        if counts is None:
+            counts = self.counts = {}
+        n = counts.get(step, 0)
+        if n >= cap:
+            return False
+        counts[step] = n + 1
+        return True
 
 
 @dataclass(slots=True)
@@ -48,11 +66,29 @@ class Window:
     start: int  # first step (or wall index)
     end: int  # last step, inclusive (or wall index)
     successor_s: float | None = None  # when the first sample of a later window arrived
+    last_s: float = 0.0  # when the latest sample was accepted (0: none yet)
     max_step: int | None = None
     start_ns: int = 0
     end_ns: int = 0
     cells: dict[str, dict[int, RankCell]] = field(default_factory=dict)
     rows: dict[int, SummaryRows] = field(default_factory=dict)  # queued step summaries per rank
+    summarized: dict[int, int] = field(default_factory=dict)  # rank -> bit (step - start) per summary taken
+
+    def first_summary(self, rank: int, step: int) -> bool:
+        """Take the rank's summary of ``step`` (a step of this window); False when one was taken already."""
+        bit = 1 << (step - self.start)
+        taken = self.summarized.get(rank, 0)
+        if taken & bit:
+            return False
+        self.summarized[rank] = taken | bit
+        return True
+
+    def held(self) -> int:
+        """Values held: the cells' device and host samples and the queued summaries' values."""
+        n = sum(len(c.dev) + len(c.host) for ranks in self.cells.values() for c in ranks.values())
+        for rows in self.rows.values():
+            n += sum(len(v) - v.count(None) for v in (*rows.dev, *rows.host))
+        return n
 
     def cell(self, stage: str, rank: int) -> RankCell:
         if self.rows:  # queued summaries arrived first: theirs go in first
@@ -143,13 +179,10 @@ class WindowSet:
     closed_through: int | None = None  # fence: every index <= this is closed
     anchor_ns: int | None = None  # wall clock only: the cohort's first observation
 
-    def is_closed(self, index: int) -> bool:
-        return self.closed_through is not None and index <= self.closed_through
-
-    def get_or_open(self, index: int, now_s: float, window_steps: int) -> tuple[Window, bool]:
+    def get_or_open(self, index: int, now_s: float, window_steps: int) -> Window:
         w = self.open.get(index)
         if w is not None:
-            return w, False
+            return w
         if self.kind == KIND_STEP:
             w = Window(self.kind, index, now_s, index * window_steps, index * window_steps + window_steps - 1)
         else:
@@ -158,7 +191,7 @@ class WindowSet:
             if other.index < index and other.successor_s is None:
                 other.successor_s = now_s
         self.open[index] = w
-        return w, True
+        return w
 
     def pop_through(self, index: int) -> list[Window]:
         """Remove and return every open window with index <= ``index`` (ascending) and move the fence."""
@@ -170,18 +203,6 @@ class WindowSet:
             self.closed_through = index
         return out
 
-    def oldest(self) -> int | None:
-        return min(self.open) if self.open else None
-
-
-def step_index(step: int, window_steps: int) -> int:
-    return step // window_steps
-
-
-def wall_index(start_ns: int, anchor_ns: int, window_ns: int) -> int:
-    """Integer arithmetic only: no float boundary can merge or split windows."""
-    return (start_ns - anchor_ns) // window_ns
-
 
 def due_by_progress(ws: WindowSet, rank_max_index: list[int]) -> int | None:
     """Highest open index every listed rank has moved beyond (None when none is)."""
@@ -190,6 +211,17 @@ def due_by_progress(ws: WindowSet, rank_max_index: list[int]) -> int | None:
     floor = min(rank_max_index)
     due = [i for i in ws.open if i < floor]
     return max(due) if due else None
+
+
+def due_by_age(ws: WindowSet, now_s: float, idle_s: float, max_age_s: float) -> int | None:
+    """Highest open index whose window took no sample for ``idle_s`` or opened ``max_age_s`` ago: what
+    nothing else closes (a job that stopped, a window that never completes while data keeps coming)."""
+    due: int | None = None
+    for i, w in ws.open.items():
+        if (now_s - (w.last_s or w.created_s) >= idle_s or now_s - w.created_s >= max_age_s) \
+                and (due is None or i > due):
+            due = i
+    return due
 
 
 def due_by_time(ws: WindowSet, now_s: float, grace_s: float, wall_window_s: float) -> int | None:

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from straggler_build import request, span, step_request
-from straggler_sim import Clock, Sim, make_processor, run
+import itertools
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+from straggler_build import request, resource, span, step_request
+from straggler_sim import Clock, Sim, kv, make_processor, run
 
 from collector_processor.processor.straggler.config import Config, MetricsConfig
 from otel_straggler import schema as s
@@ -102,11 +107,12 @@ def test_open_window_cap_closes_oldest_early() -> None:
 
 
 def test_dedup_set_is_bounded() -> None:
-    proc, _, _ = make_processor(Config(dedup_capacity=10))
+    proc, _, tel = make_processor(Config(dedup_capacity=10))
     for st in range(0, 5):
         proc.process_traces(step_request(st, {r: (60.0, 10.0) for r in range(4)}))
     assert proc.stats()["dedup_entries"] == 10
     assert proc.stats()["evicted_dedup"] == 10
+    assert _counter(tel, s.M_EVICTIONS, structure="dedup") == 10
 
 
 def test_metric_series_cap_is_counted() -> None:
@@ -115,7 +121,7 @@ def test_metric_series_cap_is_counted() -> None:
     proc, _, tel = make_processor(cfg, clock)
     run(proc, Sim(), range(0, 30), clock=clock)
     st = proc.stats()
-    # per-rank series stop one short of the cap (max(1, 10 %) is kept for alert series; rule changed with
+    # per-rank series stop one short of the cap (max(1, 10 %) is kept for alert series, see
     # test_alert_series_keep_room_when_rank_series_fill_the_cap)
     assert st["metric_series"] == 4 and st["metric_series_refused"] > 0
     assert _counter(tel, s.M_EVICTIONS, structure="metric_series") == st["metric_series_refused"]
@@ -160,3 +166,162 @@ def test_alert_series_keep_room_when_rank_series_fill_the_cap() -> None:
     text = generate_latest(tel.registry).decode()
     active = [ln for ln in text.splitlines() if ln.startswith(s.M_STRAGGLER_ACTIVE + "{")]
     assert len(active) == 1 and 'rank="3"' in active[0] and active[0].endswith(" 1.0")
+
+
+# --- a client re-sending one step: bounded by the data's identity and by age ------------------------------
+_fresh = itertools.count(1)
+_SUMMARY_STAGES = ("forward-compute", "backward-compute", "optimizer")
+
+
+def _rank_step(rank: int, step: int, span_id: bytes | None = None,
+               stages: tuple[str, ...] = _SUMMARY_STAGES) -> ResourceSpans:
+    """One rank-step with its step summary (schema 2), as the emitter sends it; ``span_id`` None: a fresh id
+    (the emitter's own is deterministic per job, step and rank: a re-send with fresh ids is not a retry)."""
+    attrs = [kv(s.ATTR_STAGE, s.SPAN_RANK_STEP), kv(s.ATTR_STAGE_GROUP, "step"), kv(s.ATTR_ITERATION, step),
+             kv(s.ATTR_HOST_MS, 100.0), kv(s.ATTR_SUMMARY_STAGES, list(stages)),
+             kv(s.ATTR_SUMMARY_GROUPS, [stage.split("-")[0] for stage in stages]),
+             kv(s.ATTR_SUMMARY_DEVICE_MS, [60.0] * len(stages)), kv(s.ATTR_SUMMARY_HOST_MS, [10.0] * len(stages)),
+             kv(s.ATTR_SUMMARY_COUNTS, [1] * len(stages))]
+    span = Span(trace_id=s.trace_id_for_step("job-1", step).to_bytes(16, "big"),
+                span_id=span_id or (1 << 40 | next(_fresh)).to_bytes(8, "big"), name=s.SPAN_RANK_STEP,
+                start_time_unix_nano=1, end_time_unix_nano=100_000_001, attributes=attrs)
+    res = resource(rank)
+    res.attributes.append(kv(s.RES_STEP_SUMMARY, True))
+    return ResourceSpans(resource=res, scope_spans=[
+        ScopeSpans(scope=InstrumentationScope(name=s.SCOPE_STEP_NAME), spans=[span])])
+
+
+def _summaries(step: int, ranks: range | list[int] = range(4), **kw: object) -> ExportTraceServiceRequest:
+    return ExportTraceServiceRequest(resource_spans=[_rank_step(r, step, **kw) for r in ranks])  # type: ignore[arg-type]
+
+
+def _held(proc) -> int:  # type: ignore[no-untyped-def]
+    return proc.stats()["window_samples"]
+
+
+def test_a_step_resent_with_fresh_span_ids_is_one_rank_step() -> None:
+    """A client re-sending step 7 of rank 1 with fresh span ids: every copy after the first is a duplicate of
+    the rank-step (counted, reported as rejected), the window holds one copy, and other steps still count."""
+    proc, _, tel = make_processor()
+    proc.process_traces(_summaries(7))
+    accepted, held = proc.stats()["spans_accepted"], _held(proc)
+    assert accepted == 4 * (1 + len(_SUMMARY_STAGES)) and held > 0
+    for _ in range(300):
+        proc.process_traces(_summaries(7, ranks=[1]))
+        assert proc.last_rejected == 1
+    st = proc.stats()
+    assert (st["spans_accepted"], _held(proc)) == (accepted, held)
+    assert st["rejected_duplicate"] == 300 and _counter(tel, s.M_SPANS_REJECTED, reason="duplicate") == 300
+    proc.process_traces(_summaries(8, ranks=[1]))  # the next step of the same rank and window is new data
+    assert proc.last_rejected == 0 and proc.stats()["spans_accepted"] == accepted + 1 + len(_SUMMARY_STAGES)
+
+
+def test_a_summary_naming_a_stage_twice_is_malformed() -> None:
+    """One entry per timer is the summary's contract: a stage listed twice would put two samples of one
+    (rank, step, stage) in the window, so the summary is malformed, none of it used."""
+    proc, _, tel = make_processor()
+    proc.process_traces(_summaries(7, ranks=[0], stages=("forward-compute",) * 1000))
+    assert proc.last_rejected == 1 and proc.stats()["spans_accepted"] == 0 and _held(proc) == 0
+    assert _counter(tel, s.M_SPANS_REJECTED, reason="malformed") == 1
+
+
+def test_stage_spans_are_capped_per_rank_step_and_stage() -> None:
+    """Stage spans (schema 1): several per (rank, step, stage) are legitimate (interval detail: one per
+    microbatch), so repeats are kept up to ``max_samples_per_step``; beyond it they are rejected ``over_cap``
+    and counted. Other stages and steps of the rank are unaffected."""
+    proc, _, tel = make_processor(Config(max_samples_per_step=8))
+    microbatches = [span("forward-compute", 3, 60.0, 10.0) for _ in range(8)]
+    proc.process_traces(request({0: microbatches}))
+    assert proc.last_rejected == 0 and proc.stats()["spans_accepted"] == 8
+    held = _held(proc)
+    for _ in range(50):  # the same step again and again, fresh span ids
+        proc.process_traces(request({0: [span("forward-compute", 3, 60.0, 10.0) for _ in range(20)]}))
+        assert proc.last_rejected == 20
+    st = proc.stats()
+    assert st["spans_accepted"] == 8 and _held(proc) == held
+    assert st["rejected_over_cap"] == 1000 and _counter(tel, s.M_SPANS_REJECTED, reason="over_cap") == 1000
+    proc.process_traces(request({0: [span("optimizer", 3, 60.0, 10.0, group="optimizer"),
+                                     span("forward-compute", 4, 60.0, 10.0)]}))
+    assert proc.last_rejected == 0 and proc.stats()["spans_accepted"] == 10
+    assert Config().max_samples_per_step == 256
+
+
+def test_an_idle_collector_closes_its_windows_by_age() -> None:
+    """The job stops: nobody moves past the last window, so neither progress nor grace closes it. Ticks with
+    no new data close it ``window_idle_s`` after its last sample (and judge it)."""
+    clock = Clock()
+    proc, _, tel = make_processor(Config(window_idle_s=60.0), clock=clock)
+    for st in range(0, 8):
+        proc.process_traces(step_request(st, {r: (60.0, 10.0) for r in range(4)}))
+        clock.t += 0.5
+    assert (proc.stats()["windows_closed"], proc.stats()["open_windows"]) == (1, 1)
+    for _ in range(59):
+        clock.t += 1.0
+        proc.tick(clock.t)
+    assert proc.stats()["windows_closed"] == 1  # not idle long enough yet
+    for _ in range(2):
+        clock.t += 1.0
+        proc.tick(clock.t)
+    st = proc.stats()
+    assert (st["windows_closed"], st["windows_closed_by_age"], st["open_windows"]) == (2, 1, 0)
+    assert _counter(tel, s.M_WINDOWS_CLOSED) == 2
+
+
+def test_a_window_flooded_with_a_resent_step_closes_when_idle() -> None:
+    """Rank 1 re-sends step 7 every second while its peers stopped: the window never completes, and copies
+    of a rank-step it holds are no news, so it closes ``window_idle_s`` after its last accepted sample; later
+    copies of the step are ``late``. The window holds one copy throughout."""
+    clock = Clock()
+    proc, _, _ = make_processor(clock=clock)
+    proc.process_traces(_summaries(7))
+    held = _held(proc)
+    closed_at = None
+    for t in range(1, 200):
+        clock.t += 1.0
+        proc.process_traces(_summaries(7, ranks=[1]))
+        proc.tick(clock.t)
+        if closed_at is None and proc.stats()["windows_closed"]:
+            closed_at = t
+        assert _held(proc) <= held
+    st = proc.stats()
+    assert closed_at == 60 and st["windows_closed_by_age"] == 1 and st["open_windows"] == 0
+    assert (st["rejected_duplicate"], st["rejected_late"]) == (60, 199 - 60)
+
+
+def test_a_window_that_never_completes_closes_at_its_maximum_age() -> None:
+    """A new rank joins step 7 every second (each new data, so the window is never idle, and never complete
+    while ranks keep coming): it closes ``window_max_age_s`` after it opened."""
+    clock = Clock()
+    proc, _, _ = make_processor(Config(window_max_age_s=120.0), clock=clock)
+    proc.process_traces(_summaries(7))
+    closed_at = None
+    for t in range(1, 200):
+        clock.t += 1.0
+        proc.process_traces(_summaries(7, ranks=[3 + t]))
+        proc.tick(clock.t)
+        if closed_at is None and proc.stats()["windows_closed"]:
+            closed_at = t
+    st = proc.stats()
+    assert closed_at == 120 and st["windows_closed_by_age"] == 1 and st["open_windows"] == 0
+    assert st["rejected_late"] == 199 - 120
+
+
+def test_a_dropped_rank_step_is_logged_once_per_rank_and_interval(caplog) -> None:  # type: ignore[no-untyped-def]
+    """Every duplicate rank-step is counted; the log says so once per (job, rank) and interval, with how many
+    were dropped since its last line."""
+    import logging
+
+    clock = Clock()
+    proc, _, _ = make_processor(clock=clock)
+    proc.process_traces(_summaries(7))
+    with caplog.at_level(logging.WARNING, logger="collector_processor.processor.straggler.processor"):
+        for _ in range(100):
+            proc.process_traces(_summaries(7, ranks=[1, 2]))
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 2 and "rank 1: 1 duplicate" in lines[0] and "rank 2: 1 duplicate" in lines[1]
+        assert "step 7" in lines[0]
+        clock.t += 3600.0
+        proc.process_traces(_summaries(7, ranks=[1]))
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 3 and "rank 1: 100 duplicate rank-step(s)" in lines[2]
+    assert proc.stats()["rejected_duplicate"] == 201

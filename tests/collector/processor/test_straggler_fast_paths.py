@@ -173,7 +173,7 @@ def test_the_fast_path_keeps_the_stage_span_equivalence() -> None:
 # --- queued summaries spread at close ---------------------------------------------------------------------
 def _add_one_by_one(w: Window, rank: int, stages: list[str], step: int, tokens: int | None,
                     dev: list[float | None], host: list[float | None]) -> None:
-    """What the processor did before summaries were queued: every entry into its cell, in order."""
+    """The reference for queued summaries: every entry straight into its cell, in order."""
     for i, stage in enumerate(stages):
         cell = w.cell(stage, rank)
         if dev[i] is None and host[i] is None:

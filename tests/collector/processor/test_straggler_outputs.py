@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 from prometheus_client import generate_latest
 from straggler_build import step_request
 from straggler_sim import Clock, make_processor
@@ -195,3 +196,13 @@ def test_verdict_spans_fed_back_are_not_judged() -> None:
     assert rs is not None
     proc.process_traces(ExportTraceServiceRequest(resource_spans=[rs]))
     assert proc.last_rejected == 0 and proc.stats()["spans_accepted"] == 0
+
+
+def test_every_schema_reason_is_one_named_constant() -> None:
+    """The detector's reasons are the schema's, one constant each; a name outside the schema fails at import."""
+    from collector_processor.processor.straggler import model
+
+    constants = [v for k, v in vars(model).items() if k.isupper() and isinstance(v, str)]
+    assert sorted(constants) == sorted(s.REASONS)
+    with pytest.raises(ValueError, match="REASONS"):
+        model._reason("slow_ish")

@@ -133,8 +133,8 @@ def test_absolute_floor_makes_tiny_stages_uncertain_and_rate_limited() -> None:
 
 def test_gap_under_floor_on_a_large_stage_is_uncertain_on_host_time_only() -> None:
     """The 5 ms floor guards host comparisons; device time of a stage of >= device_min_stage_ms is precise
-    and judged against the device floor (0.5 ms). Rule changed intentionally (docs/detection-defaults.md):
-    before, the 5 ms floor also blocked +5 % on every device-timed stage under 100 ms."""
+    and judged against the device floor (0.5 ms): a 5 ms floor would block +5 % on every device-timed stage
+    under 100 ms (docs/detection-defaults.md)."""
     # host-only (no CUDA): 60 ms stage, rank 2 at +7% = 4.2 ms: relative beyond tolerance, gap under 5 ms
     proc, emitted, _ = make_processor()
     feed(proc, range(0, 40), lambda r, st: (None, (PAR * 1.07 if r == 2 else PAR)))
@@ -398,7 +398,7 @@ def test_sequential_evidence_convicts_a_slowdown_starting_mid_window_one_window_
 def test_sequential_evidence_after_a_slow_window_and_a_narrow_miss() -> None:
     """Window 4 slow (+6 %), window 5 narrowly under the tolerance (median +3.5 %): the per-step excess of
     both is beyond the margin, so the verdict comes at the end of window 5 (reporting the lookback's means
-    against the peers' medians); without rule 11 the streak resets and windows 6 + 7 are needed."""
+    against the peers' medians); without sequential_excess the streak resets and windows 6 + 7 are needed."""
     def val(r, st):  # type: ignore[no-untyped-def]
         if r != 3 or st < 20:
             return (PAR, 10.0)
@@ -420,8 +420,8 @@ def test_sequential_evidence_after_a_slow_window_and_a_narrow_miss() -> None:
 def test_sequential_evidence_when_a_window_median_dips_under_the_margin() -> None:
     """Rank 3 +6 % from step 20; in window 5 (steps 25-29) three steps are only +2 %, so the window's median
     (+2 %) is under the 2.5 % margin. Its steps still carry evidence of their own (each +2 % step is beyond the
-    spread here), the lookback's median is +6 %: rule 11 convicts at the end of window 5. Before (a margin on
-    each window's median) and without rule 11 the verdict waited for windows 6 + 7."""
+    spread here), the lookback's median is +6 %: sequential_excess convicts at the end of window 5. Without it
+    (and with a margin on each window's median) the verdict waits for windows 6 + 7."""
     def val(r, st):  # type: ignore[no-untyped-def]
         if r != 3 or st < 20:
             return (PAR, 10.0)
@@ -436,7 +436,7 @@ def test_sequential_evidence_when_a_window_median_dips_under_the_margin() -> Non
     assert _first_straggler_step(emitted_off) == 39
 
 
-# --- rule 11: sequential evidence -------------------------------------------------------------------------
+# --- sequential_excess -------------------------------------------------------------------------------------
 
 def _first(emitted, rank=3):  # type: ignore[no-untyped-def]
     return next((v for v in emitted if v.verdict == s.VERDICT_STRAGGLER and v.rank == rank), None)
@@ -445,7 +445,8 @@ def _first(emitted, rank=3):  # type: ignore[no-untyped-def]
 def test_sequential_evidence_finds_a_small_slowdown_the_window_rules_miss_in_noise() -> None:
     """2 % per-step noise, rank 3 +5 % on a 60 ms stage from step 43 (mid-window). Window medians against
     the fastest of seven peers need a ~6.7 % noise-raised tolerance there; the per-step excess over the
-    peers' median adds up: found within 15 steps, by rule 11, as a GPU stall. Without it: not within 15."""
+    peers' median adds up: found within 15 steps, by sequential_excess, as a GPU stall. Without it: not within
+    15."""
     def sim() -> Sim:
         return Sim(seed=11, noise=0.02, device_factor=lambda r, n, st: 1.05 if (r == 3 and n == "forward-compute"
                                                                                 and st >= 43) else 1.0)
@@ -455,7 +456,7 @@ def test_sequential_evidence_finds_a_small_slowdown_the_window_rules_miss_in_noi
     run(off, sim(), range(0, 120))
     v = _first(emitted_on)
     assert v is not None and v.step is not None and v.step - 43 <= 15
-    # the window it fired in may be slow on its own (then reported against the fastest peer, rule 8)
+    # the window it fired in may be slow on its own (then reported against the fastest peer, window_excess)
     assert (v.stage, v.attribution) == ("forward-compute", s.ATTRIBUTION_GPU)
     assert v.reason in ("persistent_excess", "slower_than_reference")
     assert v.deviation is not None and 0.02 < v.deviation < 0.12
@@ -466,7 +467,7 @@ def test_sequential_evidence_finds_a_small_slowdown_the_window_rules_miss_in_noi
 
 def test_sequential_evidence_never_convicts_one_window_or_a_spike() -> None:
     """Exact values (spread at its floor): one +30 % window after par, five +30 % steps straddling two windows
-    (one step in window 14, four in window 15: both windows' steps slow, which convicted before), or two
+    (one step in window 14, four in window 15: both windows' steps slow), or two
     single-step x3 spikes in consecutive windows, add at most a capped step each and fall back to 0: no
     verdict. Two consecutive +3 % windows do convict (so the rule is live here)."""
     proc, emitted, _ = make_processor()
@@ -480,7 +481,7 @@ def test_sequential_evidence_never_convicts_one_window_or_a_spike() -> None:
 
 
 def test_sequential_alert_holds_while_the_excess_persists_and_recovers_at_par() -> None:
-    """A +3 % rank convicted by rule 11 sits within the 4 % window tolerance: the alert holds while its
+    """A +3 % rank convicted by sequential_excess sits within the 4 % window tolerance: the alert holds while its
     per-step excess stays beyond the margin (no straggler/recovered flapping), and recovers at par."""
     proc, emitted, _ = make_processor()
     feed(proc, range(0, 80), lambda r, st: ((PAR * 1.03 if r == 3 and st >= 20 else PAR), 10.0))
@@ -501,7 +502,7 @@ def test_sequential_evidence_attributes_a_host_stall_to_the_host() -> None:
 
 
 def test_sequential_evidence_skips_ranks_with_unequal_work() -> None:
-    """Rank 5 does 20 % more tokens and is 20 % slower: uncertain (rule 5), never a straggler, and not the
+    """Rank 5 does 20 % more tokens and is 20 % slower: uncertain (workload), never a straggler, and not the
     reference of rank 3's per-step comparison (rank 3 at par is not convicted by comparison with it)."""
     proc, emitted, _ = make_processor()
     feed(proc, range(0, 80), lambda r, st: ((PAR * 1.2 if r == 5 else PAR), 10.0),
@@ -514,9 +515,9 @@ def test_sequential_evidence_skips_ranks_with_unequal_work() -> None:
 
 
 def test_sequential_alert_holds_in_noise_without_flapping() -> None:
-    """+3 % at 1 % noise: convicted once by rule 11; the alert holds while the window's mean excess stays
-    beyond half the margin (hysteresis), so it does not recover on one noisy window and get convicted
-    again (before: 11-15 straggler/recovered pairs in 600 steps)."""
+    """+3 % at 1 % noise: convicted once by sequential_excess; the alert holds while the window's mean excess
+    stays beyond half the margin (hysteresis), so it does not recover on one noisy window and get convicted
+    again (without hysteresis: 11-15 straggler/recovered pairs in 600 steps)."""
     sim = Sim(seed=0, noise=0.01, device_factor=lambda r, n, st: 1.03 if (r == 3 and n == "forward-compute"
                                                                          and st >= 20) else 1.0)
     proc, emitted, _ = make_processor()
@@ -528,8 +529,9 @@ def test_sequential_alert_holds_in_noise_without_flapping() -> None:
 
 def test_a_window_missing_one_device_sample_still_counts_as_full() -> None:
     """Auto sampling's host-only probe (every 16th step with N = 1) leaves a window 4 device samples: it
-    still counts as a full window for persistence, so a 2x slowdown of an 8 ms stage (rule 11 skips stages
-    under 10 ms) is convicted at step 34 with or without probes (with probes it took until step 39)."""
+    still counts as a full window for persistence, so a 2x slowdown of an 8 ms stage (sequential_excess skips
+    stages under 10 ms) is convicted at step 34 with or without probes (not until step 39 if a window with
+    a probe counted only its 4 samples)."""
     def first(probe: bool):  # type: ignore[no-untyped-def]
         proc, emitted, _ = make_processor()
         feed(proc, range(0, 60), lambda r, st: (None if (probe and st % 16 == 15) else

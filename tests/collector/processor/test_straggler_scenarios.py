@@ -119,8 +119,8 @@ def test_large_cohort_uses_a_low_quantile_not_the_extreme_fastest() -> None:
     assert _by(emitted, s.VERDICT_STRAGGLER) and {(v.rank, v.stage) for v in _by(emitted, s.VERDICT_STRAGGLER)} \
         == {(3, "forward-compute")}
     clock0 = Clock()
-    # control: the single fastest as reference, and no noise-aware tolerance (which, since it was added,
-    # also keeps the extreme-value reference from convicting at 2 % noise)
+    # control: the single fastest as reference, and no noise-aware tolerance (which on its own also keeps
+    # the extreme-value reference from convicting at 2 % noise)
     proc0, emitted0, _ = make_processor(Config(fastest_quantile=0.0, noise_z=0.0), clock=clock0)
     run(proc0, Sim(ranks=256, seed=11, device_factor=_slow(3, "forward-compute", 0, 1000)), range(0, 40),
         clock=clock0)

@@ -1,4 +1,4 @@
-"""Unit tests of rule 11's arithmetic (``sequential.py``): the per-step leave-one-out median, the spread and
+"""Unit tests of sequential_excess's arithmetic (``sequential.py``): the per-step leave-one-out median, the spread and
 the lookback statistic. The rule's behaviour in the detector is tested in ``test_straggler_rules.py``."""
 
 from __future__ import annotations
@@ -81,8 +81,8 @@ def test_lookback_statistic_fires_on_two_windows_of_evidence_only() -> None:
 
 def test_one_window_of_evidence_never_convicts_however_it_straddles_two_windows() -> None:
     """Five +30 % steps (capped at 3 sigma each), the first at the end of window 1 and four in window 2, then
-    par: over the last 6 steps T = 15 / sqrt(6) = 6.1 and both windows' steps are slow (the previous rule, a
-    margin on each window's median, convicted here). Without the strongest run of 5 steps nothing is left:
+    par: over the last 6 steps T = 15 / sqrt(6) = 6.1 and both windows' steps are slow (a margin on each
+    window's median would convict here). Without the strongest run of 5 steps nothing is left:
     no conviction. One more slow step (six in a row) is evidence beyond one window's run and convicts."""
     st = RankStageState()
     _feed(st, 0, [0.0] * 5)
@@ -97,9 +97,9 @@ def test_one_window_of_evidence_never_convicts_however_it_straddles_two_windows(
 
 
 def test_two_windows_of_evidence_with_one_window_median_under_the_margin_convict() -> None:
-    """+5 % then a window at +6, +6, +2, +2, +2 %: its median (+2 %) is under the 2.5 % margin, which stopped
-    the previous rule; its steps still carry 4 sigma of evidence of their own and the lookback's median is
-    +5 %: convicted."""
+    """+5 % then a window at +6, +6, +2, +2, +2 %: its median (+2 %) is under the 2.5 % margin, which would
+    stop a margin on each window's median; its steps still carry 4 sigma of evidence of their own and the
+    lookback's median is +5 %: convicted."""
     st = RankStageState()
     _feed(st, 0, [0.05] * 5)
     r = _feed(st, 1, [0.06, 0.06, 0.02, 0.02, 0.02])
