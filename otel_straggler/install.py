@@ -16,8 +16,9 @@ from typing import Any, TypeVar
 from otel_straggler.config import EmitterConfig
 from otel_straggler.counters import EmitterCounters
 from otel_straggler.event_pool import create_pool
-from otel_straggler.identity import DIMS, resolve_identity
+from otel_straggler.identity import DIMS, Identity, resolve_identity
 from otel_straggler.inject import injector_from_env
+from otel_straggler.interval import IntervalSink, NullSink
 from otel_straggler.timers import Timers
 
 _log = logging.getLogger(__name__)
@@ -45,39 +46,19 @@ _IDENTITY_KEYS = (
 )
 
 
-class DroppingSink:
-    """Fallback when the export side is missing or failed to start: drops and counts."""
-
-    def __init__(self) -> None:
-        self.dropped = 0
-        self.stats: dict[str, int] = {}
-
-    def submit(self, intervals: Any) -> None:
-        self.dropped += len(intervals)
-
-    def publish_stats(self, stats: dict[str, int]) -> None:
-        self.stats = stats
-
-    def flush(self, timeout_s: float) -> bool:
-        return True
-
-    def shutdown(self, timeout_s: float) -> None:
-        return None
-
-
-def _export_sink(config: EmitterConfig, identity: Any, counters: EmitterCounters) -> Any:
+def _export_sink(config: EmitterConfig, identity: Identity, counters: EmitterCounters) -> IntervalSink:
     try:
         from otel_straggler.export import create_sink  # provided by the export side
     except Exception as exc:
         _log.warning("otel-straggler: export side unavailable (%s); intervals are dropped", type(exc).__name__)
         counters.sink_errors += 1
-        return DroppingSink()
+        return NullSink()
     try:
         return create_sink(config, identity, counters)
     except Exception as exc:
         _log.warning("otel-straggler: export sink failed to start (%s); intervals are dropped", type(exc).__name__)
         counters.sink_errors += 1
-        return DroppingSink()
+        return NullSink()
 
 
 def build_timers(enabled: bool | None = None, **opts: Any) -> Timers | None:
@@ -97,7 +78,7 @@ def build_timers(enabled: bool | None = None, **opts: Any) -> Timers | None:
         injector.calibrate(pool.cuda)
     counters = EmitterCounters(len(config.config_errors) + int(inject_error))
     own_sink = extras.get("sink") is None
-    sink = extras.get("sink") or _export_sink(config, identity, counters)
+    sink: IntervalSink = extras.get("sink") or _export_sink(config, identity, counters)
     timers = Timers(
         extras.get("log_level", 2),
         extras.get("log_option", "minmax"),

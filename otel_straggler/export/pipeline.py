@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from otel_straggler import schema
+from otel_straggler.config import DEFAULTS, EmitterConfig
 from otel_straggler.export.aggregate import SpanRecord, StepAggregator
 from otel_straggler.export.ids import PresetIdGenerator
 from otel_straggler.export.provider import Counters, Providers
@@ -33,10 +34,7 @@ class ExportPipeline:
         *,
         rank: int,
         job_id: str,
-        detail: str = schema.DETAIL_STEP,
-        step_close_s: float = 2.0,
-        max_open_steps: int = 8,
-        close_lag_steps: int = 0,
+        config: EmitterConfig = DEFAULTS,
         counters: Counters | None = None,
         span_exporter: Any = None,
         metric_exporter: Any = None,
@@ -44,14 +42,8 @@ class ExportPipeline:
     ) -> None:
         self.counters = counters if counters is not None else Counters()
         self._agg_counts: dict[str, int] = {}
-        self.aggregator = StepAggregator(
-            rank=rank,
-            detail=detail,
-            step_close_s=step_close_s,
-            max_open_steps=max_open_steps,
-            close_lag_steps=close_lag_steps,
-            counters=self._agg_counts,
-        )
+        self.config = config
+        self.aggregator = StepAggregator(rank=rank, config=config, counters=self._agg_counts)
         self.ids = PresetIdGenerator()
         self.providers = Providers(
             resource_attributes,

@@ -27,6 +27,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from otel_straggler.config import DEFAULTS, EmitterConfig
 from otel_straggler.export import wire
 from otel_straggler.export.fork_guard import ForkGuarded
 from otel_straggler.export.provider import Counters
@@ -43,32 +44,22 @@ class ProcessSink(ForkGuarded):
         *,
         rank: int,
         job_id: str,
-        detail: str = "step",
-        step_close_s: float = 2.0,
-        max_open_steps: int = 8,
-        close_lag_steps: int = 0,
-        shutdown_timeout_s: float = 5.0,
-        max_restarts: int = 3,
-        restart_backoff_s: float = 0.5,
-        nice: int = 10,
+        config: EmitterConfig = DEFAULTS,
         counters: Counters | None = None,
         command: Sequence[str] | None = None,
     ) -> None:
+        """``config``: the child gets all of it (aggregation, ``shutdown_timeout_s``, ``export_nice``); this
+        side uses ``sidecar_max_restarts`` and ``sidecar_restart_backoff_s``."""
         self.counters = counters if counters is not None else Counters()
         self._header = {
             "resource": dict(resource_attributes),
             "rank": int(rank),
             "job_id": str(job_id),
-            "detail": detail,
-            "step_close_s": float(step_close_s),
-            "max_open_steps": int(max_open_steps),
-            "close_lag_steps": int(close_lag_steps),
-            "shutdown_timeout_s": float(shutdown_timeout_s),
-            "nice": max(0, int(nice)),
+            "config": config.as_dict(),
         }
-        self.shutdown_timeout_s = float(shutdown_timeout_s)
-        self.max_restarts = int(max_restarts)
-        self.restart_backoff_s = float(restart_backoff_s)
+        self.shutdown_timeout_s = float(config.shutdown_timeout_s)
+        self.max_restarts = int(config.sidecar_max_restarts)
+        self.restart_backoff_s = float(config.sidecar_restart_backoff_s)
         self._command = list(command) if command else [sys.executable, "-m", "otel_straggler.export.sidecar"]
         self._init_guard()
         self._lock = threading.Lock()  # the pipe: readout thread vs. flush/shutdown caller; never the training thread

@@ -1,6 +1,7 @@
 """Export child process: ``python -m otel_straggler.export.sidecar``, one per training process.
 
-stdin: one JSON header line (resource attributes + config), then ``wire`` frames. stdout: flush acks.
+stdin: one JSON header line (resource attributes, rank, job id, the ``EmitterConfig``), then ``wire`` frames.
+stdout: flush acks.
 The child aggregates, builds and encodes the SDK spans and runs the OTLP exporters, so none of that
 holds the training process's GIL.
 
@@ -23,6 +24,7 @@ import sys
 import time
 from typing import Any
 
+from otel_straggler.config import EmitterConfig
 from otel_straggler.export import wire
 from otel_straggler.export.pipeline import ExportPipeline
 
@@ -54,9 +56,10 @@ def _ack(fd: int, seq: int, ok: bool, counters: dict[str, Any]) -> None:
 
 def run(in_fd: int, ack_fd: int) -> int:
     header = _read_header(in_fd, time.monotonic() + 30.0)
-    shutdown_timeout_s = float(header.get("shutdown_timeout_s", 5.0))
+    config = EmitterConfig.from_dict(header.get("config", {}))
+    shutdown_timeout_s = config.shutdown_timeout_s
     parent_pid = int(header.get("parent_pid", os.getppid()))
-    nice = int(header.get("nice", 0))
+    nice = config.export_nice
     if nice > 0:
         try:
             os.nice(nice)  # yield to the training processes on shared cores
@@ -66,10 +69,7 @@ def run(in_fd: int, ack_fd: int) -> int:
         header.get("resource", {}),
         rank=int(header.get("rank", 0)),
         job_id=str(header.get("job_id", "local")),
-        detail=str(header.get("detail", "step")),
-        step_close_s=float(header.get("step_close_s", 2.0)),
-        max_open_steps=int(header.get("max_open_steps", 8)),
-        close_lag_steps=int(header.get("close_lag_steps", 0)),
+        config=config,
     )
     decoder = wire.WireDecoder()
     counters = pipeline.counters

@@ -11,6 +11,7 @@ import socket
 import sys
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from export_otlp_receiver import GrpcReceiver
 from export_rank_driver import identity, make_intervals
 
 from otel_straggler import schema
+from otel_straggler.config import DEFAULTS
 from otel_straggler.export.process_sink import ProcessSink
 from otel_straggler.export.thread_sink import ThreadSink
 
@@ -47,8 +49,10 @@ def use_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
         monkeypatch.setenv(key, value)
 
 
-def process_sink(job: str, **kw) -> ProcessSink:
-    return ProcessSink(identity(0, 1, job).resource_attributes(), rank=0, job_id=job, **kw)
+def process_sink(job: str, command: list[str] | None = None, **settings) -> ProcessSink:
+    """A ProcessSink of rank 0; ``settings`` are ``EmitterConfig`` fields."""
+    return ProcessSink(identity(0, 1, job).resource_attributes(), rank=0, job_id=job,
+                       config=replace(DEFAULTS, **settings), command=command)
 
 
 def gone(pid: int) -> bool:
@@ -136,7 +140,7 @@ def test_pipe_full_drops_batches_and_shutdown_kills_stuck_child(monkeypatch: pyt
 
 def test_child_crash_is_counted_restarted_then_given_up() -> None:
     crashing = [sys.executable, "-c", "import sys; sys.stdin.readline(); sys.exit(3)"]
-    sink = process_sink("crash", command=crashing, max_restarts=2, restart_backoff_s=0.05)
+    sink = process_sink("crash", command=crashing, sidecar_max_restarts=2, sidecar_restart_backoff_s=0.05)
     deadline = time.monotonic() + 8.0
     while time.monotonic() < deadline and sink.counters.get("sidecar_deaths") < 3:
         sink.submit(make_intervals(0, 0))  # must never raise
@@ -153,7 +157,7 @@ def test_child_crash_is_counted_restarted_then_given_up() -> None:
 def test_real_child_killed_restarts_and_exports_again(monkeypatch, grpc_receiver: GrpcReceiver) -> None:
     use_env(monkeypatch, otlp_env(grpc_receiver.endpoint))
     job = f"restart-{uuid.uuid4().hex[:6]}"
-    sink = process_sink(job, restart_backoff_s=0.05)
+    sink = process_sink(job, sidecar_restart_backoff_s=0.05)
     sink.submit(make_intervals(0, 0))
     assert sink.flush(10.0)
     first = sink.child_pid
@@ -276,7 +280,7 @@ def test_export_child_lowers_its_own_priority(monkeypatch, grpc_receiver: GrpcRe
     """The export child adds ``export_nice`` to its niceness (yields to training on shared cores); 0 leaves
     it at the parent's. Read from the real child through the OS."""
     use_env(monkeypatch, otlp_env(grpc_receiver.endpoint))
-    sink = process_sink(f"nice-{uuid.uuid4().hex[:6]}", nice=nice)
+    sink = process_sink(f"nice-{uuid.uuid4().hex[:6]}", export_nice=nice)
     sink.submit(make_intervals(0, 0))
     assert sink.flush(10.0)
     pid = sink.child_pid

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 from export_rank_driver import identity, make_intervals
@@ -14,14 +15,15 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_straggler import schema
+from otel_straggler.config import DEFAULTS
 from otel_straggler.export.thread_sink import ThreadSink
 
 
-def sink_for(rank: int, exporter: SpanExporter, job: str = "job-a", **kw) -> ThreadSink:
+def sink_for(rank: int, exporter: SpanExporter, job: str = "job-a", **settings) -> ThreadSink:
+    """A ThreadSink of ``rank``; ``settings`` are ``EmitterConfig`` fields."""
     ident = identity(rank, 4, job)
-    return ThreadSink(
-        ident.resource_attributes(), rank=rank, job_id=job, span_exporter=exporter, metric_exporter=None, **kw
-    )
+    return ThreadSink(ident.resource_attributes(), rank=rank, job_id=job, config=replace(DEFAULTS, **settings),
+                      span_exporter=exporter, metric_exporter=None)
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ import pytest
 
 import otel_straggler
 from otel_straggler.config import EmitterConfig
-from otel_straggler.install import DroppingSink
+from otel_straggler.interval import NullSink
 from otel_straggler.timers import Timers
 
 
@@ -84,13 +84,13 @@ def test_install_assigns_configs_and_global(monkeypatch: pytest.MonkeyPatch, sin
         otel_straggler.shutdown(0.1)
 
 
-def test_missing_export_side_falls_back_to_dropping_sink(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_export_side_falls_back_to_null_sink(monkeypatch: pytest.MonkeyPatch) -> None:
     fake_export = types.ModuleType("otel_straggler.export")  # no create_sink in it
 
     monkeypatch.setitem(sys.modules, "otel_straggler.export", fake_export)
     t = otel_straggler.configure(enabled=True, readout_interval_ms=5, register_lifecycle=False)
     try:
-        assert isinstance(t.sink, DroppingSink)
+        assert isinstance(t.sink, NullSink)
         assert t.counters.sink_errors == 1
         with otel_straggler.stage("forward-compute"):
             pass
@@ -109,7 +109,7 @@ def test_raising_create_sink_falls_back(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setitem(sys.modules, "otel_straggler.export", fake_export)
     t = otel_straggler.configure(enabled=True, register_lifecycle=False)
     try:
-        assert isinstance(t.sink, DroppingSink) and t.counters.snapshot()["faults"] >= 1
+        assert isinstance(t.sink, NullSink) and t.counters.snapshot()["faults"] >= 1
     finally:
         otel_straggler.shutdown(1.0)
 
