@@ -8,8 +8,10 @@ Resolved once at install (never on the hot path), every probe guarded and failin
   (a non-empty ``job_id`` argument wins);
 * GPU: ``torch.cuda.get_device_properties(index)`` (``uuid``, PCI domain/bus/device) for the current
   device; ``cpu`` / ``""`` / -1 without CUDA, ``unknown`` when a probe fails (no nvidia-smi);
-* parallel position from ``megatron.core.parallel_state`` getters when model parallel is initialised
-  (keyword arguments override single dimensions); otherwise keyword arguments, else env
+* service name: ``OTEL_SERVICE_NAME``, else ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES``, else
+  ``megatron-training``;
+* parallel position from ``megatron.core.parallel_state`` getters when the program imported it and model
+  parallel is initialised (keyword arguments override single dimensions); otherwise keyword arguments, else env
   ``OTEL_STRAGGLER_{TP,PP,VPP,CP,EP,ETP,DP}_{RANK,SIZE}`` and
   ``OTEL_STRAGGLER_MODEL_CHUNK``; defaults rank 0 / size 1;
 * cohort key: ``schema.cohort_key`` (DP excluded; topology epoch and stage schema included).
@@ -19,9 +21,11 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from otel_straggler import schema
 from otel_straggler.stages import STAGE_SCHEMA
@@ -148,6 +152,19 @@ def _dist_rank_world() -> tuple[int, int] | None:
     return _safe(probe)
 
 
+def service_name_from_env(env: Mapping[str, str]) -> str | None:
+    """``OTEL_SERVICE_NAME``, else ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES`` (the specification's
+    order), else None (then the caller's default)."""
+    name = (env.get("OTEL_SERVICE_NAME") or "").strip()
+    if name:
+        return name
+    for item in (env.get("OTEL_RESOURCE_ATTRIBUTES") or "").split(","):
+        key, sep, value = item.partition("=")
+        if sep and key.strip() == schema.RES_SERVICE_NAME and value.strip():
+            return unquote(value.strip())
+    return None
+
+
 def job_id_from_env(env: Mapping[str, str]) -> str:
     for key in ("OTEL_STRAGGLER_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
         v = env.get(key)
@@ -182,10 +199,12 @@ def gpu_identity(cuda: bool) -> tuple[str, str, int]:
 
 
 def _parallel_state_position() -> dict[str, int] | None:
-    def probe() -> dict[str, int] | None:
-        from megatron.core import parallel_state as ps
+    """Megatron's parallel position, read only when the program already imported ``parallel_state`` (a
+    Megatron program has; importing megatron-core here would cost seconds and warnings elsewhere)."""
 
-        if not ps.model_parallel_is_initialized():
+    def probe() -> dict[str, int] | None:
+        ps = sys.modules.get("megatron.core.parallel_state")
+        if ps is None or not ps.model_parallel_is_initialized():
             return None
         out: dict[str, int] = {}
         for dim, (rank_getter, size_getter) in _PS_GETTERS.items():
@@ -261,7 +280,7 @@ def resolve_identity(
         host=_safe(socket.gethostname, "unknown") or "unknown",
         pid=os.getpid(),
         job_id=job_id if job_id else job_id_from_env(env),
-        service_name=env.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME,
+        service_name=service_name_from_env(env) or DEFAULT_SERVICE_NAME,
         gpu_uuid=uuid,
         gpu_pci_bus_id=pci,
         gpu_index=index,

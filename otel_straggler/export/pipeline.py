@@ -14,6 +14,7 @@ from otel_straggler import schema
 from otel_straggler.config import DEFAULTS, EmitterConfig
 from otel_straggler.export.aggregate import SpanRecord, StepAggregator
 from otel_straggler.export.ids import PresetIdGenerator
+from otel_straggler.export.otel_env import OtelSettings
 from otel_straggler.export.provider import Counters, Providers
 from otel_straggler.export.selfmetrics import SelfMetrics, normalize
 from otel_straggler.export.span_builder import SpanBuilder
@@ -35,6 +36,7 @@ class ExportPipeline:
         rank: int,
         job_id: str,
         config: EmitterConfig = DEFAULTS,
+        otel: OtelSettings | None = None,
         counters: Counters | None = None,
         span_exporter: Any = None,
         metric_exporter: Any = None,
@@ -45,10 +47,12 @@ class ExportPipeline:
         self.config = config
         self.aggregator = StepAggregator(rank=rank, config=config, counters=self._agg_counts)
         self.ids = PresetIdGenerator()
+        self.otel = otel if otel is not None else OtelSettings.from_env()
         self.providers = Providers(
             resource_attributes,
             self.ids,
             self.counters,
+            settings=self.otel,
             span_exporter=span_exporter,
             metric_exporter=metric_exporter,
             metrics=metrics,

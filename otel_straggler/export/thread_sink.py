@@ -28,7 +28,7 @@ class ThreadSink(ForkGuarded):
         counters: Counters | None = None,
         **pipeline_opts: Any,
     ) -> None:
-        """``pipeline_opts``: the other keyword options of ``ExportPipeline`` (exporters, metrics)."""
+        """``pipeline_opts``: the other keyword options of ``ExportPipeline`` (``otel`` settings, exporters)."""
         self.counters = counters if counters is not None else Counters()
         self.pipeline = ExportPipeline(
             resource_attributes, rank=rank, job_id=job_id, config=config, counters=self.counters, **pipeline_opts

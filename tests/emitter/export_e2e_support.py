@@ -50,7 +50,7 @@ def otlp_env(endpoint: str, protocol: str = "grpc", **extra: str) -> dict[str, s
         OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
         OTEL_METRIC_EXPORT_INTERVAL="300",
         OTEL_BSP_SCHEDULE_DELAY="100",
-        OTEL_EXPORTER_OTLP_TIMEOUT="2",
+        OTEL_EXPORTER_OTLP_TIMEOUT="2000",  # milliseconds
         PYTHONPATH=str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
     )
     env.update(extra)
