@@ -1,14 +1,16 @@
 """Wiring: ``install_megatron`` for Megatron, ``configure``/``stage``/``step`` for any training loop.
 
 Nothing here touches signals or atexit directly: when ``install_megatron``/``configure`` created the
-export sink themselves, they hand the Timers to the export side's ``lifecycle.register`` (atexit and
-SIGTERM -> ``Timers.shutdown(timeout)``, idempotent and bounded); pass ``register_lifecycle=False`` to skip.
+export sink themselves, they hand the Timers to ``lifecycle.register`` (``Timers.shutdown(timeout)`` at the
+real exit: atexit, or a SIGTERM under its default action; a SIGTERM the program handles itself only
+flushes; idempotent and bounded); pass ``register_lifecycle=False`` to skip.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -62,7 +64,17 @@ def _export_sink(config: EmitterConfig, identity: Identity, counters: EmitterCou
 
 
 def build_timers(enabled: bool | None = None, **opts: Any) -> Timers | None:
-    """One fully wired Timers (pool warmed, readout started, export sink), or None when disabled."""
+    """One fully wired Timers (pool warmed, readout started, export sink), or None when disabled.
+    Never raises: whatever fails while wiring (it should not) is logged and leaves training untimed."""
+    try:
+        return _build_timers(enabled, opts)
+    except Exception as exc:
+        _log.warning("otel-straggler: setup failed (%s: %s); training continues without it",
+                     type(exc).__name__, exc)
+        return None
+
+
+def _build_timers(enabled: bool | None, opts: dict[str, Any]) -> Timers | None:
     extras = {k: opts.pop(k) for k in list(opts) if k in _EXTRA_KEYS}
     id_args = {k: opts.pop(k) for k in list(opts) if k in _IDENTITY_KEYS}
     env = extras.get("env")
@@ -114,8 +126,8 @@ def install_megatron(
     **opts: Any,
 ) -> Timers | None:
     """Install the timers into Megatron: ``model_config.timers``, ``optimizer_config.timers`` and
-    (``set_global``) ``megatron.training.global_vars._GLOBAL_TIMERS``. Disabled (argument, else
-    ``OTEL_STRAGGLER_ENABLED``): returns None and touches nothing.
+    (``set_global``) ``megatron.training.global_vars._GLOBAL_TIMERS`` when the program imported it.
+    Disabled (argument, else ``OTEL_STRAGGLER_ENABLED``): returns None and touches nothing.
 
     Assign the model config AFTER the model is built (attention/MoE deep-copy their config while being
     built; the timers survive a deepcopy as the same object anyway). ``log_level`` defaults to 2 so the
@@ -131,13 +143,12 @@ def install_megatron(
             except Exception:  # a frozen or odd config: leave it, count it
                 timers.counters.faults_training += 1
     if set_global:
-        try:
-            import importlib
-
-            gv = importlib.import_module("megatron.training.global_vars")
-            gv._GLOBAL_TIMERS = timers
-        except Exception:  # megatron.training absent (the core wheel lacks it)
-            pass
+        gv = sys.modules.get("megatron.training.global_vars")  # imported by a Megatron-LM program; never here
+        if gv is not None:
+            try:
+                gv._GLOBAL_TIMERS = timers
+            except Exception:
+                timers.counters.faults_training += 1
     with _lock:
         _DEFAULT[0] = timers
     return timers
