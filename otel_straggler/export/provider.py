@@ -170,6 +170,23 @@ class CountingMetricExporter(MetricExporter):
             self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
 
 
+class _Lease(SpanExporter):
+    """One batch processor's use of the shared exporter: its shutdown leaves the exporter open (a processor
+    retired for a new schedule delay must not close the channel the next one uses)."""
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        self._exporter = exporter
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return self._exporter.export(spans)
+
+    def shutdown(self) -> None:
+        return None
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
 class CountingBatchSpanProcessor(SpanProcessor):
     """The SDK's ``BatchSpanProcessor`` fed through a bounded hold of our own, so every drop is counted.
 
@@ -180,49 +197,59 @@ class CountingBatchSpanProcessor(SpanProcessor):
     always does. The rest waits here, oldest first, up to ``max_queue_size`` - B; beyond, the OLDEST held
     span is dropped and counted ``dropped_queue_full``, so after an outage the newest spans go out first.
     Flush and shutdown move everything held into the SDK's queue (it fits: at most ``max_queue_size``)
-    and let it export. A span ended after shutdown counts ``dropped_shutdown``. Public SDK API only."""
+    and let it export. A span ended after shutdown counts ``dropped_shutdown``. Public SDK API only.
 
-    def __init__(self, exporter: CountingSpanExporter, counters: Counters, settings: OtelSettings) -> None:
+    ``set_schedule_delay`` replaces the SDK processor by one with the new delay (its schedule delay is fixed
+    at construction); the old one exports what it holds and stops on a helper thread. One at a time.
+    """
+
+    def __init__(self, exporter: CountingSpanExporter, counters: Counters, settings: OtelSettings,
+                 schedule_delay_ms: int | None = None) -> None:
+        """``schedule_delay_ms``: the delay to start with when ``settings`` leaves it open (fitted later)."""
         self.max_queue_size = settings.bsp_max_queue_size
+        self._settings = settings
         self._batch = settings.bsp_max_export_batch_size
         self._hold_cap = self.max_queue_size - self._batch
         self._held: collections.deque[ReadableSpan] = collections.deque()
-        self._unstarted = 0  # spans in the SDK's queue (or about to be) whose export has not begun
-        self._lock = threading.Lock()  # the span-ending thread vs. the SDK's worker (and a flushing caller)
+        self._unstarted = 0  # spans in an SDK queue (or about to be) whose export has not begun
+        # the span-ending thread vs. the SDK's workers (and a flushing caller); also orders hand-overs with
+        # a processor swap, so no span goes to a retired processor
+        self._lock = threading.Lock()
         self._counters = counters
         self._closed = False
+        self._exporter = exporter
         exporter.on_export = self._on_export
-        self.schedule_delay_ms = settings.bsp_schedule_delay_ms or SDK_DEFAULT_SCHEDULE_DELAY_MS
-        self._bsp = BatchSpanProcessor(
-            exporter,
+        self.fixed_delay = settings.bsp_schedule_delay_ms is not None
+        self.schedule_delay_ms = (settings.bsp_schedule_delay_ms or schedule_delay_ms
+                                  or SDK_DEFAULT_SCHEDULE_DELAY_MS)
+        self._bsp = self._new_bsp(self.schedule_delay_ms)
+        self._retiring: threading.Thread | None = None
+        self.swaps = 0
+
+    def _new_bsp(self, delay_ms: int) -> BatchSpanProcessor:
+        return BatchSpanProcessor(
+            _Lease(self._exporter),
             max_queue_size=self.max_queue_size,
-            schedule_delay_millis=self.schedule_delay_ms,
+            schedule_delay_millis=delay_ms,
             max_export_batch_size=self._batch,
-            export_timeout_millis=settings.bsp_export_timeout_ms,
+            export_timeout_millis=self._settings.bsp_export_timeout_ms,
         )
 
     def queue_len(self) -> int:
-        """Spans waiting for their export to begin (held here or in the SDK's queue)."""
+        """Spans waiting for their export to begin (held here or in an SDK queue)."""
         return len(self._held) + self._unstarted
 
-    def _take_locked(self, limit: int) -> list[ReadableSpan]:
-        """Held spans (oldest first) that may enter the SDK's queue now."""
-        out = []
+    def _hand_over_locked(self, limit: int) -> None:
+        """Held spans (oldest first) into the current SDK queue while fewer than ``limit`` wait there."""
         while self._held and self._unstarted < limit:
-            out.append(self._held.popleft())
+            self._bsp.on_end(self._held.popleft())  # a deque append and an event: never blocks
             self._unstarted += 1
-        return out
-
-    def _hand_over(self, spans: list[ReadableSpan]) -> None:
-        for span in spans:
-            self._bsp.on_end(span)
 
     def _on_export(self, n: int) -> None:
-        """A batch of ``n`` left the SDK's queue for the exporter: as many held spans take its place."""
+        """A batch of ``n`` left an SDK queue for the exporter: as many held spans take its place."""
         with self._lock:
             self._unstarted = max(0, self._unstarted - n)
-            spans = self._take_locked(self._batch)
-        self._hand_over(spans)
+            self._hand_over_locked(self._batch)
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         return None
@@ -240,22 +267,46 @@ class CountingBatchSpanProcessor(SpanProcessor):
                     return  # no room to hold anything (queue size == batch size): the new span goes
                 self._held.popleft()
             self._held.append(span)
-            spans = self._take_locked(self._batch)
-        self._hand_over(spans)
+            self._hand_over_locked(self._batch)
 
-    def _release_all(self) -> None:
+    def set_schedule_delay(self, delay_ms: int) -> bool:
+        """Export with ``delay_ms`` from now on (not when OTEL_BSP_SCHEDULE_DELAY was set); False when nothing
+        changed (same delay, closed, or the previous processor is still being retired)."""
+        if self.fixed_delay or self._closed or delay_ms == self.schedule_delay_ms:
+            return False
+        if self._retiring is not None and self._retiring.is_alive():
+            return False
+        new = self._new_bsp(delay_ms)
         with self._lock:
-            spans = self._take_locked(self.max_queue_size)
-        self._hand_over(spans)
+            old, self._bsp = self._bsp, new
+            self.schedule_delay_ms = delay_ms
+        self._retiring = threading.Thread(target=old.shutdown, name="otel-straggler-bsp-retire", daemon=True)
+        self._retiring.start()
+        self.swaps += 1
+        return True
+
+    def _wait_retired(self, timeout_s: float) -> bool:
+        t = self._retiring
+        if t is not None:
+            t.join(max(0.0, timeout_s))
+            return not t.is_alive()
+        return True
 
     def shutdown(self) -> None:
         self._closed = True
-        self._release_all()
-        self._bsp.shutdown()
+        with self._lock:
+            self._hand_over_locked(self.max_queue_size)
+            bsp = self._bsp
+        bsp.shutdown()
+        self._wait_retired(30.0)
+        self._exporter.shutdown()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        self._release_all()
-        return self._bsp.force_flush(timeout_millis)
+        with self._lock:
+            self._hand_over_locked(self.max_queue_size)
+            bsp = self._bsp
+        ok = bsp.force_flush(timeout_millis)
+        return self._wait_retired(timeout_millis / 1000.0) and ok
 
 
 def run_bounded(fn: Callable[[], Any], timeout_s: float, name: str) -> bool:
@@ -292,15 +343,18 @@ class Providers:
         metric_exporter: MetricExporter | None = None,
         metrics: bool = True,
         scope_version: str = "0",
+        schedule_delay_ms: int | None = None,
     ) -> None:
-        """``span_exporter``/``metric_exporter``: instead of the OTLP ones of ``settings`` (tests)."""
+        """``span_exporter``/``metric_exporter``: instead of the OTLP ones of ``settings`` (tests);
+        ``schedule_delay_ms``: the batch delay to start with when ``OTEL_BSP_SCHEDULE_DELAY`` is not set."""
         self.counters = counters
         self.resource = build_resource(resource_attributes)
         self.tracer_provider = TracerProvider(resource=self.resource, id_generator=id_generator, shutdown_on_exit=False)
         exporter = span_exporter if span_exporter is not None else make_span_exporter(settings.traces)
         self.processor: CountingBatchSpanProcessor | None = None
         if exporter is not None:
-            self.processor = CountingBatchSpanProcessor(CountingSpanExporter(exporter, counters), counters, settings)
+            self.processor = CountingBatchSpanProcessor(CountingSpanExporter(exporter, counters), counters, settings,
+                                                        schedule_delay_ms)
             self.tracer_provider.add_span_processor(self.processor)
         self.tracer = self.tracer_provider.get_tracer(schema.SCOPE_NAME, scope_version)
         self.step_tracer = self.tracer_provider.get_tracer(schema.SCOPE_STEP_NAME, scope_version)
@@ -319,6 +373,9 @@ class Providers:
 
     def queue_len(self) -> int:
         return self.processor.queue_len() if self.processor is not None else 0
+
+    def set_schedule_delay(self, delay_ms: int) -> bool:
+        return self.processor.set_schedule_delay(delay_ms) if self.processor is not None else False
 
     def flush(self, timeout_s: float) -> bool:
         if self.processor is None:
