@@ -1,7 +1,8 @@
 """Emitter configuration: keyword arguments over ``OTEL_STRAGGLER_*`` environment variables.
 
-Never raises into training: a bad value is warned about once (``logging``), replaced by the default
-and recorded in ``EmitterConfig.config_errors`` (the counters count each as a ``config_error`` fault).
+Never raises into training: a bad value (unparsable, or outside its bounds: every size knob has an upper
+bound, ``MAX_*`` below) is warned about once (``logging``), replaced by the default and recorded in
+``EmitterConfig.config_errors`` (the counters count each as a ``config_error`` fault).
 
 | env | field | default | meaning |
 |---|---|---|---|
@@ -21,6 +22,14 @@ and recorded in ``EmitterConfig.config_errors`` (the counters count each as a ``
 | OTEL_STRAGGLER_TOPOLOGY_EPOCH | topology_epoch | 0 | bumped on re-shard |
 | OTEL_STRAGGLER_STEP_TIMER | step_timer | forward-backward | timer whose start advances the auto step |
 | OTEL_STRAGGLER_SHUTDOWN_TIMEOUT_S | shutdown_timeout_s | 5 | bound on shutdown |
+| OTEL_STRAGGLER_STEP_CLOSE_S | step_close_s | 2 | export side: open steps close after this long without intervals |
+| OTEL_STRAGGLER_STEP_CLOSE_LAG | step_close_lag | 0 | export side: older steps kept open behind the newest (reorder) |
+| OTEL_STRAGGLER_MAX_OPEN_STEPS | max_open_steps | 8 | export side: step aggregates held; beyond, the oldest closes |
+| OTEL_STRAGGLER_MAX_TIMERS_PER_STEP | max_timers_per_step | 512 | export side: timers per step; beyond, dropped |
+| OTEL_STRAGGLER_SIDECAR_MAX_RESTARTS | sidecar_max_restarts | 3 | export child restarts after it died; then given up |
+| OTEL_STRAGGLER_SIDECAR_RESTART_BACKOFF_S | sidecar_restart_backoff_s | 0.5 | first restart delay (doubles) |
+
+Every module takes its defaults from ``DEFAULTS`` (``EmitterConfig()``), the one place they are written.
 
 ``device_every`` defaults to ``auto``: a CUDA event record costs 1.6 us warm on the lent H200 VM through the
 driver (6 us through torch's ``Event.record``), and several times that between the launches of a
@@ -65,23 +74,34 @@ def _parse_bool(v: Any) -> bool:
     raise ValueError(f"not a boolean: {v!r}")
 
 
-def _int_min(lo: int) -> Callable[[Any], int]:
+def _int_in(lo: int, hi: int) -> Callable[[Any], int]:
+    """An integer in [lo, hi]: every size knob is bounded, so no value can exhaust memory at install."""
+
     def parse(v: Any) -> int:
         if isinstance(v, bool):
             raise ValueError("bool is not an int")
+        if isinstance(v, float) and not v.is_integer():
+            raise ValueError("not an integer")
         x = int(v)
-        if x < lo:
-            raise ValueError(f"must be >= {lo}")
+        if not lo <= x <= hi:
+            raise ValueError(f"must be in [{lo}, {hi}]")
         return x
 
     return parse
 
 
-def _float_pos(v: Any) -> float:
-    x = float(v)
-    if not (x > 0.0) or x != x or x == float("inf"):
-        raise ValueError("must be a finite number > 0")
-    return x
+def _float_in(hi: float) -> Callable[[Any], float]:
+    """A finite number in (0, hi]."""
+
+    def parse(v: Any) -> float:
+        if isinstance(v, bool):
+            raise ValueError("bool is not a number")
+        x = float(v)
+        if not 0.0 < x <= hi:  # also refuses nan and inf
+            raise ValueError(f"must be in (0, {hi}]")
+        return x
+
+    return parse
 
 
 def _choice(*allowed: str) -> Callable[[Any], str]:
@@ -98,7 +118,7 @@ def _device_every(v: Any) -> int:
     """``auto`` (or 0) adapts N to the step time; otherwise a fixed N >= 1."""
     if isinstance(v, str) and v.strip().lower() == "auto":
         return 0
-    return _int_min(0)(v)
+    return _int_in(0, MAX_DEVICE_EVERY)(v)
 
 
 def _text(v: Any) -> str:
@@ -136,6 +156,13 @@ class EmitterConfig:
     topology_epoch: int = 0
     step_timer: str = "forward-backward"
     shutdown_timeout_s: float = 5.0
+    # export side (the export child, or the in-process sink): per-step aggregation and the child's restarts
+    step_close_s: float = 2.0
+    step_close_lag: int = 0
+    max_open_steps: int = 8
+    max_timers_per_step: int = 512
+    sidecar_max_restarts: int = 3
+    sidecar_restart_backoff_s: float = 0.5
     config_errors: tuple[str, ...] = field(default=())  # names of the settings that fell back to default
 
     @classmethod
@@ -148,7 +175,7 @@ class EmitterConfig:
         for key in overrides:
             if key not in known:
                 errors.append(key)
-                _warn_once(key, f"otel-straggler: unknown setting {key!r} ignored")
+                warn_once(key, f"otel-straggler: unknown setting {key!r} ignored")
         for name, parser in _PARSERS.items():
             default = _DEFAULTS[name]
             raw: Any
@@ -161,35 +188,61 @@ class EmitterConfig:
                     continue
             try:
                 values[name] = parser(raw)
-            except (ValueError, TypeError):
+            except (ValueError, TypeError, OverflowError) as exc:
                 errors.append(name)
-                _warn_once(name, f"otel-straggler: bad value for {name}; using default {default!r}")
+                warn_once(name, f"otel-straggler: bad value for {name} ({exc}); using default {default!r}")
                 values[name] = default
         return cls(**values, config_errors=tuple(errors))
 
+    def as_dict(self) -> dict[str, Any]:
+        """The settings (not ``config_errors``) as plain values, e.g. for the export child's header."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "config_errors"}
 
-def _warn_once(key: str, msg: str) -> None:
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> EmitterConfig:
+        """Inverse of ``as_dict``, validated like keyword arguments (the environment is not read)."""
+        return cls.from_env({}, **dict(values))
+
+
+def warn_once(key: str, msg: str) -> None:
+    """Log ``msg`` as a warning the first time ``key`` is seen in this process."""
     if key not in _warned:
         _warned.add(key)
         _log.warning(msg)
 
+
+# Upper bounds of the numeric settings (a value beyond is a bad value: warned, default, counted).
+MAX_DEVICE_EVERY = 1000
+MAX_POOL_SIZE = 65536  # CUDA events
+MAX_RING_SIZE = 1 << 20  # slots (nine preallocated lists of this length)
+MAX_OPEN_STEPS = 1024
+MAX_TIMERS_PER_STEP = 4096
+MAX_STEP_CLOSE_LAG = 64
+MAX_RESTARTS = 100
 
 _PARSERS: dict[str, Callable[[Any], Any]] = {
     "enabled": _parse_bool,
     "job_id": _text,
     "detail": _choice(schema.DETAIL_STEP, schema.DETAIL_INTERVAL),
     "device_every": _device_every,
-    "device_budget": _float_pos,
-    "device_every_max": _int_min(1),
-    "pool_size": _int_min(2),
+    "device_budget": _float_in(1.0),
+    "device_every_max": _int_in(1, MAX_DEVICE_EVERY),
+    "pool_size": _int_in(2, MAX_POOL_SIZE),
     "record_api": _choice(*RECORD_APIS),
-    "ring_size": _int_min(2),
-    "readout_interval_ms": _float_pos,
-    "readout_timeout_s": _float_pos,
+    "ring_size": _int_in(2, MAX_RING_SIZE),
+    "readout_interval_ms": _float_in(60_000.0),
+    "readout_timeout_s": _float_in(86_400.0),
     "export_mode": _choice("process", "thread", "off"),
-    "export_nice": _int_min(0),
-    "topology_epoch": _int_min(0),
+    "export_nice": _int_in(0, 19),
+    "topology_epoch": _int_in(0, 2**31 - 1),
     "step_timer": _nonempty,
-    "shutdown_timeout_s": _float_pos,
+    "shutdown_timeout_s": _float_in(600.0),
+    "step_close_s": _float_in(3600.0),
+    "step_close_lag": _int_in(0, MAX_STEP_CLOSE_LAG),
+    "max_open_steps": _int_in(1, MAX_OPEN_STEPS),
+    "max_timers_per_step": _int_in(1, MAX_TIMERS_PER_STEP),
+    "sidecar_max_restarts": _int_in(0, MAX_RESTARTS),
+    "sidecar_restart_backoff_s": _float_in(600.0),
 }
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(EmitterConfig) if f.name in _PARSERS}
+DEFAULTS = EmitterConfig()  # the one source of every default

@@ -4,12 +4,15 @@ Resolved once at install (never on the hot path), every probe guarded and failin
 
 * rank / local rank / world size: the keyword arguments when given, else ``torch.distributed`` when
   initialised, else env ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` (default 0 / 0 / 1);
-* job id: ``OTEL_STRAGGLER_JOB_ID``, ``SLURM_JOB_ID``, ``TORCHELASTIC_RUN_ID``, else ``local``
-  (a non-empty ``job_id`` argument wins);
+* job id: a non-empty ``job_id`` argument, else ``job_id_from_env`` (``OTEL_STRAGGLER_JOB_ID``,
+  ``SLURM_JOB_ID[.SLURM_STEP_ID]``, ``TORCHELASTIC_RUN_ID`` unless ``none``, else derived per launch); logged
+  once on rank 0;
 * GPU: ``torch.cuda.get_device_properties(index)`` (``uuid``, PCI domain/bus/device) for the current
   device; ``cpu`` / ``""`` / -1 without CUDA, ``unknown`` when a probe fails (no nvidia-smi);
-* parallel position from ``megatron.core.parallel_state`` getters when model parallel is initialised
-  (keyword arguments override single dimensions); otherwise keyword arguments, else env
+* service name: ``OTEL_SERVICE_NAME``, else ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES``, else
+  ``megatron-training``;
+* parallel position from ``megatron.core.parallel_state`` getters when the program imported it and model
+  parallel is initialised (keyword arguments override single dimensions); otherwise keyword arguments, else env
   ``OTEL_STRAGGLER_{TP,PP,VPP,CP,EP,ETP,DP}_{RANK,SIZE}`` and
   ``OTEL_STRAGGLER_MODEL_CHUNK``; defaults rank 0 / size 1;
 * cohort key: ``schema.cohort_key`` (DP excluded; topology epoch and stage schema included).
@@ -17,14 +20,21 @@ Resolved once at install (never on the hot path), every probe guarded and failin
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import socket
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from otel_straggler import schema
 from otel_straggler.stages import STAGE_SCHEMA
+
+_log = logging.getLogger(__name__)
 
 DIMS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp")
 DEFAULT_SERVICE_NAME = "megatron-training"  # without OTEL_SERVICE_NAME
@@ -148,12 +158,120 @@ def _dist_rank_world() -> tuple[int, int] | None:
     return _safe(probe)
 
 
-def job_id_from_env(env: Mapping[str, str]) -> str:
-    for key in ("OTEL_STRAGGLER_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
-        v = env.get(key)
-        if v:
-            return str(v)
-    return "local"
+def service_name_from_env(env: Mapping[str, str]) -> str | None:
+    """``OTEL_SERVICE_NAME``, else ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES`` (the specification's
+    order), else None (then the caller's default)."""
+    name = (env.get("OTEL_SERVICE_NAME") or "").strip()
+    if name:
+        return name
+    for item in (env.get("OTEL_RESOURCE_ATTRIBUTES") or "").split(","):
+        key, sep, value = item.partition("=")
+        if sep and key.strip() == schema.RES_SERVICE_NAME and value.strip():
+            return unquote(value.strip())
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class JobId:
+    value: str
+    source: str  # the variable it came from, or "launch" (derived), or "local"
+    per_launch: bool  # False: the same value may come back in a later launch (then warned about)
+    basis: str = ""  # what a derived id was computed from (for the log line)
+
+
+_UNSET = ("", "none")  # torchrun's TORCHELASTIC_RUN_ID is "none" unless --rdzv-id is given
+
+
+def _given(env: Mapping[str, str], key: str) -> str | None:
+    v = (env.get(key) or "").strip()
+    return None if v.lower() in _UNSET else v
+
+
+def _process_token(pid: int, proc: str = "/proc") -> str | None:
+    """``pid`` with its start time (clock ticks since boot) and the boot id: unique per process on a host."""
+    try:
+        start = Path(f"{proc}/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        boot = Path(f"{proc}/sys/kernel/random/boot_id").read_text().strip()
+    except (OSError, IndexError):
+        return None
+    return f"{boot}/{pid}/{start}"
+
+
+def _torchrun_run_dir(env: Mapping[str, str]) -> str | None:
+    """The log directory the torchrun agent created for this launch, ``<base>/<run_id>_<random>``: the same for
+    every worker of the agent and for its restarts, new with every launch (from ``TORCHELASTIC_ERROR_FILE``,
+    ``<run dir>/attempt_<n>/<local rank>/error.json``; empty when the agent logs to /dev/null)."""
+    path = (env.get("TORCHELASTIC_ERROR_FILE") or "").strip()
+    head, sep, _ = path.rpartition("/attempt_")
+    return head if sep and head else None
+
+
+def job_id_from_env(env: Mapping[str, str], world_size: int | None = None) -> JobId:
+    """The job id every rank of one launch derives alike, without talking to the others.
+
+    1. ``OTEL_STRAGGLER_JOB_ID``, as given.
+    2. ``SLURM_JOB_ID``, with ``.SLURM_STEP_ID`` when set (sacct's notation): every task of one ``srun`` has
+       both, and a second ``srun`` in the same allocation is a new step.
+    3. ``TORCHELASTIC_RUN_ID`` (torchrun ``--rdzv-id``) unless it is torchrun's default ``none``.
+    4. Derived per launch, ``launch-<12 hex>``: a hash of ``MASTER_ADDR``/``MASTER_PORT`` and, when every rank
+       runs on this host (torchrun with one agent, ``GROUP_WORLD_SIZE=1``; ``LOCAL_WORLD_SIZE`` =
+       ``WORLD_SIZE``; a single process), a token of this launch on this host: the torchrun agent's run
+       directory (random per launch), else the parent process (pid, start time, boot id) of the ranks, or
+       this process when it is the only rank. Across hosts only the master address and port are common:
+       with torchrun's c10d rendezvous the port is picked per launch, with a fixed ``--master-port`` it
+       repeats, and so does the id (warned about once; set ``OTEL_STRAGGLER_JOB_ID`` or ``--rdzv-id``).
+       The torchrun restart count is not used: agents on different hosts count restarts differently (a
+       membership change restarts the others uncounted), so a restarted launch keeps its id.
+    5. ``local`` when nothing identifies the launch (several ranks, no launcher variables; warned about).
+    """
+    explicit = _given(env, "OTEL_STRAGGLER_JOB_ID")
+    if explicit:
+        return JobId(explicit, "OTEL_STRAGGLER_JOB_ID", True)
+    slurm = _given(env, "SLURM_JOB_ID")
+    if slurm:
+        step = _given(env, "SLURM_STEP_ID")
+        return JobId(f"{slurm}.{step}" if step else slurm, "SLURM_JOB_ID", True)
+    run_id = _given(env, "TORCHELASTIC_RUN_ID")
+    if run_id:
+        return JobId(run_id, "TORCHELASTIC_RUN_ID", True)
+    world = world_size if world_size is not None else (_env_int(env, "WORLD_SIZE") or 1)
+    group_world = _env_int(env, "GROUP_WORLD_SIZE")
+    local_world = _env_int(env, "LOCAL_WORLD_SIZE")
+    one_host = world <= 1 or group_world == 1 or (local_world is not None and local_world == world)
+    parts = [f"{k}={env[k]}" for k in ("MASTER_ADDR", "MASTER_PORT") if env.get(k)]
+    basis = ["MASTER_ADDR/MASTER_PORT"] if parts else []
+    token = None
+    if one_host:
+        run_dir = _torchrun_run_dir(env)
+        if run_dir:
+            token, what = f"torchrun:{run_dir}", "the torchrun agent's run directory"
+        else:
+            token = _process_token(os.getppid() if world > 1 else os.getpid())
+            what = "the launching process" if world > 1 else "this process"
+        if token is not None:
+            parts.append(token)
+            basis.insert(0, what)
+    if not parts:
+        return JobId("local", "local", False, "nothing (no launcher variables)")
+    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
+    return JobId(f"launch-{digest}", "launch", token is not None, " and ".join(basis))
+
+
+_logged: set[str] = set()
+
+
+def _log_job_id(job: JobId, rank: int) -> None:
+    """Once per id and process, on rank 0: where the job id came from (a derived one as a warning, so it is
+    seen: dashboards and verdicts are keyed by it)."""
+    if rank != 0 or job.value in _logged:
+        return
+    _logged.add(job.value)
+    if job.source in ("launch", "local"):
+        repeat = "" if job.per_launch else "; it repeats in every launch like this one"
+        _log.warning("otel-straggler: job id %r derived from %s%s (set OTEL_STRAGGLER_JOB_ID to choose one)",
+                     job.value, job.basis, repeat)
+    else:
+        _log.info("otel-straggler: job id %r from %s", job.value, job.source)
 
 
 def gpu_identity(cuda: bool) -> tuple[str, str, int]:
@@ -182,10 +300,12 @@ def gpu_identity(cuda: bool) -> tuple[str, str, int]:
 
 
 def _parallel_state_position() -> dict[str, int] | None:
-    def probe() -> dict[str, int] | None:
-        from megatron.core import parallel_state as ps
+    """Megatron's parallel position, read only when the program already imported ``parallel_state`` (a
+    Megatron program has; importing megatron-core here would cost seconds and warnings elsewhere)."""
 
-        if not ps.model_parallel_is_initialized():
+    def probe() -> dict[str, int] | None:
+        ps = sys.modules.get("megatron.core.parallel_state")
+        if ps is None or not ps.model_parallel_is_initialized():
             return None
         out: dict[str, int] = {}
         for dim, (rank_getter, size_getter) in _PS_GETTERS.items():
@@ -254,14 +374,16 @@ def resolve_identity(
     if chunk is None:
         chunk = pos.get("vpp_rank", 0) if pos.get("vpp_size", 1) > 1 else 0
     uuid, pci, index = gpu_identity(cuda)
+    job = JobId(job_id, "job_id", True) if job_id and job_id.lower() not in _UNSET else job_id_from_env(env, int(w))
+    _log_job_id(job, int(r))
     return Identity(
         rank=int(r),
         local_rank=int(lr),
         world_size=int(w),
         host=_safe(socket.gethostname, "unknown") or "unknown",
         pid=os.getpid(),
-        job_id=job_id if job_id else job_id_from_env(env),
-        service_name=env.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME,
+        job_id=job.value,
+        service_name=service_name_from_env(env) or DEFAULT_SERVICE_NAME,
         gpu_uuid=uuid,
         gpu_pci_bus_id=pci,
         gpu_index=index,

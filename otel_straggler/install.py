@@ -1,14 +1,16 @@
 """Wiring: ``install_megatron`` for Megatron, ``configure``/``stage``/``step`` for any training loop.
 
 Nothing here touches signals or atexit directly: when ``install_megatron``/``configure`` created the
-export sink themselves, they hand the Timers to the export side's ``lifecycle.register`` (atexit and
-SIGTERM -> ``Timers.shutdown(timeout)``, idempotent and bounded); pass ``register_lifecycle=False`` to skip.
+export sink themselves, they hand the Timers to ``lifecycle.register`` (``Timers.shutdown(timeout)`` at the
+real exit: atexit, or a SIGTERM under its default action; a SIGTERM the program handles itself only
+flushes; idempotent and bounded); pass ``register_lifecycle=False`` to skip.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -16,8 +18,9 @@ from typing import Any, TypeVar
 from otel_straggler.config import EmitterConfig
 from otel_straggler.counters import EmitterCounters
 from otel_straggler.event_pool import create_pool
-from otel_straggler.identity import DIMS, resolve_identity
+from otel_straggler.identity import DIMS, Identity, resolve_identity
 from otel_straggler.inject import injector_from_env
+from otel_straggler.interval import IntervalSink, NullSink
 from otel_straggler.timers import Timers
 
 _log = logging.getLogger(__name__)
@@ -45,43 +48,33 @@ _IDENTITY_KEYS = (
 )
 
 
-class DroppingSink:
-    """Fallback when the export side is missing or failed to start: drops and counts."""
-
-    def __init__(self) -> None:
-        self.dropped = 0
-        self.stats: dict[str, int] = {}
-
-    def submit(self, intervals: Any) -> None:
-        self.dropped += len(intervals)
-
-    def publish_stats(self, stats: dict[str, int]) -> None:
-        self.stats = stats
-
-    def flush(self, timeout_s: float) -> bool:
-        return True
-
-    def shutdown(self, timeout_s: float) -> None:
-        return None
-
-
-def _export_sink(config: EmitterConfig, identity: Any, counters: EmitterCounters) -> Any:
+def _export_sink(config: EmitterConfig, identity: Identity, counters: EmitterCounters) -> IntervalSink:
     try:
         from otel_straggler.export import create_sink  # provided by the export side
     except Exception as exc:
         _log.warning("otel-straggler: export side unavailable (%s); intervals are dropped", type(exc).__name__)
         counters.sink_errors += 1
-        return DroppingSink()
+        return NullSink()
     try:
         return create_sink(config, identity, counters)
     except Exception as exc:
         _log.warning("otel-straggler: export sink failed to start (%s); intervals are dropped", type(exc).__name__)
         counters.sink_errors += 1
-        return DroppingSink()
+        return NullSink()
 
 
 def build_timers(enabled: bool | None = None, **opts: Any) -> Timers | None:
-    """One fully wired Timers (pool warmed, readout started, export sink), or None when disabled."""
+    """One fully wired Timers (pool warmed, readout started, export sink), or None when disabled.
+    Never raises: whatever fails while wiring (it should not) is logged and leaves training untimed."""
+    try:
+        return _build_timers(enabled, opts)
+    except Exception as exc:
+        _log.warning("otel-straggler: setup failed (%s: %s); training continues without it",
+                     type(exc).__name__, exc)
+        return None
+
+
+def _build_timers(enabled: bool | None, opts: dict[str, Any]) -> Timers | None:
     extras = {k: opts.pop(k) for k in list(opts) if k in _EXTRA_KEYS}
     id_args = {k: opts.pop(k) for k in list(opts) if k in _IDENTITY_KEYS}
     env = extras.get("env")
@@ -97,7 +90,7 @@ def build_timers(enabled: bool | None = None, **opts: Any) -> Timers | None:
         injector.calibrate(pool.cuda)
     counters = EmitterCounters(len(config.config_errors) + int(inject_error))
     own_sink = extras.get("sink") is None
-    sink = extras.get("sink") or _export_sink(config, identity, counters)
+    sink: IntervalSink = extras.get("sink") or _export_sink(config, identity, counters)
     timers = Timers(
         extras.get("log_level", 2),
         extras.get("log_option", "minmax"),
@@ -133,8 +126,8 @@ def install_megatron(
     **opts: Any,
 ) -> Timers | None:
     """Install the timers into Megatron: ``model_config.timers``, ``optimizer_config.timers`` and
-    (``set_global``) ``megatron.training.global_vars._GLOBAL_TIMERS``. Disabled (argument, else
-    ``OTEL_STRAGGLER_ENABLED``): returns None and touches nothing.
+    (``set_global``) ``megatron.training.global_vars._GLOBAL_TIMERS`` when the program imported it.
+    Disabled (argument, else ``OTEL_STRAGGLER_ENABLED``): returns None and touches nothing.
 
     Assign the model config AFTER the model is built (attention/MoE deep-copy their config while being
     built; the timers survive a deepcopy as the same object anyway). ``log_level`` defaults to 2 so the
@@ -150,13 +143,12 @@ def install_megatron(
             except Exception:  # a frozen or odd config: leave it, count it
                 timers.counters.faults_training += 1
     if set_global:
-        try:
-            import importlib
-
-            gv = importlib.import_module("megatron.training.global_vars")
-            gv._GLOBAL_TIMERS = timers
-        except Exception:  # megatron.training absent (the core wheel lacks it)
-            pass
+        gv = sys.modules.get("megatron.training.global_vars")  # imported by a Megatron-LM program; never here
+        if gv is not None:
+            try:
+                gv._GLOBAL_TIMERS = timers
+            except Exception:
+                timers.counters.faults_training += 1
     with _lock:
         _DEFAULT[0] = timers
     return timers

@@ -2,7 +2,7 @@
 
 Data path: ``timers`` (training thread: host clock + CUDA event record into a fixed ring)
 -> ``readout`` (background thread: device duration from the events) -> ``Interval``
--> an ``IntervalSink`` (export side: per-step aggregation, spans, OTLP).
+-> an ``IntervalSink`` (export side: per-step aggregation, spans, OTLP; ``NullSink`` when export is off).
 """
 
 from __future__ import annotations
@@ -45,3 +45,24 @@ class IntervalSink(Protocol):
         ...
 
     def shutdown(self, timeout_s: float) -> None: ...
+
+
+class NullSink:
+    """The sink that discards: export off (``export_mode=off``, ``OTEL_SDK_DISABLED=true``), or the export
+    side missing or failing to start. Counts what it discarded (``discarded``, readout thread only)."""
+
+    def __init__(self) -> None:
+        self.discarded = 0
+        self.stats: dict[str, int] = {}
+
+    def submit(self, intervals: Sequence[Interval]) -> None:
+        self.discarded += len(intervals)
+
+    def publish_stats(self, stats: dict[str, int]) -> None:
+        self.stats = stats
+
+    def flush(self, timeout_s: float) -> bool:
+        return True
+
+    def shutdown(self, timeout_s: float) -> None:
+        return None

@@ -1,12 +1,16 @@
 """Process lifecycle: bounded shutdown at exit and on SIGTERM, inert sinks in forked children.
 
 ``register(timers, timeout_s)`` installs
-* an ``atexit`` hook and a SIGTERM handler that call ``timers.shutdown(timeout_s)`` on a helper thread and
-  wait at most ``timeout_s`` + 1 s (any object with ``.shutdown(timeout_s)`` works). The SIGTERM handler
-  chains to the previous handler (a callable is called; ``SIG_DFL`` is restored and the signal re-raised,
-  so the process still terminates; ``SIG_IGN`` stays ignored). Python only lets the main thread install
-  signal handlers: from another thread the SIGTERM part is skipped and counted
-  (``STATE.sigterm_skipped``), the atexit part still works.
+* an ``atexit`` hook that calls ``timers.shutdown(timeout_s)`` on a helper thread and waits at most
+  ``timeout_s`` + 1 s (any object with ``.shutdown(timeout_s)`` works): the one shutdown, at the real exit;
+* a SIGTERM handler that shuts down only when SIGTERM ends the process. Under the default action it runs
+  the same bounded shutdown, restores ``SIG_DFL`` and re-raises the signal. When the program has its own
+  handler (checkpoint on signal, a flag for the training loop), it flushes what was measured so far
+  (``timers.flush(timeout_s)``, bounded the same way) and calls that handler: a program that goes on keeps
+  exporting, one that exits gets the atexit shutdown. A SIGTERM the program ignores (``SIG_IGN``) stays
+  ignored: nothing is installed, the export goes on. Python only lets the main thread install signal
+  handlers: from another thread the SIGTERM part is skipped and counted (``STATE.sigterm_skipped``), the
+  atexit part still works.
 * ``register_sink_fallback``: every sink from ``export.create_sink`` is also shut down at exit (bounded,
   idempotent) in case no Timers was registered.
 * ``os.register_at_fork(after_in_child=...)``: every sink created by ``export.create_sink`` becomes inert in a
@@ -37,6 +41,8 @@ class LifecycleState:
     shutdowns: int = 0
     shutdown_timeouts: int = 0
     shutdown_faults: int = 0
+    sigterm_flushes: int = 0
+    sigterm_ignored: int = 0  # SIGTERM ignored by the program: no handler installed
 
 
 STATE = LifecycleState()
@@ -73,18 +79,22 @@ def register_sink_fallback(sink: Any, timeout_s: float) -> None:
 
 def bounded_shutdown(target: Any, timeout_s: float) -> bool:
     """``target.shutdown(timeout_s)`` on a daemon helper thread, waited at most ``timeout_s`` + 1 s."""
+    STATE.shutdowns += 1
+    return _bounded(target.shutdown, timeout_s, "shutdown")
+
+
+def _bounded(call: Any, timeout_s: float, name: str) -> bool:
     done = threading.Event()
 
     def run() -> None:
         try:
-            target.shutdown(timeout_s)
+            call(timeout_s)
         except Exception:
             STATE.shutdown_faults += 1
         finally:
             done.set()
 
-    STATE.shutdowns += 1
-    threading.Thread(target=run, name="otel-straggler-shutdown", daemon=True).start()
+    threading.Thread(target=run, name=f"otel-straggler-{name}", daemon=True).start()
     ok = done.wait(max(0.0, timeout_s) + 1.0)
     if not ok:
         STATE.shutdown_timeouts += 1
@@ -111,13 +121,18 @@ class Registration:
         return bounded_shutdown(timers, self.timeout_s)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
-        self.shutdown_once()
         prev = self._prev_handler
-        if callable(prev):
+        if callable(prev):  # the program decides whether this is the end: flush, then its handler
+            timers = self._timers()
+            flush = getattr(timers, "flush", None) if timers is not None and not self._done else None
+            if flush is not None:
+                STATE.sigterm_flushes += 1
+                _bounded(flush, self.timeout_s, "flush")
             prev(signum, frame)
-        elif prev == signal.SIG_IGN:
+        elif prev == signal.SIG_IGN:  # installed as ignored after register(): still ignored
             return
         else:  # SIG_DFL or unknown (None: installed from C): terminate as the default would
+            self.shutdown_once()
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
 
@@ -144,9 +159,12 @@ def register(timers: Any, timeout_s: float) -> Registration:
     if threading.current_thread() is threading.main_thread():
         try:
             reg._prev_handler = signal.getsignal(signal.SIGTERM)
-            signal.signal(signal.SIGTERM, reg._on_sigterm)
-            reg.sigterm_installed = True
-            STATE.sigterm_installed += 1
+            if reg._prev_handler == signal.SIG_IGN:
+                STATE.sigterm_ignored += 1  # the process outlives SIGTERM: nothing to do on it
+            else:
+                signal.signal(signal.SIGTERM, reg._on_sigterm)
+                reg.sigterm_installed = True
+                STATE.sigterm_installed += 1
         except (ValueError, OSError):
             STATE.sigterm_skipped += 1
     else:

@@ -26,8 +26,9 @@ import threading
 import time
 from typing import Any
 
+from otel_straggler.config import DEFAULTS
 from otel_straggler.counters import CUDA_ERROR, READOUT_TIMEOUT, EmitterCounters
-from otel_straggler.interval import Interval
+from otel_straggler.interval import Interval, IntervalSink
 from otel_straggler.ring import Ring
 
 _clock = time.perf_counter_ns
@@ -42,10 +43,10 @@ class Readout:
         ring: Ring,
         pool: Any,
         counters: EmitterCounters,
-        sink: Any,
+        sink: IntervalSink,
         *,
-        interval_ms: float = 20.0,
-        timeout_s: float = 30.0,
+        interval_ms: float = DEFAULTS.readout_interval_ms,
+        timeout_s: float = DEFAULTS.readout_timeout_s,
         wall_anchor: tuple[int, int] | None = None,
     ) -> None:
         self.ring = ring

@@ -203,11 +203,19 @@ SM_DROPPED: Final = "otel_straggler.emitter.dropped"  # counter, attr reason
 SM_DEGRADED: Final = "otel_straggler.emitter.degraded"  # counter, attr reason (DEGRADED_REASONS)
 SM_BARRIERS_SKIPPED: Final = "otel_straggler.emitter.barriers_skipped"  # counter
 SM_POOL_HIGH_WATER: Final = "otel_straggler.emitter.pool.high_water"  # gauge, events in flight (max)
-SM_READOUT_LAG: Final = "otel_straggler.emitter.readout.lag_ms"  # gauge, stop -> readout delay
+SM_READOUT_LAG: Final = "otel_straggler.emitter.readout.lag"  # gauge, unit s, stop -> readout delay
 SM_FAULTS: Final = "otel_straggler.emitter.faults"  # counter, attr where (exceptions swallowed)
 SM_REASON_ATTR: Final = "reason"
 SM_STEPS_EVICTED: Final = "otel_straggler.emitter.steps.evicted"  # counter, step aggregates closed early (cap)
 SM_SIDECAR_RESTARTS: Final = "otel_straggler.emitter.sidecar.restarts"  # counter, export child restarted
+# Attribute values each counter reports from the start (at 0), so a rate sees its first event.
+SM_DROPPED_REASONS: Final = ("ring_full", "pipe_full", "queue_full", "export_failed", "shutdown", "late", "overflow",
+                             "sidecar_down")
+SM_FAULT_WHERES: Final = ("training", "readout", "config_error", "sink", "export", "metric_export", "span_build",
+                          "sidecar", "sidecar_decode", "sidecar_spawn", "sidecar_fatal", "process_sink", "thread_sink")
+# Units (UCUM, as OTel metrics carry them): every counter counts items ("1"), the lag is in seconds.
+UNIT_COUNT: Final = "1"
+UNIT_SECONDS: Final = "s"
 
 
 def trace_id_for_step(job_id: str, step: int) -> int:

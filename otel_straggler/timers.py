@@ -33,8 +33,10 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from otel_straggler.config import DEFAULTS, EmitterConfig
 from otel_straggler.counters import CUDA_ERROR, POOL_EXHAUSTED, UNBALANCED, EmitterCounters
 from otel_straggler.event_pool import EventPool, HostOnlyPool
+from otel_straggler.interval import IntervalSink
 from otel_straggler.ring import Ring
 from otel_straggler.stages import stage_group
 from otel_straggler.step_context import StepContext
@@ -339,10 +341,10 @@ class Timers:
         log_level: int,
         log_option: str,
         *,
-        config: Any = None,
+        config: EmitterConfig | None = None,
         pool: EventPool | HostOnlyPool | None = None,
         counters: EmitterCounters | None = None,
-        sink: Any = None,
+        sink: IntervalSink | None = None,
         injector: Any = None,
         identity: Any = None,
         rank: int | None = None,
@@ -358,22 +360,22 @@ class Timers:
         self._dummy_timer = DummyTimer()
         self._max_log_level = MAX_LOG_LEVEL
         self.config = config
+        cfg = config if config is not None else DEFAULTS
         self.identity = identity
         self._rank = int(rank if rank is not None else getattr(identity, "rank", 0))
         self._world_size = int(world_size if world_size is not None else getattr(identity, "world_size", 1))
         self.counters = (
-            counters if counters is not None else EmitterCounters(len(getattr(config, "config_errors", ()) or ()))
+            counters if counters is not None else EmitterCounters(len(cfg.config_errors))
         )
         self.pool = pool if pool is not None else HostOnlyPool()
         self.sink = sink
         self.injector = injector
-        self._step_timer = getattr(config, "step_timer", "forward-backward")
+        self._step_timer = cfg.step_timer
         # with no sink nothing consumes the ring: a 0-slot ring counts every interval as dropped
-        self.ring = Ring(getattr(config, "ring_size", 8192)) if sink is not None else Ring(0)
-        device_every = getattr(config, "device_every", 4)
-        self.ctx = StepContext(device_every=device_every, cuda=self.pool.cuda,
-                               budget=getattr(config, "device_budget", 0.0025),
-                               max_every=getattr(config, "device_every_max", 4),
+        self.ring = Ring(cfg.ring_size) if sink is not None else Ring(0)
+        self.ctx = StepContext(device_every=cfg.device_every, cuda=self.pool.cuda,
+                               budget=cfg.device_budget,
+                               max_every=cfg.device_every_max,
                                record_cost_s=getattr(self.pool, "record_cost_s", 10e-6),
                                intervals=self._interval_count)
         self.names_dropped = 0
@@ -388,8 +390,8 @@ class Timers:
                 self.pool,
                 self.counters,
                 sink,
-                interval_ms=getattr(config, "readout_interval_ms", 100.0),
-                timeout_s=getattr(config, "readout_timeout_s", 30.0),
+                interval_ms=cfg.readout_interval_ms,
+                timeout_s=cfg.readout_timeout_s,
                 wall_anchor=self.wall_anchor,
             )
             if start_readout:
@@ -579,7 +581,7 @@ class Timers:
     def shutdown(self, timeout_s: float | None = None) -> None:
         """Stop the readout (draining what it can), flush and shut the sink; bounded and idempotent."""
         if timeout_s is None:
-            timeout_s = float(getattr(self.config, "shutdown_timeout_s", 5.0))
+            timeout_s = (self.config if self.config is not None else DEFAULTS).shutdown_timeout_s
         deadline = time.monotonic() + max(0.0, timeout_s)
         readout = self.readout
         if readout is not None:

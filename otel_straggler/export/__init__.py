@@ -3,96 +3,51 @@
 ``create_sink(config, identity, counters)`` returns the ``IntervalSink`` the readout thread feeds:
 ``ProcessSink`` (default ``export_mode="process"``: an export child process does the OTel work),
 ``ThreadSink`` (``"thread"``: in-process, for CPU runs and tests) or ``NullSink`` (``"off"``, or
-``OTEL_SDK_DISABLED=true``).
-``config`` and ``identity`` are duck-typed (``config.detail``, ``config.export_mode``,
-``config.step_close_s``, ``config.max_open_steps``, ``config.step_close_lag``, ``config.shutdown_timeout_s``,
-``config.sidecar_max_restarts``; ``identity.resource_attributes()``, ``identity.rank``, ``identity.job_id``).
+``OTEL_SDK_DISABLED=true``). Every setting comes from the one ``EmitterConfig``.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
-from typing import Any
-
-from otel_straggler import schema
+from otel_straggler.config import EmitterConfig
+from otel_straggler.counters import EmitterCounters
+from otel_straggler.export.otel_env import OtelSettings
 from otel_straggler.export.provider import Counters
-from otel_straggler.interval import Interval, IntervalSink
+from otel_straggler.identity import Identity
+from otel_straggler.interval import IntervalSink, NullSink
 
 EXPORT_PROCESS = "process"
 EXPORT_THREAD = "thread"
 EXPORT_OFF = "off"
 
 
-class NullSink:
-    """Export disabled: intervals are counted and discarded."""
-
-    def __init__(self, counters: Counters | None = None) -> None:
-        self.counters = counters if counters is not None else Counters()
-
-    def submit(self, intervals: Sequence[Interval]) -> None:
-        self.counters.add("intervals_discarded", len(intervals))
-
-    def publish_stats(self, stats: dict[str, int]) -> None:
-        return None
-
-    def flush(self, timeout_s: float) -> bool:
-        return True
-
-    def shutdown(self, timeout_s: float) -> None:
-        return None
-
-
-def _resource_attributes(identity: Any) -> dict[str, Any]:
-    fn = getattr(identity, "resource_attributes", None)
-    attrs = fn() if callable(fn) else (fn or {})
-    return dict(attrs)
-
-
-def create_sink(config: Any, identity: Any, counters: Any = None) -> IntervalSink:
+def create_sink(config: EmitterConfig, identity: Identity, counters: EmitterCounters | None = None) -> IntervalSink:
     """Build the sink named by ``config.export_mode``; tracked for fork inertness (``lifecycle``).
 
-    ``counters`` may be an export-side ``Counters`` to share; anything else is ignored (the training
-    side's counters reach the self-metrics through ``publish_stats``).
+    ``counters``: the training side's counters (they reach the self-metrics through ``publish_stats``); each
+    invalid standard ``OTEL_*`` variable counts there as a config error (``otel_env``).
     """
     from otel_straggler import lifecycle
 
-    mode = str(getattr(config, "export_mode", EXPORT_PROCESS) or EXPORT_PROCESS).lower()
-    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        mode = EXPORT_OFF
-    own = counters if isinstance(counters, Counters) else Counters()
-    detail = str(getattr(config, "detail", schema.DETAIL_STEP) or schema.DETAIL_STEP)
-    attrs = _resource_attributes(identity)
-    rank = int(getattr(identity, "rank", attrs.get(schema.RES_RANK, 0)) or 0)
-    job_id = str(getattr(identity, "job_id", attrs.get(schema.RES_JOB_ID, "local")) or "local")
-    common = {
-        "rank": rank,
-        "job_id": job_id,
-        "detail": detail,
-        "step_close_s": float(getattr(config, "step_close_s", 2.0)),
-        "max_open_steps": int(getattr(config, "max_open_steps", 8)),
-        "close_lag_steps": int(getattr(config, "step_close_lag", 0)),
-        "counters": own,
-    }
-    sink: Any
+    otel = OtelSettings.from_env()  # the standard OTEL_* settings: validated here, once, and counted
+    if counters is not None:
+        counters.config_errors += len(otel.errors)  # before the readout thread exists: no race
+    mode = EXPORT_OFF if otel.sdk_disabled else config.export_mode
+    attrs = dict(identity.resource_attributes())
+    sink: IntervalSink
     if mode == EXPORT_OFF:
-        sink = NullSink(own)
+        sink = NullSink()
     elif mode == EXPORT_THREAD:
         from otel_straggler.export.thread_sink import ThreadSink
 
-        sink = ThreadSink(attrs, **common)
+        sink = ThreadSink(attrs, rank=identity.rank, job_id=identity.job_id, config=config, otel=otel,
+                          counters=Counters())
     else:
         from otel_straggler.export.process_sink import ProcessSink
 
-        sink = ProcessSink(
-            attrs,
-            shutdown_timeout_s=float(getattr(config, "shutdown_timeout_s", 5.0)),
-            max_restarts=int(getattr(config, "sidecar_max_restarts", 3)),
-            nice=int(getattr(config, "export_nice", 10)),
-            **common,
-        )
+        sink = ProcessSink(attrs, rank=identity.rank, job_id=identity.job_id, config=config, otel=otel,
+                           counters=Counters())
     lifecycle.track_sink(sink)
-    lifecycle.register_sink_fallback(sink, float(getattr(config, "shutdown_timeout_s", 5.0)))
+    lifecycle.register_sink_fallback(sink, config.shutdown_timeout_s)
     return sink
 
 

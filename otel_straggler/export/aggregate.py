@@ -7,7 +7,7 @@ start .. latest stop of the step) carrying the step summary (every timer's per-s
 arrays: what the collector reads), and rank 0 also yields the job-level ``train-step`` root.
 
 A step closes when an interval of a later step arrives (steps advance monotonically per rank; an
-optional ``close_lag_steps`` reorder window keeps that many older steps open), after
+optional ``step_close_lag`` reorder window keeps that many older steps open), after
 ``step_close_s`` without new intervals, or on ``close_all`` (flush/shutdown). At most ``max_open_steps``
 step aggregates and ``max_timers_per_step`` timers per step are held; beyond, the oldest step is closed
 early (counted ``steps_evicted``) and surplus timers are dropped (counted ``dropped_overflow``). An
@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_straggler import schema
+from otel_straggler.config import DEFAULTS, EmitterConfig
 from otel_straggler.interval import Interval
 
 KIND_JOB_STEP = 0
@@ -91,25 +92,16 @@ def _measurement(
 
 
 class StepAggregator:
-    """Aggregates one rank's intervals; ``counters`` is a plain dict of cumulative counts it adds to."""
+    """Aggregates one rank's intervals; ``counters`` is a plain dict of cumulative counts it adds to.
+    ``config``: ``detail``, ``step_close_s``, ``step_close_lag``, ``max_open_steps``, ``max_timers_per_step``."""
 
-    def __init__(
-        self,
-        *,
-        rank: int,
-        detail: str = schema.DETAIL_STEP,
-        step_close_s: float = 2.0,
-        max_open_steps: int = 8,
-        max_timers_per_step: int = 512,
-        close_lag_steps: int = 0,
-        counters: dict[str, int] | None = None,
-    ) -> None:
+    def __init__(self, *, rank: int, config: EmitterConfig = DEFAULTS, counters: dict[str, int] | None = None) -> None:
         self.rank = int(rank)
-        self.detail = schema.DETAIL_INTERVAL if detail == schema.DETAIL_INTERVAL else schema.DETAIL_STEP
-        self.step_close_ns = int(max(0.0, step_close_s) * 1e9)
-        self.max_open_steps = max(1, int(max_open_steps))
-        self.max_timers_per_step = max(1, int(max_timers_per_step))
-        self.close_lag_steps = max(0, int(close_lag_steps))
+        self.detail = schema.DETAIL_INTERVAL if config.detail == schema.DETAIL_INTERVAL else schema.DETAIL_STEP
+        self.step_close_ns = int(max(0.0, config.step_close_s) * 1e9)
+        self.max_open_steps = max(1, int(config.max_open_steps))
+        self.max_timers_per_step = max(1, int(config.max_timers_per_step))
+        self.close_lag_steps = max(0, int(config.step_close_lag))
         self.counters = counters if counters is not None else {}
         self._open: OrderedDict[int, _StepAgg] = OrderedDict()
         self._last_closed = -(2**62)

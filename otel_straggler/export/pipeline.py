@@ -11,8 +11,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from otel_straggler import schema
-from otel_straggler.export.aggregate import SpanRecord, StepAggregator
+from otel_straggler.config import DEFAULTS, EmitterConfig
+from otel_straggler.export.aggregate import KIND_RANK_STEP, SpanRecord, StepAggregator
+from otel_straggler.export.batch_delay import DelayFit
 from otel_straggler.export.ids import PresetIdGenerator
+from otel_straggler.export.otel_env import OtelSettings
 from otel_straggler.export.provider import Counters, Providers
 from otel_straggler.export.selfmetrics import SelfMetrics, normalize
 from otel_straggler.export.span_builder import SpanBuilder
@@ -33,10 +36,8 @@ class ExportPipeline:
         *,
         rank: int,
         job_id: str,
-        detail: str = schema.DETAIL_STEP,
-        step_close_s: float = 2.0,
-        max_open_steps: int = 8,
-        close_lag_steps: int = 0,
+        config: EmitterConfig = DEFAULTS,
+        otel: OtelSettings | None = None,
         counters: Counters | None = None,
         span_exporter: Any = None,
         metric_exporter: Any = None,
@@ -44,23 +45,23 @@ class ExportPipeline:
     ) -> None:
         self.counters = counters if counters is not None else Counters()
         self._agg_counts: dict[str, int] = {}
-        self.aggregator = StepAggregator(
-            rank=rank,
-            detail=detail,
-            step_close_s=step_close_s,
-            max_open_steps=max_open_steps,
-            close_lag_steps=close_lag_steps,
-            counters=self._agg_counts,
-        )
+        self.config = config
+        self.aggregator = StepAggregator(rank=rank, config=config, counters=self._agg_counts)
         self.ids = PresetIdGenerator()
+        self.otel = otel if otel is not None else OtelSettings.from_env()
+        # the batch delay follows the step time unless OTEL_BSP_SCHEDULE_DELAY says otherwise (batch_delay.py)
+        self.delay_fit = DelayFit(config.readout_interval_ms / 1000.0) if self.otel.bsp_schedule_delay_ms is None \
+            else None
         self.providers = Providers(
             resource_attributes,
             self.ids,
             self.counters,
+            settings=self.otel,
             span_exporter=span_exporter,
             metric_exporter=metric_exporter,
             metrics=metrics,
             scope_version=SCOPE_VERSION,
+            schedule_delay_ms=self.delay_fit.delay_ms if self.delay_fit is not None else None,
         )
         self.builder = SpanBuilder(self.providers.tracer, self.ids, job_id=job_id, rank=rank,
                                    step_tracer=self.providers.step_tracer)
@@ -90,12 +91,23 @@ class ExportPipeline:
 
     def _emit(self) -> None:
         if self._out:
+            if self.delay_fit is not None:
+                self._fit_delay()
             try:
                 self.builder.build(self._out)
             except Exception:
                 self.counters.add("faults_span_build")
             finally:
                 self._out.clear()
+
+    def _fit_delay(self) -> None:
+        fit = self.delay_fit
+        assert fit is not None
+        for rec in self._out:
+            if rec.kind == KIND_RANK_STEP:
+                new = fit.observe(rec.step, rec.end_ns)
+                if new is not None and self.providers.set_schedule_delay(new):
+                    fit.applied(new)
 
     def add(self, intervals: Sequence[Interval], now_ns: int | None = None) -> None:
         self.counters.add("intervals_received", len(intervals))

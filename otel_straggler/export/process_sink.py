@@ -7,8 +7,10 @@ The readout thread pays a ``struct.pack`` per interval and one non-blocking ``wr
 Failure handling (all fail open, all counted):
 * pipe full -> the batch is dropped (``dropped_pipe_full``); a partially written frame is kept and
   finished first on the next call, so the stream never loses framing;
-* child dead -> ``sidecar_deaths``; restarted up to ``max_restarts`` times with exponential backoff
-  (``sidecar_restarts``); intervals meanwhile and after are dropped (``dropped_sidecar_down``);
+* child dead -> ``sidecar_deaths`` and a warning with its exit status and the error it reported (an error
+  exit also counts ``faults_sidecar_fatal``; the child's traceback is on the shared stderr); restarted up to
+  ``sidecar_max_restarts`` times with exponential backoff (``sidecar_restarts``); intervals meanwhile and
+  after are dropped (``dropped_sidecar_down``);
 * a forked copy of the process (DataLoader worker) is inert: pid check on every call, and the
   fork hook (``lifecycle``) closes its copy of the pipe so the child still sees EOF when the trainer dies.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import select
 import subprocess
@@ -27,13 +30,18 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from otel_straggler.config import DEFAULTS, EmitterConfig
 from otel_straggler.export import wire
 from otel_straggler.export.fork_guard import ForkGuarded
+from otel_straggler.export.otel_env import OtelSettings, child_env
 from otel_straggler.export.provider import Counters
 from otel_straggler.interval import Interval
 
 F_SETPIPE_SZ = 1031  # Linux
 PIPE_BYTES = 1 << 20
+FATAL_PREFIX = b"X "  # the child's last line on the ack channel when it dies of an error (sidecar.py)
+
+_log = logging.getLogger(__name__)
 
 
 class ProcessSink(ForkGuarded):
@@ -43,32 +51,27 @@ class ProcessSink(ForkGuarded):
         *,
         rank: int,
         job_id: str,
-        detail: str = "step",
-        step_close_s: float = 2.0,
-        max_open_steps: int = 8,
-        close_lag_steps: int = 0,
-        shutdown_timeout_s: float = 5.0,
-        max_restarts: int = 3,
-        restart_backoff_s: float = 0.5,
-        nice: int = 10,
+        config: EmitterConfig = DEFAULTS,
+        otel: OtelSettings | None = None,
         counters: Counters | None = None,
         command: Sequence[str] | None = None,
     ) -> None:
+        """``config``: the child gets all of it (aggregation, ``shutdown_timeout_s``, ``export_nice``); this
+        side uses ``sidecar_max_restarts`` and ``sidecar_restart_backoff_s``. ``otel``: the validated standard
+        settings (read from the environment when not given); the child builds its SDK objects from them and
+        starts without the variables they came from."""
         self.counters = counters if counters is not None else Counters()
+        otel = otel if otel is not None else OtelSettings.from_env()
         self._header = {
             "resource": dict(resource_attributes),
             "rank": int(rank),
             "job_id": str(job_id),
-            "detail": detail,
-            "step_close_s": float(step_close_s),
-            "max_open_steps": int(max_open_steps),
-            "close_lag_steps": int(close_lag_steps),
-            "shutdown_timeout_s": float(shutdown_timeout_s),
-            "nice": max(0, int(nice)),
+            "config": config.as_dict(),
+            "otel": otel.as_dict(),
         }
-        self.shutdown_timeout_s = float(shutdown_timeout_s)
-        self.max_restarts = int(max_restarts)
-        self.restart_backoff_s = float(restart_backoff_s)
+        self.shutdown_timeout_s = float(config.shutdown_timeout_s)
+        self.max_restarts = int(config.sidecar_max_restarts)
+        self.restart_backoff_s = float(config.sidecar_restart_backoff_s)
         self._command = list(command) if command else [sys.executable, "-m", "otel_straggler.export.sidecar"]
         self._init_guard()
         self._lock = threading.Lock()  # the pipe: readout thread vs. flush/shutdown caller; never the training thread
@@ -91,7 +94,7 @@ class ProcessSink(ForkGuarded):
         return self._proc.pid if self._proc is not None else None
 
     def _env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = child_env(os.environ)
         pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         return env
@@ -144,14 +147,44 @@ class ProcessSink(ForkGuarded):
         if proc is None:
             return
         self.counters.add("sidecar_deaths")
+        error = self._fatal_report(proc)
+        with contextlib.suppress(Exception):
+            proc.wait(0.5)  # the pipe saw EOF: the exit status is about to be there
+        code = proc.returncode
+        if error is not None or code:
+            self.counters.add("faults_sidecar_fatal")
+        left = self.max_restarts - self._starts + 1
+        _log.warning(
+            "otel-straggler: export child (pid %d) %s%s; %s",
+            proc.pid,
+            f"exited with status {code}" if code is not None else "is gone",
+            f": {error}" if error else "",
+            f"restarting ({left} restart(s) left)" if left > 0 else "giving up: intervals are dropped and counted",
+        )
         for stream in (proc.stdin, proc.stdout):
             with contextlib.suppress(Exception):
                 if stream is not None:
                     stream.close()
-        with contextlib.suppress(Exception):
-            proc.poll()
         self._proc, self._fd, self._pending = None, -1, b""
         self._next_start = time.monotonic() + self.restart_backoff_s * (2 ** max(0, self._starts - 1))
+
+    def _fatal_report(self, proc: subprocess.Popen[bytes]) -> str | None:
+        """The error the child reported on the ack channel before it died, if this thread can read it now
+        (a flush waiting for its ack holds the channel; it is never waited for here)."""
+        if proc.stdout is None or not self._ack_lock.acquire(blocking=False):
+            return None
+        try:
+            with contextlib.suppress(OSError, ValueError):
+                while chunk := os.read(proc.stdout.fileno(), 1 << 16):
+                    self._ack_buf += chunk
+            for line in bytes(self._ack_buf).splitlines():
+                if line.startswith(FATAL_PREFIX):
+                    with contextlib.suppress(ValueError):
+                        return str(json.loads(line[len(FATAL_PREFIX):]).get("error", "error"))
+            return None
+        finally:
+            self._ack_buf = bytearray()
+            self._ack_lock.release()
 
     def _ensure_child(self) -> bool:
         if self._proc is not None and self._child_alive():

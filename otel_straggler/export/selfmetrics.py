@@ -7,6 +7,10 @@ Two sources are merged at each collection: the cumulative stats dict the trainin
 ``steps_evicted``, ``sidecar_restarts``, ``faults_<where>``). Keys ``dropped_<reason>`` feed
 ``dropped{reason}``, ``degraded_<reason>`` feed ``degraded{reason}``, ``faults``/``faults_<where>`` feed
 ``faults{where}``.
+
+Every counter, and every reason/where value of the schema (``SM_DROPPED_REASONS``, ``DEGRADED_REASONS``,
+``SM_FAULT_WHERES``), is reported from the first collection, at 0 until it moves, so a ``rate()`` sees its
+first event. Units are base units: counts ``1``, the readout lag in seconds.
 """
 
 from __future__ import annotations
@@ -43,12 +47,13 @@ def normalize(stats: dict[str, int | float]) -> dict[str, int | float]:
     return out
 
 
-def _by_prefix(snapshot: dict[str, int | float], prefix: str, attr: str) -> list[Observation]:
-    obs = []
+def _by_prefix(snapshot: dict[str, int | float], prefix: str, attr: str, known: tuple[str, ...]) -> list[Observation]:
+    """One observation per ``known`` value (0 until counted) and per other value seen."""
+    values = dict.fromkeys(known, 0)
     for key, value in snapshot.items():
         if key.startswith(prefix) and len(key) > len(prefix):
-            obs.append(Observation(int(value), {attr: key[len(prefix) :]}))
-    return obs
+            values[key[len(prefix):]] = value
+    return [Observation(int(v), {attr: k}) for k, v in values.items()]
 
 
 class SelfMetrics:
@@ -57,34 +62,36 @@ class SelfMetrics:
     def __init__(self, meter: Meter, snapshot: Callable[[], dict[str, int | float]]) -> None:
         self._snapshot = snapshot
 
-        def scalar(key: str, cast: type = int) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def scalar(key: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
             def cb(_: CallbackOptions) -> Iterable[Observation]:
-                snap = self._snapshot()
-                return [Observation(cast(snap[key]))] if key in snap else []
+                return [Observation(int(self._snapshot().get(key, 0)))]
 
             return cb
 
         def intervals(_: CallbackOptions) -> Iterable[Observation]:
             snap = self._snapshot()
-            value = snap.get("intervals", snap.get("intervals_received"))
-            return [Observation(int(value))] if value is not None else []
+            return [Observation(int(snap.get("intervals", snap.get("intervals_received", 0))))]
 
         def dropped(_: CallbackOptions) -> Iterable[Observation]:
-            return _by_prefix(self._snapshot(), "dropped_", schema.SM_REASON_ATTR)
+            return _by_prefix(self._snapshot(), "dropped_", schema.SM_REASON_ATTR, schema.SM_DROPPED_REASONS)
 
         def degraded(_: CallbackOptions) -> Iterable[Observation]:
-            return _by_prefix(self._snapshot(), "degraded_", schema.SM_REASON_ATTR)
+            return _by_prefix(self._snapshot(), "degraded_", schema.SM_REASON_ATTR, schema.DEGRADED_REASONS)
 
         def faults(_: CallbackOptions) -> Iterable[Observation]:
-            return _by_prefix(self._snapshot(), "faults_", FAULTS_WHERE_ATTR)
+            return _by_prefix(self._snapshot(), "faults_", FAULTS_WHERE_ATTR, schema.SM_FAULT_WHERES)
 
-        meter.create_observable_counter(schema.SM_INTERVALS, [intervals], unit="1")
-        meter.create_observable_counter(schema.SM_SPANS_EXPORTED, [scalar("spans_exported")], unit="1")
-        meter.create_observable_counter(schema.SM_DROPPED, [dropped], unit="1")
-        meter.create_observable_counter(schema.SM_DEGRADED, [degraded], unit="1")
-        meter.create_observable_counter(schema.SM_BARRIERS_SKIPPED, [scalar("barriers_skipped")], unit="1")
-        meter.create_observable_counter(schema.SM_FAULTS, [faults], unit="1")
-        meter.create_observable_counter(schema.SM_STEPS_EVICTED, [scalar("steps_evicted")], unit="1")
-        meter.create_observable_counter(schema.SM_SIDECAR_RESTARTS, [scalar("sidecar_restarts")], unit="1")
-        meter.create_observable_gauge(schema.SM_POOL_HIGH_WATER, [scalar("pool_high_water")], unit="1")
-        meter.create_observable_gauge(schema.SM_READOUT_LAG, [scalar("readout_lag_ms", float)], unit="ms")
+        def readout_lag_s(_: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(float(self._snapshot().get("readout_lag_ms", 0)) / 1000.0)]
+
+        count = schema.UNIT_COUNT
+        meter.create_observable_counter(schema.SM_INTERVALS, [intervals], unit=count)
+        meter.create_observable_counter(schema.SM_SPANS_EXPORTED, [scalar("spans_exported")], unit=count)
+        meter.create_observable_counter(schema.SM_DROPPED, [dropped], unit=count)
+        meter.create_observable_counter(schema.SM_DEGRADED, [degraded], unit=count)
+        meter.create_observable_counter(schema.SM_BARRIERS_SKIPPED, [scalar("barriers_skipped")], unit=count)
+        meter.create_observable_counter(schema.SM_FAULTS, [faults], unit=count)
+        meter.create_observable_counter(schema.SM_STEPS_EVICTED, [scalar("steps_evicted")], unit=count)
+        meter.create_observable_counter(schema.SM_SIDECAR_RESTARTS, [scalar("sidecar_restarts")], unit=count)
+        meter.create_observable_gauge(schema.SM_POOL_HIGH_WATER, [scalar("pool_high_water")], unit=count)
+        meter.create_observable_gauge(schema.SM_READOUT_LAG, [readout_lag_s], unit=schema.UNIT_SECONDS)

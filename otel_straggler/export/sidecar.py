@@ -1,8 +1,13 @@
 """Export child process: ``python -m otel_straggler.export.sidecar``, one per training process.
 
-stdin: one JSON header line (resource attributes + config), then ``wire`` frames. stdout: flush acks.
+stdin: one JSON header line (resource attributes, rank, job id, the ``EmitterConfig``), then ``wire`` frames.
+stdout: flush acks.
 The child aggregates, builds and encodes the SDK spans and runs the OTLP exporters, so none of that
 holds the training process's GIL.
+
+A fatal error (anything ``run`` raises) is printed with its traceback on stderr, which the child shares
+with the training process, and reported as one ``X {"error": ...}`` line on the ack channel before the child
+exits with status 1: the parent logs it and counts it (``process_sink``).
 
 Lifetime: the child exits on EOF of stdin after a flush bounded by ``shutdown_timeout_s`` (the parent
 closed the pipe, exited, or was SIGKILLed: what already sat in the pipe is still exported). It ignores
@@ -21,9 +26,12 @@ import select
 import signal
 import sys
 import time
+import traceback
 from typing import Any
 
+from otel_straggler.config import EmitterConfig
 from otel_straggler.export import wire
+from otel_straggler.export.otel_env import OtelSettings
 from otel_straggler.export.pipeline import ExportPipeline
 
 POLL_S = 0.2
@@ -54,9 +62,10 @@ def _ack(fd: int, seq: int, ok: bool, counters: dict[str, Any]) -> None:
 
 def run(in_fd: int, ack_fd: int) -> int:
     header = _read_header(in_fd, time.monotonic() + 30.0)
-    shutdown_timeout_s = float(header.get("shutdown_timeout_s", 5.0))
+    config = EmitterConfig.from_dict(header.get("config", {}))
+    shutdown_timeout_s = config.shutdown_timeout_s
     parent_pid = int(header.get("parent_pid", os.getppid()))
-    nice = int(header.get("nice", 0))
+    nice = config.export_nice
     if nice > 0:
         try:
             os.nice(nice)  # yield to the training processes on shared cores
@@ -66,10 +75,8 @@ def run(in_fd: int, ack_fd: int) -> int:
         header.get("resource", {}),
         rank=int(header.get("rank", 0)),
         job_id=str(header.get("job_id", "local")),
-        detail=str(header.get("detail", "step")),
-        step_close_s=float(header.get("step_close_s", 2.0)),
-        max_open_steps=int(header.get("max_open_steps", 8)),
-        close_lag_steps=int(header.get("close_lag_steps", 0)),
+        config=config,
+        otel=OtelSettings.from_dict(header["otel"]) if "otel" in header else None,
     )
     decoder = wire.WireDecoder()
     counters = pipeline.counters
@@ -122,9 +129,24 @@ def main() -> None:
         code = run(0, ack_fd)
     except (EOFError, TimeoutError):
         code = 0
+    except BaseException as exc:  # a fatal error must reach the training process's log and counters
+        _report_fatal(ack_fd, exc)
+        code = 1
     finally:
         sys.stderr.flush()
         os._exit(code)  # daemon export threads must not hold the exit past the bound
+
+
+def _report_fatal(ack_fd: int, exc: BaseException) -> None:
+    """The traceback on stderr (the training process's), and one line on the ack channel that the parent
+    logs and counts (``faults_sidecar_fatal``) when it sees this child die."""
+    try:
+        print("otel-straggler export child: fatal error", file=sys.stderr)
+        traceback.print_exception(exc, file=sys.stderr)
+        line = json.dumps({"error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+        os.write(ack_fd, b"X " + line.encode() + b"\n")
+    except Exception:
+        pass
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from otel_straggler.config import DEFAULTS, EmitterConfig
 from otel_straggler.export.fork_guard import ForkGuarded
 from otel_straggler.export.pipeline import ExportPipeline
 from otel_straggler.export.provider import Counters
@@ -23,13 +24,14 @@ class ThreadSink(ForkGuarded):
         *,
         rank: int,
         job_id: str,
+        config: EmitterConfig = DEFAULTS,
         counters: Counters | None = None,
         **pipeline_opts: Any,
     ) -> None:
-        """``pipeline_opts``: the other keyword options of ``ExportPipeline`` (detail, step closing, exporters)."""
+        """``pipeline_opts``: the other keyword options of ``ExportPipeline`` (``otel`` settings, exporters)."""
         self.counters = counters if counters is not None else Counters()
         self.pipeline = ExportPipeline(
-            resource_attributes, rank=rank, job_id=job_id, counters=self.counters, **pipeline_opts
+            resource_attributes, rank=rank, job_id=job_id, config=config, counters=self.counters, **pipeline_opts
         )
         self._lock = threading.Lock()  # readout thread vs. flush/shutdown caller; never the training thread
         self._init_guard()

@@ -50,7 +50,7 @@ def otlp_env(endpoint: str, protocol: str = "grpc", **extra: str) -> dict[str, s
         OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
         OTEL_METRIC_EXPORT_INTERVAL="300",
         OTEL_BSP_SCHEDULE_DELAY="100",
-        OTEL_EXPORTER_OTLP_TIMEOUT="2",
+        OTEL_EXPORTER_OTLP_TIMEOUT="2000",  # milliseconds
         PYTHONPATH=str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
     )
     env.update(extra)
@@ -218,6 +218,6 @@ def check_metrics(store: Store, job: str, world: int, steps: int) -> None:
         assert m[(schema.SM_BARRIERS_SKIPPED, ())] == stats["barriers_skipped"]
         assert m[(schema.SM_FAULTS, (("where", "training"),))] == stats["faults"]
         assert m[(schema.SM_POOL_HIGH_WATER, ())] == stats["pool_high_water"]
-        assert m[(schema.SM_READOUT_LAG, ())] == pytest.approx(stats["readout_lag_ms"])
+        assert m[(schema.SM_READOUT_LAG, ())] == pytest.approx(stats["readout_lag_ms"] / 1000.0)  # seconds
         spans_of_rank = steps * (1 + 3) + (steps if rank == 0 else 0)
         assert m[(schema.SM_SPANS_EXPORTED, ())] == spans_of_rank

@@ -13,10 +13,11 @@ import os
 import sys
 import threading
 import time
-from types import SimpleNamespace
 from typing import Any
 
 from otel_straggler import schema
+from otel_straggler.config import EmitterConfig
+from otel_straggler.identity import Identity
 from otel_straggler.interval import Interval
 
 BASE_NS = 1_700_000_000_000_000_000
@@ -24,30 +25,10 @@ MICROBATCHES = 3
 TIMERS = (("forward-compute", "forward", 1), ("backward-compute", "backward", 1), ("optimizer", "optimizer", 0))
 
 
-def identity(rank: int, world: int, job_id: str) -> SimpleNamespace:
-    attrs: dict[str, Any] = {
-        schema.RES_SERVICE_NAME: "megatron-training",
-        schema.RES_HOST_NAME: "node-test",
-        schema.RES_PROCESS_PID: os.getpid(),
-        schema.RES_RANK: rank,
-        schema.RES_WORLD_SIZE: world,
-        schema.RES_LOCAL_RANK: rank,
-        schema.RES_JOB_ID: job_id,
-        schema.RES_GPU_UUID: "cpu",
-        schema.RES_GPU_PCI_BUS_ID: "",
-        schema.RES_GPU_INDEX: -1,
-        schema.RES_MODEL_CHUNK: 0,
-        schema.RES_TOPOLOGY_EPOCH: 0,
-        schema.RES_STAGE_SCHEMA: "megatron-v1",
-        schema.RES_SCHEMA_VERSION: schema.SCHEMA_VERSION,
-        schema.RES_COHORT_KEY: schema.cohort_key(topology_epoch=0, stage_schema="megatron-v1"),
-    }
-    for r_key, s_key in schema.COHORT_DIMENSIONS:
-        attrs[r_key] = 0
-        attrs[s_key] = 1
-    attrs[schema.RES_DP_RANK] = rank
-    attrs[schema.RES_DP_SIZE] = world
-    return SimpleNamespace(resource_attributes=lambda: dict(attrs), rank=rank, job_id=job_id)
+def identity(rank: int, world: int, job_id: str) -> Identity:
+    """A real ``Identity`` of rank ``rank`` in a pure data-parallel job of ``world`` ranks on one node."""
+    return Identity(rank=rank, local_rank=rank, world_size=world, host="node-test", pid=os.getpid(), job_id=job_id,
+                    dp_rank=rank, dp_size=world)
 
 
 def make_intervals(rank: int, step: int) -> list[Interval]:
@@ -161,11 +142,12 @@ def main() -> None:
     from otel_straggler.export import create_sink
 
     rank, world, job = args["rank"], args["world"], args["job_id"]
-    cfg = SimpleNamespace(
+    cfg = EmitterConfig.from_env(
+        {},
         export_mode=args["mode"],
         detail=args.get("detail", schema.DETAIL_STEP),
-        shutdown_timeout_s=args.get("shutdown_timeout_s", 5.0),
-        step_close_s=args.get("step_close_s", 2.0),
+        shutdown_timeout_s=args.get("shutdown_timeout_s"),
+        step_close_s=args.get("step_close_s"),
     )
     sink = create_sink(cfg, identity(rank, world, job))
     steps = args["steps"]

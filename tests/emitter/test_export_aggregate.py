@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from otel_straggler import schema
+from otel_straggler.config import EmitterConfig
 from otel_straggler.export.aggregate import KIND_JOB_STEP, KIND_RANK_STEP, KIND_STAGE, StepAggregator
 from otel_straggler.interval import Interval
 
@@ -87,7 +88,7 @@ def test_step_detail_sums_counts_and_device_rules() -> None:
 
 
 def test_only_rank_zero_emits_train_step_and_interval_detail_is_per_interval() -> None:
-    agg = StepAggregator(rank=3, detail=schema.DETAIL_INTERVAL)
+    agg = StepAggregator(rank=3, config=EmitterConfig(detail=schema.DETAIL_INTERVAL))
     out: list = []
     agg.add([iv("fwd", 1, 0, 0, 1, device=0.5), iv("fwd", 1, 1, 2, 1)], 0, out)
     assert [r.attributes[schema.ATTR_MICROBATCH_ID] for r in out] == [0, 1]  # emitted at once
@@ -100,9 +101,8 @@ def test_only_rank_zero_emits_train_step_and_interval_detail_is_per_interval() -
 
 def test_idle_close_late_drop_and_caps() -> None:
     counts: dict[str, int] = {}
-    agg = StepAggregator(
-        rank=0, step_close_s=2.0, max_open_steps=2, close_lag_steps=5, max_timers_per_step=2, counters=counts
-    )
+    cfg = EmitterConfig(step_close_s=2.0, max_open_steps=2, step_close_lag=5, max_timers_per_step=2)
+    agg = StepAggregator(rank=0, config=cfg, counters=counts)
     out: list = []
     agg.add([iv("a", 1, 0, 0, 1)], 0, out)
     agg.tick(int(1.9e9), out)

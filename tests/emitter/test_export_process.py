@@ -11,6 +11,7 @@ import socket
 import sys
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from export_otlp_receiver import GrpcReceiver
 from export_rank_driver import identity, make_intervals
 
 from otel_straggler import schema
+from otel_straggler.config import DEFAULTS
 from otel_straggler.export.process_sink import ProcessSink
 from otel_straggler.export.thread_sink import ThreadSink
 
@@ -47,8 +49,10 @@ def use_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
         monkeypatch.setenv(key, value)
 
 
-def process_sink(job: str, **kw) -> ProcessSink:
-    return ProcessSink(identity(0, 1, job).resource_attributes(), rank=0, job_id=job, **kw)
+def process_sink(job: str, command: list[str] | None = None, **settings) -> ProcessSink:
+    """A ProcessSink of rank 0; ``settings`` are ``EmitterConfig`` fields."""
+    return ProcessSink(identity(0, 1, job).resource_attributes(), rank=0, job_id=job,
+                       config=replace(DEFAULTS, **settings), command=command)
 
 
 def gone(pid: int) -> bool:
@@ -83,7 +87,7 @@ def test_collector_absent_never_blocks_and_counts(monkeypatch: pytest.MonkeyPatc
     use_env(
         monkeypatch,
         otlp_env(
-            f"http://127.0.0.1:{closed_port()}", OTEL_EXPORTER_OTLP_TIMEOUT="1", OTEL_METRIC_EXPORT_INTERVAL="60000"
+            f"http://127.0.0.1:{closed_port()}", OTEL_EXPORTER_OTLP_TIMEOUT="1000", OTEL_METRIC_EXPORT_INTERVAL="60000"
         ),
     )
     job = f"absent-{mode}"
@@ -136,7 +140,7 @@ def test_pipe_full_drops_batches_and_shutdown_kills_stuck_child(monkeypatch: pyt
 
 def test_child_crash_is_counted_restarted_then_given_up() -> None:
     crashing = [sys.executable, "-c", "import sys; sys.stdin.readline(); sys.exit(3)"]
-    sink = process_sink("crash", command=crashing, max_restarts=2, restart_backoff_s=0.05)
+    sink = process_sink("crash", command=crashing, sidecar_max_restarts=2, sidecar_restart_backoff_s=0.05)
     deadline = time.monotonic() + 8.0
     while time.monotonic() < deadline and sink.counters.get("sidecar_deaths") < 3:
         sink.submit(make_intervals(0, 0))  # must never raise
@@ -153,7 +157,7 @@ def test_child_crash_is_counted_restarted_then_given_up() -> None:
 def test_real_child_killed_restarts_and_exports_again(monkeypatch, grpc_receiver: GrpcReceiver) -> None:
     use_env(monkeypatch, otlp_env(grpc_receiver.endpoint))
     job = f"restart-{uuid.uuid4().hex[:6]}"
-    sink = process_sink(job, restart_backoff_s=0.05)
+    sink = process_sink(job, sidecar_restart_backoff_s=0.05)
     sink.submit(make_intervals(0, 0))
     assert sink.flush(10.0)
     first = sink.child_pid
@@ -276,10 +280,67 @@ def test_export_child_lowers_its_own_priority(monkeypatch, grpc_receiver: GrpcRe
     """The export child adds ``export_nice`` to its niceness (yields to training on shared cores); 0 leaves
     it at the parent's. Read from the real child through the OS."""
     use_env(monkeypatch, otlp_env(grpc_receiver.endpoint))
-    sink = process_sink(f"nice-{uuid.uuid4().hex[:6]}", nice=nice)
+    sink = process_sink(f"nice-{uuid.uuid4().hex[:6]}", export_nice=nice)
     sink.submit(make_intervals(0, 0))
     assert sink.flush(10.0)
     pid = sink.child_pid
     assert pid is not None
     assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice)
     sink.shutdown(2.0)
+
+
+BAD_STANDARD = {  # each used to crash the export child inside the SDK, losing all telemetry unseen
+    "OTEL_BSP_MAX_QUEUE_SIZE": "0",
+    "OTEL_EXPORTER_OTLP_TIMEOUT": "ten",
+    "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "ten",
+    "OTEL_EXPORTER_OTLP_COMPRESSION": "zstd",
+    "OTEL_EXPORTER_OTLP_ENDPOINT": "http://[::1",
+    "OTEL_EXPORTER_OTLP_PROTOCOL": "grcp",
+}
+
+
+def test_bad_standard_settings_are_warned_once_and_the_child_keeps_exporting(grpc_receiver: GrpcReceiver) -> None:
+    """Real Timers, the default export child, a real receiver named by the per-signal endpoints (which win over
+    the broken general one): every step arrives, each bad variable is warned about once in the training
+    process's log and counted in ``faults{where=config_error}``."""
+    job = f"badenv-{uuid.uuid4().hex[:6]}"
+    env = otlp_env(grpc_receiver.endpoint, **BAD_STANDARD, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=grpc_receiver.endpoint,
+                   OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=grpc_receiver.endpoint)
+    proc = start_rank(env, rank=0, world=1, job_id=job, mode="process", steps=3, scenario="timers")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    for name in BAD_STANDARD:
+        assert sum(f"{name} is invalid" in line for line in err.splitlines()) == 1, (name, err[-3000:])
+    assert "Traceback" not in err
+    spans = [s for s in grpc_receiver.store.spans() if s.r(schema.RES_JOB_ID) == job]
+    assert {s.a(schema.ATTR_ITERATION) for s in spans if s.name == schema.SPAN_RANK_STEP} == {0, 1, 2}
+
+    def config_errors() -> float | None:
+        pts = [v for res, name, attrs, v in grpc_receiver.store.metric_points() if res.get(schema.RES_JOB_ID) == job
+               and name == schema.SM_FAULTS and attrs.get("where") == "config_error"]
+        return pts[-1] if pts else None
+
+    assert grpc_receiver.store.wait_for(lambda: config_errors() == len(BAD_STANDARD), 10.0), config_errors()
+
+
+def test_a_fatal_error_in_the_child_is_logged_and_counted(monkeypatch, capfd, caplog) -> None:  # type: ignore[no-untyped-def]
+    """The real export child dies of an error while starting (a header it cannot read): its traceback reaches
+    the shared stderr, the training process logs the death with the error and counts it, restarts it within
+    its bound, then gives up, dropping (and counting) what it cannot hand over."""
+    use_env(monkeypatch, otlp_env(f"http://127.0.0.1:{closed_port()}"))
+    sink = process_sink("fatal", sidecar_max_restarts=1, sidecar_restart_backoff_s=0.05)
+    sink._header["otel"] = {"bogus_setting": 1}  # what a broken header looks like to the child
+    caplog.set_level("WARNING", logger="otel_straggler.export.process_sink")
+    deadline = time.monotonic() + 20.0
+    while time.monotonic() < deadline and sink.counters.get("sidecar_deaths") < 2:
+        sink.submit(make_intervals(0, 0))  # must never raise
+        time.sleep(0.05)
+    c = sink.counters.snapshot()
+    assert c["sidecar_deaths"] == 2 and c["sidecar_restarts"] == 1 and c["faults_sidecar_fatal"] == 2
+    assert c["dropped_sidecar_down"] > 0
+    deaths = [r.getMessage() for r in caplog.records if "export child" in r.getMessage()]
+    assert len(deaths) == 2 and all("exited with status 1" in m and "TypeError" in m for m in deaths), deaths
+    assert "restarting" in deaths[0] and "giving up" in deaths[1]
+    err = capfd.readouterr().err
+    assert err.count("otel-straggler export child: fatal error") == 2 and "Traceback" in err
+    sink.shutdown(1.0)

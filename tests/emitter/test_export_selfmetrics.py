@@ -9,7 +9,9 @@ from otel_straggler import schema
 from otel_straggler.export.selfmetrics import SelfMetrics, normalize
 
 
-def collect(snapshot: dict) -> dict[tuple[str, tuple], float]:
+def collect(snapshot: dict, units: dict[str, str] | None = None) -> dict[tuple[str, tuple], float]:
+    """One collection of the self-metrics over ``snapshot``: (instrument, attributes) -> value; ``units`` gets
+    each instrument's unit."""
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
     SelfMetrics(provider.get_meter("t"), lambda: snapshot)
@@ -17,6 +19,8 @@ def collect(snapshot: dict) -> dict[tuple[str, tuple], float]:
     for rm in reader.get_metrics_data().resource_metrics:
         for sm in rm.scope_metrics:
             for m in sm.metrics:
+                if units is not None:
+                    units[m.name] = m.unit
                 for dp in m.data.data_points:
                     out[(m.name, tuple(sorted(dp.attributes.items())))] = dp.value
     provider.shutdown()
@@ -59,15 +63,39 @@ def test_training_stats_and_export_counters_map_to_schema_instruments() -> None:
     assert m[(schema.SM_DROPPED, ((r, "queue_full"),))] == 8
     assert m[(schema.SM_DEGRADED, ((r, "no_cuda"),))] == 100
     assert m[(schema.SM_DEGRADED, ((r, "unbalanced"),))] == 2  # not overwritten by the call counter
-    faults = {k[1][0][1]: v for k, v in m.items() if k[0] == schema.SM_FAULTS}
-    assert faults == {"training": 1, "readout": 2, "config_error": 0, "sink": 3, "export": 1}
+    faults = {k[1][0][1]: v for k, v in m.items() if k[0] == schema.SM_FAULTS and v}
+    assert faults == {"training": 1, "readout": 2, "sink": 3, "export": 1}
     assert sum(faults.values()) == training["faults"] + 1  # no double count of the total
     assert m[(schema.SM_BARRIERS_SKIPPED, ())] == 4
     assert m[(schema.SM_POOL_HIGH_WATER, ())] == 9
-    assert m[(schema.SM_READOUT_LAG, ())] == 12.0
+    assert m[(schema.SM_READOUT_LAG, ())] == 0.012  # seconds
     assert m[(schema.SM_STEPS_EVICTED, ())] == 2 and m[(schema.SM_SIDECAR_RESTARTS, ())] == 1
 
 
 def test_faults_total_alone_is_training_faults() -> None:
     m = collect(normalize({"faults": 4, "intervals": 1}))
     assert m[(schema.SM_FAULTS, (("where", "training"),))] == 4
+
+
+def test_every_counter_and_every_reason_exists_at_zero_from_the_start() -> None:
+    """Before anything happened (nothing published yet) every counter series is there at 0, so the first
+    eviction, restart or drop is a step a rate() sees; units are base units."""
+    units: dict[str, str] = {}
+    m = collect({}, units)
+    scalars = (schema.SM_INTERVALS, schema.SM_SPANS_EXPORTED, schema.SM_BARRIERS_SKIPPED, schema.SM_STEPS_EVICTED,
+               schema.SM_SIDECAR_RESTARTS, schema.SM_POOL_HIGH_WATER, schema.SM_READOUT_LAG)
+    for name in scalars:
+        assert m[(name, ())] == 0, name
+    r = schema.SM_REASON_ATTR
+    for reason in schema.SM_DROPPED_REASONS:
+        assert m[(schema.SM_DROPPED, ((r, reason),))] == 0
+    for reason in schema.DEGRADED_REASONS:
+        assert m[(schema.SM_DEGRADED, ((r, reason),))] == 0
+    for where in schema.SM_FAULT_WHERES:
+        assert m[(schema.SM_FAULTS, (("where", where),))] == 0
+    assert len(m) == len(scalars) + len(schema.SM_DROPPED_REASONS) + len(schema.DEGRADED_REASONS) + len(
+        schema.SM_FAULT_WHERES)
+    assert units[schema.SM_READOUT_LAG] == "s"
+    assert {u for name, u in units.items() if name != schema.SM_READOUT_LAG} == {"1"}
+    m = collect({"dropped_brand_new": 2})  # a reason outside the list still shows
+    assert m[(schema.SM_DROPPED, ((r, "brand_new"),))] == 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 from export_rank_driver import identity, make_intervals
@@ -14,14 +15,15 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_straggler import schema
+from otel_straggler.config import DEFAULTS
 from otel_straggler.export.thread_sink import ThreadSink
 
 
-def sink_for(rank: int, exporter: SpanExporter, job: str = "job-a", **kw) -> ThreadSink:
+def sink_for(rank: int, exporter: SpanExporter, job: str = "job-a", **settings) -> ThreadSink:
+    """A ThreadSink of ``rank``; ``settings`` are ``EmitterConfig`` fields."""
     ident = identity(rank, 4, job)
-    return ThreadSink(
-        ident.resource_attributes(), rank=rank, job_id=job, span_exporter=exporter, metric_exporter=None, **kw
-    )
+    return ThreadSink(ident.resource_attributes(), rank=rank, job_id=job, config=replace(DEFAULTS, **settings),
+                      span_exporter=exporter, metric_exporter=None)
 
 
 @pytest.fixture(autouse=True)
@@ -83,6 +85,31 @@ def test_service_name_env_and_interval_detail(monkeypatch: pytest.MonkeyPatch) -
     sink.shutdown(2.0)
 
 
+@pytest.mark.parametrize(
+    ("service_env", "expected"),
+    [({"OTEL_RESOURCE_ATTRIBUTES": "team=llm,service.name=from%20attrs"}, "from attrs"),
+     ({"OTEL_RESOURCE_ATTRIBUTES": "service.name=from-attrs", "OTEL_SERVICE_NAME": "from-name"}, "from-name"),
+     ({"OTEL_RESOURCE_ATTRIBUTES": "team=llm"}, "megatron-training")],
+)
+def test_service_name_follows_the_specification(monkeypatch: pytest.MonkeyPatch, service_env: dict,
+                                                 expected: str) -> None:
+    """OTEL_SERVICE_NAME, else service.name in OTEL_RESOURCE_ATTRIBUTES, else the built-in default: in the
+    identity resolved in the training process and on the exported resource."""
+    from otel_straggler.identity import resolve_identity
+
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    for k, v in service_env.items():
+        monkeypatch.setenv(k, v)
+    ident = resolve_identity(rank=0, world_size=1, job_id="svc", use_parallel_state=False)
+    assert ident.service_name == expected
+    mem = InMemorySpanExporter()
+    sink = ThreadSink(ident.resource_attributes(), rank=0, job_id="svc", span_exporter=mem, metric_exporter=None)
+    sink.submit(make_intervals(0, 0))
+    assert sink.flush(5.0)
+    assert {s.resource.attributes[schema.RES_SERVICE_NAME] for s in mem.get_finished_spans()} == {expected}
+    sink.shutdown(2.0)
+
+
 class BlockingExporter(SpanExporter):
     def __init__(self) -> None:
         self.release = threading.Event()
@@ -97,7 +124,9 @@ class BlockingExporter(SpanExporter):
         self.release.set()
 
 
-def test_queue_full_evictions_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_queue_full_drops_are_counted_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A span that finds the batch queue full is dropped and counted; every span is either exported or
+    counted (the SDK's queue itself never overflows, where it would evict unseen)."""
     monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "16")
     monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4")
     exp = BlockingExporter()

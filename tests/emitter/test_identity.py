@@ -1,9 +1,17 @@
 from __future__ import annotations
 
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from otel_straggler import schema
 from otel_straggler.identity import Identity, job_id_from_env, resolve_identity
+
+HERE = Path(__file__).resolve().parent
 
 
 def test_env_fallbacks_and_resource_attributes() -> None:
@@ -56,12 +64,107 @@ def test_args_win_over_env_and_defaults() -> None:
     [
         ({"OTEL_STRAGGLER_JOB_ID": "a", "SLURM_JOB_ID": "b", "TORCHELASTIC_RUN_ID": "c"}, "a"),
         ({"SLURM_JOB_ID": "b", "TORCHELASTIC_RUN_ID": "c"}, "b"),
+        ({"SLURM_JOB_ID": "b", "SLURM_STEP_ID": "2", "TORCHELASTIC_RUN_ID": "c"}, "b.2"),
         ({"TORCHELASTIC_RUN_ID": "c"}, "c"),
-        ({}, "local"),
+        ({"OTEL_STRAGGLER_JOB_ID": "none", "TORCHELASTIC_RUN_ID": "c"}, "c"),
+        ({"WORLD_SIZE": "4"}, "local"),
     ],
 )
 def test_job_id_order(env: dict, expected: str) -> None:
-    assert job_id_from_env(env) == expected
+    assert job_id_from_env(env).value == expected
+
+
+TORCHRUN = {  # what torchrun gives a worker (torch 2.13, static rendezvous, no --rdzv-id)
+    "TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "GROUP_WORLD_SIZE": "1",
+    "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2", "TORCHELASTIC_RESTART_COUNT": "0",
+    "TORCHELASTIC_ERROR_FILE": "/tmp/torchelastic_k2/none_8x1q/attempt_0/0/error.json",
+}
+
+
+def _worker(**changes: str) -> dict[str, str]:
+    return {**TORCHRUN, **changes}
+
+
+def test_torchrun_none_is_not_an_id_and_one_launch_agrees() -> None:
+    rank0 = job_id_from_env(_worker())
+    rank1 = job_id_from_env(_worker(TORCHELASTIC_ERROR_FILE="/tmp/torchelastic_k2/none_8x1q/attempt_0/1/error.json"))
+    restarted = job_id_from_env(_worker(TORCHELASTIC_RESTART_COUNT="1",
+                                        TORCHELASTIC_ERROR_FILE="/tmp/torchelastic_k2/none_8x1q/attempt_1/0/error.json"))
+    again = job_id_from_env(_worker(TORCHELASTIC_ERROR_FILE="/tmp/torchelastic_p0/none_u7c2/attempt_0/0/error.json"))
+    assert rank0.value.startswith("launch-") and rank0.value != "none" and rank0.per_launch
+    assert rank0 == rank1 == restarted  # every worker of the launch, and its restarts
+    assert again.value != rank0.value  # the same command run again: a new launch, a new id
+
+
+def test_multi_host_ids_share_only_the_master_and_say_so(caplog: pytest.LogCaptureFixture) -> None:
+    """Across hosts only MASTER_ADDR/MASTER_PORT are common: the id is the same on every host but repeats when a
+    later launch reuses the port, which is warned about once on rank 0."""
+    node_a = job_id_from_env(_worker(GROUP_WORLD_SIZE="2", WORLD_SIZE="4"))
+    node_b = job_id_from_env(_worker(GROUP_WORLD_SIZE="2", WORLD_SIZE="4",
+                                     TORCHELASTIC_ERROR_FILE="/tmp/torchelastic_zz/none_q9/attempt_0/1/error.json"))
+    assert node_a == node_b and not node_a.per_launch
+    assert job_id_from_env(_worker(GROUP_WORLD_SIZE="2", WORLD_SIZE="4", MASTER_PORT="29501")) != node_a
+    caplog.set_level("INFO", logger="otel_straggler.identity")
+    env = _worker(GROUP_WORLD_SIZE="2", WORLD_SIZE="4", MASTER_PORT="29777", RANK="0")
+    resolve_identity(env=env, use_parallel_state=False)
+    resolve_identity(env=env, use_parallel_state=False)
+    resolve_identity(env={**env, "RANK": "1"}, use_parallel_state=False)
+    lines = [r.getMessage() for r in caplog.records if "job id" in r.getMessage()]
+    assert len(lines) == 1 and "repeats" in lines[0] and "OTEL_STRAGGLER_JOB_ID" in lines[0]
+
+
+def test_a_single_process_gets_its_own_id() -> None:
+    """Without any launcher the only rank's own process identifies the run: two runs, two ids."""
+    code = "from otel_straggler.identity import job_id_from_env; print(job_id_from_env({}).value)"
+    ids = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout.strip()
+           for _ in range(2)]
+    assert all(i.startswith("launch-") for i in ids) and ids[0] != ids[1]
+
+
+@pytest.mark.slow
+def test_two_torchrun_launches_get_two_ids_and_ranks_agree() -> None:
+    """The same torchrun command twice (2 workers, a fixed --master-port, no --rdzv-id: TORCHELASTIC_RUN_ID=none),
+    the default export child, a real receiver: each launch's ranks report one id, the launches differ, every
+    rank-step span id is unique across both (nothing a collector would reject as a duplicate)."""
+    from export_e2e_support import otlp_env
+    from export_otlp_receiver import GrpcReceiver
+
+    rcv = GrpcReceiver()
+    try:
+        env = {k: v for k, v in otlp_env(rcv.endpoint).items() if k not in ("OTEL_STRAGGLER_JOB_ID", "SLURM_JOB_ID",
+                                                                             "TORCHELASTIC_RUN_ID")}
+        env["OTEL_STRAGGLER_ENABLED"] = "1"
+        port = str(_free_port())
+        launches = []
+        for _ in range(2):
+            out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                                  "--master-port", port, str(HERE / "torchrun_rank.py")],
+                                 capture_output=True, text=True, timeout=180, env=env)
+            assert out.returncode == 0, out.stderr[-3000:]
+            ranks = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+            assert sorted(r["rank"] for r in ranks) == [0, 1]
+            assert len({r["job_id"] for r in ranks}) == 1
+            assert out.stderr.count("derived from the torchrun agent's run directory") == 1  # rank 0, once
+            launches.append(ranks[0]["job_id"])
+        assert launches[0] != launches[1] and all(j.startswith("launch-") for j in launches)
+
+        def rank_steps() -> list:
+            return [s for s in rcv.store.spans() if s.name == schema.SPAN_RANK_STEP]
+
+        assert rcv.store.wait_for(lambda: len(rank_steps()) >= 12, 10.0)
+        spans = rank_steps()
+        assert {(s.r(schema.RES_JOB_ID), s.r(schema.RES_RANK)) for s in spans} == {
+            (j, r) for j in launches for r in (0, 1)}
+        ids = [s.span_id for s in spans]
+        assert len(ids) == len(set(ids)) == 12
+    finally:
+        rcv.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def test_parallel_state_when_initialised(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,15 +15,21 @@ from otel_straggler.export.thread_sink import ThreadSink
 
 
 class FakeTimers:
-    """Anything with ``shutdown(timeout_s)``; records calls, optionally hangs."""
+    """Anything with ``shutdown(timeout_s)`` and ``flush(timeout_s)``; records calls, optionally hangs."""
 
     def __init__(self, hang_s: float = 0.0) -> None:
-        self.calls: list[float] = []
+        self.calls: list[float] = []  # shutdowns
+        self.flushes: list[float] = []
         self.hang_s = hang_s
 
     def shutdown(self, timeout_s: float) -> None:
         self.calls.append(timeout_s)
         time.sleep(self.hang_s)
+
+    def flush(self, timeout_s: float) -> bool:
+        self.flushes.append(timeout_s)
+        time.sleep(self.hang_s)
+        return True
 
 
 def test_shutdown_once_and_bounded_even_if_timers_hang() -> None:
@@ -38,7 +44,9 @@ def test_shutdown_once_and_bounded_even_if_timers_hang() -> None:
         reg.unregister()
 
 
-def test_sigterm_runs_shutdown_then_chains_to_previous_handler() -> None:
+def test_sigterm_with_a_program_handler_flushes_then_chains_and_keeps_running() -> None:
+    """A program that handles SIGTERM (checkpoint on signal) decides whether it ends: what was measured is
+    flushed (bounded), its handler runs, nothing is shut down, so telemetry keeps flowing if it goes on."""
     seen: list[int] = []
     old = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
     timers = FakeTimers()
@@ -46,23 +54,50 @@ def test_sigterm_runs_shutdown_then_chains_to_previous_handler() -> None:
     try:
         assert reg.sigterm_installed
         os.kill(os.getpid(), signal.SIGTERM)
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + 5.0
         while not seen and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert timers.calls == [1.0] and seen == [signal.SIGTERM]
+        assert seen == [signal.SIGTERM] and timers.flushes == [1.0] and timers.calls == []
+        os.kill(os.getpid(), signal.SIGTERM)  # a second one too: still running, still exporting
+        deadline = time.monotonic() + 5.0
+        while len(seen) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(seen) == 2 and timers.calls == []
+        assert reg.shutdown_once() and timers.calls == [1.0]  # the real exit (atexit) shuts down once
     finally:
         reg.unregister()
         signal.signal(signal.SIGTERM, old)
 
 
-def test_sigterm_ignored_before_stays_ignored() -> None:
-    old = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+def test_a_program_handler_that_exits_gets_the_flush_then_the_atexit_shutdown() -> None:
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(0)
+
+    old = signal.signal(signal.SIGTERM, leave)
     timers = FakeTimers()
     reg = lifecycle.register(timers, 1.0)
     try:
+        with pytest.raises(SystemExit):
+            reg._on_sigterm(signal.SIGTERM, None)
+        assert timers.flushes == [1.0] and timers.calls == []
+        reg.shutdown_once()  # what atexit runs on the way out
+        assert timers.calls == [1.0]
+    finally:
+        reg.unregister()
+        signal.signal(signal.SIGTERM, old)
+
+
+def test_sigterm_ignored_before_stays_ignored_and_nothing_stops() -> None:
+    old = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    timers = FakeTimers()
+    before = lifecycle.STATE.sigterm_ignored
+    reg = lifecycle.register(timers, 1.0)
+    try:
+        assert not reg.sigterm_installed and signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        assert lifecycle.STATE.sigterm_ignored == before + 1
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.05)
-        assert timers.calls == [1.0]  # we flushed; the process was not terminated
+        assert timers.calls == [] and timers.flushes == []  # the process goes on, and so does the export
     finally:
         reg.unregister()
         signal.signal(signal.SIGTERM, old)

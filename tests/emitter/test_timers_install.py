@@ -4,6 +4,8 @@ CUDA event backend where device timing matters)."""
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
 import sys
 import types
 
@@ -11,7 +13,7 @@ import pytest
 
 import otel_straggler
 from otel_straggler.config import EmitterConfig
-from otel_straggler.install import DroppingSink
+from otel_straggler.interval import NullSink
 from otel_straggler.timers import Timers
 
 
@@ -84,13 +86,13 @@ def test_install_assigns_configs_and_global(monkeypatch: pytest.MonkeyPatch, sin
         otel_straggler.shutdown(0.1)
 
 
-def test_missing_export_side_falls_back_to_dropping_sink(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_export_side_falls_back_to_null_sink(monkeypatch: pytest.MonkeyPatch) -> None:
     fake_export = types.ModuleType("otel_straggler.export")  # no create_sink in it
 
     monkeypatch.setitem(sys.modules, "otel_straggler.export", fake_export)
     t = otel_straggler.configure(enabled=True, readout_interval_ms=5, register_lifecycle=False)
     try:
-        assert isinstance(t.sink, DroppingSink)
+        assert isinstance(t.sink, NullSink)
         assert t.counters.sink_errors == 1
         with otel_straggler.stage("forward-compute"):
             pass
@@ -109,7 +111,7 @@ def test_raising_create_sink_falls_back(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setitem(sys.modules, "otel_straggler.export", fake_export)
     t = otel_straggler.configure(enabled=True, register_lifecycle=False)
     try:
-        assert isinstance(t.sink, DroppingSink) and t.counters.snapshot()["faults"] >= 1
+        assert isinstance(t.sink, NullSink) and t.counters.snapshot()["faults"] >= 1
     finally:
         otel_straggler.shutdown(1.0)
 
@@ -163,3 +165,68 @@ def test_injection_env_only_on_target_rank(monkeypatch: pytest.MonkeyPatch, sink
         assert t.injector is None
     finally:
         otel_straggler.shutdown(1.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "raw"),
+    [("ring_size", 10**11), ("ring_size", "1e11"), ("pool_size", 2**40), ("max_open_steps", 10**9),
+     ("max_timers_per_step", 10**7), ("device_every_max", 10**6), ("readout_interval_ms", float("inf"))],
+)
+def test_size_knobs_are_bounded(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, name: str,
+                                raw: object) -> None:
+    """A huge value (keyword or OTEL_STRAGGLER_*) is warned about, replaced by the default and counted; configure()
+    returns working timers instead of raising MemoryError."""
+    from otel_straggler import config
+
+    monkeypatch.setattr(config, "_warned", set())
+    caplog.set_level(logging.WARNING)
+    monkeypatch.setenv(f"OTEL_STRAGGLER_{name.upper()}", str(raw))
+    t = otel_straggler.configure(enabled=True, export_mode="off", register_lifecycle=False)
+    try:
+        assert t is not None and getattr(t.config, name) == getattr(config.DEFAULTS, name)
+        assert t.config.config_errors == (name,) and t.counters.snapshot()["faults_config_error"] == 1
+        assert t.ring.cap == 8192
+        assert any(name in r.getMessage() for r in caplog.records)
+    finally:
+        otel_straggler.shutdown(1.0)
+    assert EmitterConfig.from_env({}, **{name: raw}).config_errors == (name,)
+
+
+def test_configure_fails_open_when_setup_itself_fails(monkeypatch: pytest.MonkeyPatch, caplog) -> None:  # type: ignore[no-untyped-def]
+    import otel_straggler.install as install
+
+    def no_memory(*_a: object, **_k: object) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr(install, "create_pool", no_memory)
+    caplog.set_level(logging.WARNING)
+    assert otel_straggler.configure(enabled=True, register_lifecycle=False) is None
+    assert any("setup failed (MemoryError" in r.getMessage() for r in caplog.records)
+
+
+def test_configure_outside_megatron_imports_no_megatron() -> None:
+    """Outside a Megatron program configure() neither imports megatron-core (seconds, and its warnings) nor
+    prints anything."""
+    code = ("import sys, otel_straggler\n"
+            "t = otel_straggler.configure(enabled=True, export_mode='off', register_lifecycle=False)\n"
+            "assert t is not None\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'megatron'))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+    assert "megatron" not in out.stderr.lower() and "warning" not in out.stderr.lower(), out.stderr[-2000:]
+
+
+def test_parallel_state_is_read_when_the_program_imported_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from otel_straggler.identity import resolve_identity
+
+    ps = types.ModuleType("megatron.core.parallel_state")
+    ps.model_parallel_is_initialized = lambda: True
+    ps.get_tensor_model_parallel_rank = lambda: 1
+    ps.get_tensor_model_parallel_world_size = lambda: 2
+    monkeypatch.setitem(sys.modules, "megatron.core.parallel_state", ps)
+    ident = resolve_identity(env={})
+    assert (ident.tp_rank, ident.tp_size, ident.source) == (1, 2, "parallel_state")
+    monkeypatch.delitem(sys.modules, "megatron.core.parallel_state")
+    assert resolve_identity(env={}).source == "default"

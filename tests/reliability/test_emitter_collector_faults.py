@@ -37,7 +37,7 @@ STEPS = 50
 def use_env(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
     for key in [k for k in os.environ if k.startswith("OTEL_")]:
         monkeypatch.delenv(key)
-    base = dict(OTEL_METRIC_EXPORT_INTERVAL="60000", OTEL_BSP_SCHEDULE_DELAY="50", OTEL_EXPORTER_OTLP_TIMEOUT="1",
+    base = dict(OTEL_METRIC_EXPORT_INTERVAL="60000", OTEL_BSP_SCHEDULE_DELAY="50", OTEL_EXPORTER_OTLP_TIMEOUT="1000",
                 OTEL_BSP_MAX_QUEUE_SIZE="64", OTEL_BSP_MAX_EXPORT_BATCH_SIZE="16", OTEL_BSP_EXPORT_TIMEOUT="1000")
     base.update(env)
     for k, v in base.items():
@@ -181,6 +181,7 @@ def test_export_resumes_when_the_collector_comes_back(monkeypatch: pytest.Monkey
         while time.monotonic() < deadline and not any(i >= 100 for i in iterations()):
             timers.flush(3.0)
         assert any(i >= 100 for i in iterations())
+        timers.flush(3.0)  # the child's counters arrive with a flush ack (the loop may not have needed one)
         assert timers.sink.child_counters.get("dropped_queue_full", 0) > 0
         # once reconnected nothing is lost: every later step arrives
         check_flat(train(timers, 200, 20), baseline, "reconnected")
@@ -192,3 +193,26 @@ def test_export_resumes_when_the_collector_comes_back(monkeypatch: pytest.Monkey
         timers.shutdown(3.0)
         if rcv is not None:
             rcv.stop()
+
+
+@pytest.mark.parametrize("which", ["general", "per_signal"])
+def test_otlp_timeout_is_milliseconds_and_the_signal_variable_wins(monkeypatch: pytest.MonkeyPatch,
+                                                                   which: str) -> None:
+    """A collector that hangs after accepting: with a 300 ms export timeout the exporter gives up and counts the
+    batch well inside an 8 s flush. Read as seconds (the Python SDK's reading), or with the general 10-minute
+    value winning over the per-signal one, it would still hang when the flush returns, with nothing counted."""
+    stall = Stalling()
+    timeouts = ({"OTEL_EXPORTER_OTLP_TIMEOUT": "300"} if which == "general" else
+                {"OTEL_EXPORTER_OTLP_TIMEOUT": "600000", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "300"})
+    use_env(monkeypatch, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{stall.port}", **timeouts)
+    timers = build_timers(enabled=True, register_lifecycle=False, readout_interval_ms=5, job_id=f"timeout-{which}",
+                          shutdown_timeout_s=2.0)
+    try:
+        assert timers is not None
+        train(timers, 0, 5)
+        assert timers.flush(8.0) is False
+        c = timers.sink.child_counters
+        assert c.get("dropped_export_failed", 0) > 0 and c.get("spans_exported", 0) == 0, c
+    finally:
+        timers.shutdown(2.0)
+        stall.stop()

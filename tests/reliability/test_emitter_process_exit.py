@@ -25,12 +25,12 @@ HERE = Path(__file__).resolve().parent
 SHUTDOWN_S = 2.0
 
 
-def start(endpoint: str, job: str, end: str, steps: int = 20) -> subprocess.Popen[str]:
+def start(endpoint: str, job: str, end: str, steps: int = 20, **extra: object) -> subprocess.Popen[str]:
     env = otlp_env(endpoint, OTEL_BSP_SCHEDULE_DELAY="30000",  # nothing leaves before the end
-                   OTEL_METRIC_EXPORT_INTERVAL="60000", OTEL_EXPORTER_OTLP_TIMEOUT="30")
-    args = {"job": job, "steps": steps, "end": end, "shutdown_timeout_s": SHUTDOWN_S}
+                   OTEL_METRIC_EXPORT_INTERVAL="60000", OTEL_EXPORTER_OTLP_TIMEOUT="30000")
+    args = {"job": job, "steps": steps, "end": end, "shutdown_timeout_s": SHUTDOWN_S, **extra}
     return subprocess.Popen([sys.executable, str(HERE / "trainer_driver.py"), json.dumps(args)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def ready(proc: subprocess.Popen[str]) -> dict:
@@ -91,6 +91,34 @@ def test_sigkill_loses_only_what_was_not_handed_over() -> None:
         assert rcv.store.wait_for(lambda: len(steps()) >= 20, 10.0), sorted(steps())
         print(f"sigkill: all {len(steps())} steps delivered {time.monotonic() - t0:.2f} s after the kill")
         assert steps() == set(range(1, 21))
+        assert gone(info["child_pid"], SHUTDOWN_S + 5)
+    finally:
+        rcv.stop()
+
+
+@pytest.mark.parametrize("end", ["checkpoint", "ignore"])
+def test_sigterm_the_program_survives_keeps_telemetry_flowing(end: str) -> None:
+    """A trainer that handles SIGTERM itself (checkpoint on signal) or ignores it goes on after the signal: so
+    does its export. Steps after the signal arrive, the export child lives on, and the trainer's normal exit
+    runs the one bounded shutdown."""
+    rcv = GrpcReceiver()
+    try:
+        job = f"survive-{end}-{uuid.uuid4().hex[:6]}"
+        proc = start(rcv.endpoint, job, end, steps=5, more_steps=5)
+        info = ready(proc)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)  # the handler (when there is one) has run
+        assert proc.poll() is None and not gone(info["child_pid"], 0.1)
+        out, err = proc.communicate("go\n", timeout=30)
+        assert proc.returncode == 0, err[-3000:]
+        assert json.loads(out.strip().splitlines()[-1])["signals"] == (1 if end == "checkpoint" else 0)
+
+        def steps() -> set[int]:
+            return {sp.a(schema.ATTR_ITERATION) for sp in rcv.store.spans()
+                    if sp.r(schema.RES_JOB_ID) == job and sp.name == "forward-compute"}
+
+        assert rcv.store.wait_for(lambda: len(steps()) >= 10, 10.0), sorted(steps())
+        assert steps() == set(range(1, 11))
         assert gone(info["child_pid"], SHUTDOWN_S + 5)
     finally:
         rcv.stop()

@@ -53,8 +53,32 @@ def test_every_documented_attribute_is_a_constant() -> None:
 
 
 def test_enumerations_are_documented() -> None:
-    for value in (*s.VERDICTS, *s.REASONS, *s.ATTRIBUTIONS, *s.DEGRADED_REASONS, *s.STAGE_GROUPS):
+    for value in (*s.VERDICTS, *s.REASONS, *s.ATTRIBUTIONS, *s.DEGRADED_REASONS, *s.STAGE_GROUPS,
+                  *s.SM_DROPPED_REASONS, *s.SM_FAULT_WHERES):
         assert f"`{value}`" in DOC, value
+
+
+def test_emitter_self_metrics_use_base_units_and_no_unit_in_the_name() -> None:
+    """Each emitter instrument's unit in docs/schema.md is a base unit (``1`` or ``s``) and is the unit the
+    emitter registers; no instrument name carries a unit (the unit is metadata, a suffix only in Prometheus)."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from otel_straggler.export.selfmetrics import SelfMetrics
+
+    documented = dict(re.findall(r"^\| `(otel_straggler\.emitter\.[a-z_.]+)` \| (?:counter|gauge) \| `([^`]+)` \|",
+                                 DOC, flags=re.M))
+    instruments = {v for k, v in _constants().items() if k.startswith("SM_") and v.startswith("otel_straggler.")}
+    assert set(documented) == instruments
+    assert set(documented.values()) <= {"1", "s"}
+    assert not [n for n in instruments if re.search(r"[._](ms|us|ns|s|seconds|millis|bytes)$", n)]
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    SelfMetrics(provider.get_meter("contract"), dict)
+    registered = {m.name: m.unit for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics
+                  for m in sm.metrics}
+    provider.shutdown()
+    assert registered == documented
 
 
 def test_trace_id_rule_is_deterministic_and_shared_by_ranks() -> None:

@@ -1,0 +1,24 @@
+"""One rank started by torchrun (``python -m torch.distributed.run ... torchrun_rank.py``): configures the emitter
+from the environment alone (no job id given), times a few Megatron-like steps, prints its rank and job id."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import otel_straggler
+
+
+def main() -> None:
+    timers = otel_straggler.configure(enabled=True, readout_interval_ms=5)
+    assert timers is not None
+    for step in range(3):
+        otel_straggler.step(step)
+        with otel_straggler.stage("forward-compute"):
+            time.sleep(0.002)
+    print(json.dumps({"rank": timers.identity.rank, "job_id": timers.identity.job_id}), flush=True)
+    otel_straggler.shutdown(5.0)
+
+
+if __name__ == "__main__":
+    main()
