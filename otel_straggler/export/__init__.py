@@ -89,6 +89,7 @@ def create_sink(config: Any, identity: Any, counters: Any = None) -> IntervalSin
             shutdown_timeout_s=float(getattr(config, "shutdown_timeout_s", 5.0)),
             max_restarts=int(getattr(config, "sidecar_max_restarts", 3)),
             nice=int(getattr(config, "export_nice", 10)),
+            affinity=str(getattr(config, "export_affinity", "auto")),
             **common,
         )
     lifecycle.track_sink(sink)

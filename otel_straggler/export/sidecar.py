@@ -1,6 +1,7 @@
 """Export child process: ``python -m otel_straggler.export.sidecar``, one per training process.
 
-stdin: one JSON header line (resource attributes + config), then ``wire`` frames. stdout: flush acks.
+stdin: one JSON header line (resource attributes + config, niceness, CPUs to keep off), then ``wire``
+frames. stdout: flush acks.
 The child aggregates, builds and encodes the SDK spans and runs the OTLP exporters, so none of that
 holds the training process's GIL.
 
@@ -52,6 +53,18 @@ def _ack(fd: int, seq: int, ok: bool, counters: dict[str, Any]) -> None:
         pass
 
 
+def _avoid_cpus(avoid: Any) -> None:
+    """Run on the allowed CPUs other than ``avoid`` (the training thread's core), before any thread starts so
+    that the exporters' threads inherit it; left as is when nothing would remain or the call fails."""
+    try:
+        allowed = os.sched_getaffinity(0)
+        keep = allowed - {int(c) for c in avoid}
+        if keep and keep != allowed:
+            os.sched_setaffinity(0, keep)
+    except (AttributeError, OSError, TypeError, ValueError):
+        pass
+
+
 def run(in_fd: int, ack_fd: int) -> int:
     header = _read_header(in_fd, time.monotonic() + 30.0)
     shutdown_timeout_s = float(header.get("shutdown_timeout_s", 5.0))
@@ -62,6 +75,7 @@ def run(in_fd: int, ack_fd: int) -> int:
             os.nice(nice)  # yield to the training processes on shared cores
         except OSError:
             pass
+    _avoid_cpus(header.get("avoid_cpus") or ())
     pipeline = ExportPipeline(
         header.get("resource", {}),
         rank=int(header.get("rank", 0)),
