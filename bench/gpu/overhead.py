@@ -9,8 +9,9 @@ per-step medians are printed beside it. On a host whose step time drifts over se
 lag-1 autocorrelation of step times 0.86, 20-step block means +-12 %), block means of different arms differ
 by the drift, not the arm: ``--steps 1 --warmup 0 --gate`` then interleaves the arms step by step (adjacent
 steps share the drift) and still charges every shim its own background work: its readout drains only
-during its own steps, so a drain and the GIL hand-offs around it fall in the steps of the arm that caused
-them; the value is again the ratio of mean step times. Unpinned by default (``--pin`` puts the training thread alone on
+inside its own steps, once per readout interval of its own step time, so a drain and the GIL hand-offs
+around it fall in the steps of the arm that caused them, as often as in a run of that arm alone; the value
+is again the ratio of mean step times. Unpinned by default (``--pin`` puts the training thread alone on
 one core and everything else on the others). Two model sizes: launch-bound (~30-40 ms steps: the host's
 launches are the critical path) and GPU-bound (>= 150 ms). Arms (``--arms``):
 
@@ -235,35 +236,38 @@ def run_size(size_name: str, arm_names: list[str], rounds: int, steps: int, warm
     fields = ("wall", "cpu", "rqwait", "vcsw", "ivcsw", "core", "t0", "sampled", "child_ticks", "child_core")
     steps_of: dict[str, dict[str, list]] = {n: {f: [] for f in fields} for n in arm_names}
     blocks: dict[str, list[float]] = {n: [] for n in arm_names}
+    own_ns: dict[str, float] = dict.fromkeys(arm_names, 0.0)  # the arm's own step time since its last drain
 
     def child_pid(arm: str) -> int | None:
         sink = getattr(arms[arm], "sink", None)
         return getattr(sink, "child_pid", None)
 
     def block(arm: str, n: int, keep: bool) -> None:
-        g = drains[arm].gate if arm in drains else None
-        if g is not None:
-            g.set()
-        try:
-            run_block(arm, n, keep)
-        finally:
-            if g is not None:
-                g.clear()
-
-    def run_block(arm: str, n: int, keep: bool) -> None:
         timers = arms[arm]
         ctx = getattr(timers, "ctx", None)
         rec = steps_of[arm]
+        # gated: the arm's readout drains only inside its own step windows (the gate opens after t0 and closes
+        # after t1, so neither a drain nor its GIL hand-offs fall between the clock reads), and only once the
+        # arm's OWN time since its last drain reaches the readout interval: drains as often and as large as
+        # in a run of this arm alone
+        gate = drains[arm].gate if arm in drains else None
         walls = []
         for _ in range(n):
             cpid = child_pid(arm) if keep else None
             c0 = proc_cpu(cpid) if cpid else None
             p0 = probe.read()
             t0 = time.perf_counter_ns()
+            opened = gate is not None and own_ns[arm] >= timers.readout.interval_s * 1e9
+            if opened:
+                own_ns[arm] = 0
+                gate.set()
             model.train_step()
             p1 = probe.read()
             torch.cuda.synchronize()
             t1 = time.perf_counter_ns()
+            if opened:
+                gate.clear()
+            own_ns[arm] += t1 - t0
             if not keep:
                 continue
             c1 = proc_cpu(cpid) if cpid else None
@@ -398,6 +402,8 @@ def analyse(res: dict) -> dict:
             a["drain_ms_max"] = max(dur) if dur else 0.0
             a["drain_us_per_interval"] = 1e3 * sum(dur) / n_iv if n_iv else 0.0
             a["drain_ms_per_step"] = statistics.fmean(over)
+            # drain time outside this arm's measured steps (gated: should be ~0; else it lands in other arms)
+            a["drain_ms_outside_per_step"] = sum(dur) / len(walls) - a["drain_ms_per_step"]
             a["steps_with_drain"] = len(hit) / len(walls)
             a["mean_ms_with_drain"] = statistics.fmean(hit) if hit else None
             a["mean_ms_without_drain"] = statistics.fmean(miss) if miss else None
@@ -435,7 +441,8 @@ def report(an: dict) -> None:
         if isinstance(a, dict) and "drains" in a:
             print(f"   {arm}: drains {a['drains']} (mean {a['drain_ms_mean']:.3f} ms, max {a['drain_ms_max']:.2f}, "
                   f"{a['drain_us_per_interval']:.2f} us/interval), {a['drain_ms_per_step']:.3f} ms of drain per "
-                  f"step, {100 * a['steps_with_drain']:.0f} % of steps overlap one: mean "
+                  f"step ({a['drain_ms_outside_per_step']:.3f} outside the arm's steps), "
+                  f"{100 * a['steps_with_drain']:.0f} % of steps overlap one: mean "
                   f"{a['mean_ms_with_drain'] or 0:.2f} ms with vs {a['mean_ms_without_drain'] or 0:.2f} without; "
                   f"sampled steps {a['sampled_mean_ms'] or 0:.2f} ms (cpu {a['sampled_cpu_ms'] or 0:.2f}) vs "
                   f"others {a['unsampled_mean_ms'] or 0:.2f}; export child "
@@ -462,8 +469,9 @@ def main() -> int:
     ap.add_argument("--seconds", default="300", help="time budget per size, or one per size (comma-separated)")
     ap.add_argument("--pin", action="store_true", help="training thread alone on one core, the rest elsewhere")
     ap.add_argument("--gate", action="store_true",
-                    help="a shim's readout drains only during its own arm's steps (for short blocks: each arm's "
-                         "drains, and so their GIL time, land in its own steps)")
+                    help="a shim's readout drains only inside its own arm's steps, once per readout interval of "
+                         "the arm's own time (for short blocks: each arm's drains, and so their GIL time, land in "
+                         "its own steps, as often as in a run of that arm alone)")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
     arm_names = args.arms.split(",")

@@ -142,24 +142,27 @@ def test_driver_calls_keep_the_gil_and_use_the_cached_handles() -> None:
         while not stop.is_set():
             x += 1
 
-    def switches(record) -> tuple[int, float]:
+    def switches(record, n: int) -> tuple[int, float]:
         v0, t0 = _voluntary_switches(), time.perf_counter()
-        for i in range(20_000):
+        for i in range(n):
             record(a if i & 1 else b)
         return _voluntary_switches() - v0, time.perf_counter() - t0
 
     th = threading.Thread(target=spin, daemon=True)
     th.start()
     try:
-        held, held_s = switches(pool.record)
-        released, released_s = switches(driver_recorder(torch.cuda.current_device(), hold_gil=False))
+        held, held_s = switches(pool.record, 20_000)
+        # released per call, the busy thread takes the GIL at nearly every record and the loop waits a switch
+        # interval for it (bench/results/gpu-h200/pytest-cuda.log): a few hundred records show it
+        released, released_s = switches(driver_recorder(torch.cuda.current_device(), hold_gil=False), 300)
     finally:
         stop.set()
         th.join()
     torch.cuda.synchronize()
-    print(f"voluntary switches over 20000 records beside a busy thread: GIL kept {held} ({held_s * 1e3:.0f} ms), "
-          f"released per call {released} ({released_s * 1e3:.0f} ms)")
+    print(f"voluntary switches beside a busy thread: GIL kept {held} in 20000 records ({held_s * 1e3:.0f} ms), "
+          f"released per call {released} in 300 ({released_s * 1e3:.0f} ms)")
     assert held <= held_s / sys.getswitchinterval() + 20
+    assert held / 20_000 < 0.1 * released / 300
 
 
 def test_driver_record_on_a_thread_that_never_used_cuda() -> None:
