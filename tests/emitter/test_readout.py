@@ -73,8 +73,9 @@ def test_stats_published_and_lag_tracked(make_timers, sink, monkeypatch) -> None
     x = t("forward-compute")
     x.start()
     x.stop()
-    deadline = time.monotonic() + 2.0
-    while not sink.stats and time.monotonic() < deadline:
+    # the thread may publish once before it has drained the interval: wait for a snapshot that counts it
+    deadline = time.monotonic() + 5.0
+    while not (sink.stats and sink.stats[-1]["intervals"] == 1) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert sink.stats, "publish_stats never called"
     last = sink.stats[-1]
