@@ -19,6 +19,7 @@ bound, ``MAX_*`` below) is warned about once (``logging``), replaced by the defa
 | OTEL_STRAGGLER_READOUT_TIMEOUT_S | readout_timeout_s | 30 | an unfinished end event older than this -> host-only |
 | OTEL_STRAGGLER_EXPORT_MODE | export_mode | process | ``process``, ``thread`` or ``off`` (export side) |
 | OTEL_STRAGGLER_EXPORT_NICE | export_nice | 10 | niceness the export child adds to itself (0: none) |
+| OTEL_STRAGGLER_EXPORT_AFFINITY | export_affinity | auto | ``auto``: export child off the training core; ``all`` |
 | OTEL_STRAGGLER_TOPOLOGY_EPOCH | topology_epoch | 0 | bumped on re-shard |
 | OTEL_STRAGGLER_STEP_TIMER | step_timer | forward-backward | timer whose start advances the auto step |
 | OTEL_STRAGGLER_SHUTDOWN_TIMEOUT_S | shutdown_timeout_s | 5 | bound on shutdown |
@@ -153,6 +154,9 @@ class EmitterConfig:
     # the export child lowers its own CPU priority so that, on a node whose cores it shares, it yields to
     # the training processes (measured on the H200 VM: contention from it showed up in launch-bound steps)
     export_nice: int = 10
+    # auto: the export child runs on the allowed CPUs other than the training thread's core (and its SMT
+    # siblings) at the child's start; all: wherever the scheduler puts it
+    export_affinity: str = "auto"
     topology_epoch: int = 0
     step_timer: str = "forward-backward"
     shutdown_timeout_s: float = 5.0
@@ -234,6 +238,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "readout_timeout_s": _float_in(86_400.0),
     "export_mode": _choice("process", "thread", "off"),
     "export_nice": _int_in(0, 19),
+    "export_affinity": _choice("auto", "all"),
     "topology_epoch": _int_in(0, 2**31 - 1),
     "step_timer": _nonempty,
     "shutdown_timeout_s": _float_in(600.0),

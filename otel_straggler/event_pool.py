@@ -12,18 +12,20 @@ shutdown): a recorded-but-unfinished event is never re-recorded.
 ``pool.record(ev)`` records an event on the current stream; ``pool.elapsed(start, end)`` (readout thread)
 gives the device ms between two, or None while unfinished. With ``record_api`` ``auto`` (the default) they
 are the CUDA driver's ``cuEventRecord`` and ``cuEventElapsedTime`` called through ``ctypes`` on the events'
-raw handles (and the device's current raw stream): the same operations as torch's ``Event.record()``,
-``query()`` and ``elapsed_time()`` without their Python layers (``torch.cuda.current_stream()`` builds a
-``Stream`` object per record, then a device guard), and the readout makes one call per interval, with the GIL
-released, instead of two. On the H200 a start+stop costs 4.0 us with them against 13.3 us with torch's
-(``bench/results/gpu-h200.md``). They are checked once at install against torch's on a short GPU sleep; if
-the check fails, or ``record_api`` is ``torch``, torch's methods are used. A driver record that fails later
-(e.g. on a thread with no current CUDA context) falls back to torch's record for that call, which makes the
-context current.
+raw handles (kept in each pool event's ``handle`` once created) and the device's current raw stream: the
+same operations as torch's ``Event.record()``, ``query()`` and ``elapsed_time()`` without their Python layers
+(``torch.cuda.current_stream()`` builds a ``Stream`` object per record, then a device guard); the readout
+makes one call per interval instead of two (``bench/results/gpu-h200.md`` section 2). Both calls keep the
+GIL (``ctypes.PyDLL``): neither blocks, and a call that released it would be a point where the other
+thread takes the GIL, so a drain and the training thread's records would hand it back and forth, each
+hand-off a context switch on the training thread (``bench/results/gpu-h200.md`` section 3). They are
+checked once at install against torch's on a short GPU sleep; if the check fails, or ``record_api`` is
+``torch``, torch's methods are used. A driver record that fails later (e.g. on a thread with no current
+CUDA context) falls back to torch's record for that call, which makes the context current.
 
 ``HostOnlyPool``: no CUDA (torch missing, no device, init error) -> every interval is host-only with
-reason ``no_cuda``. ``FakeEvent`` is a test backend (CUDA cannot run on the CI machines): ``record``,
-``query`` and ``elapsed_time`` are driven by the test.
+reason ``no_cuda``. A pool built with a ``factory`` uses its events' own ``record``, ``query`` and
+``elapsed_time`` (the CPU tests drive device timing through such a factory).
 """
 
 from __future__ import annotations
@@ -46,9 +48,11 @@ _DRIVER_CHECK_CYCLES = 2_000_000  # GPU sleep between the check's two records (~
 CUDA_ERROR_NOT_READY = 600  # CUresult: an event of the pair has not completed yet
 
 
-def _driver_call(name: str, *argtypes: Any) -> Any:
-    """A CUDA driver API function (``libcuda.so.1``) through ctypes, returning its ``CUresult`` as an int."""
-    fn = getattr(ctypes.CDLL("libcuda.so.1"), name)
+def _driver_call(name: str, *argtypes: Any, hold_gil: bool = False) -> Any:
+    """A CUDA driver API function (``libcuda.so.1``) through ctypes, returning its ``CUresult`` as an int.
+    ``hold_gil``: called through ``ctypes.PyDLL``, which keeps the GIL during the call (``CDLL`` releases and
+    re-takes it: a hand-off point for every other Python thread)."""
+    fn = getattr((ctypes.PyDLL if hold_gil else ctypes.CDLL)("libcuda.so.1"), name)
     fn.argtypes = argtypes
     fn.restype = ctypes.c_int
     return fn
@@ -61,16 +65,17 @@ def query_then_elapsed(sev: Any, eev: Any) -> float | None:
     return float(sev.elapsed_time(eev))
 
 
-def driver_elapsed() -> Callable[[Any, Any], float | None]:
-    """``elapsed(sev, eev)``: one ``cuEventElapsedTime`` through ctypes (the GIL is released during the call)
-    instead of torch's ``query()`` and ``elapsed_time()``; None while either event is unfinished, raises on
-    any other error. Not thread-safe (one result buffer): the readout thread's alone."""
-    fn = _driver_call("cuEventElapsedTime", ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p)
+def driver_elapsed(hold_gil: bool = True) -> Callable[[Any, Any], float | None]:
+    """``elapsed(sev, eev)``: one ``cuEventElapsedTime`` through ctypes on the events' ``handle`` instead of
+    torch's ``query()`` and ``elapsed_time()``; None while either event is unfinished, raises on any other
+    error. Not thread-safe (one result buffer): the readout thread's alone."""
+    fn = _driver_call("cuEventElapsedTime", ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p,
+                      hold_gil=hold_gil)
     out = ctypes.c_float()
     ref = ctypes.byref(out)
 
     def elapsed(sev: Any, eev: Any) -> float | None:
-        rc = fn(ref, sev.cuda_event, eev.cuda_event)
+        rc = fn(ref, sev.handle, eev.handle)
         if rc == 0:
             return out.value
         if rc == CUDA_ERROR_NOT_READY:
@@ -80,16 +85,16 @@ def driver_elapsed() -> Callable[[Any, Any], float | None]:
     return elapsed
 
 
-def driver_recorder(device_index: int) -> Callable[[Any], None]:
-    """``record(ev)``: ``cuEventRecord(ev.cuda_event, current raw stream of device_index)`` through ctypes;
-    on a non-zero result, torch's ``ev.record()`` (raises if that fails too)."""
+def driver_recorder(device_index: int, hold_gil: bool = True) -> Callable[[Any], None]:
+    """``record(ev)``: ``cuEventRecord(ev.handle, current raw stream of device_index)`` through ctypes; on a
+    non-zero result, torch's ``ev.record()`` (raises if that fails too)."""
     import torch
 
-    fn = _driver_call("cuEventRecord", ctypes.c_void_p, ctypes.c_void_p)
+    fn = _driver_call("cuEventRecord", ctypes.c_void_p, ctypes.c_void_p, hold_gil=hold_gil)
     raw_stream = torch._C._cuda_getCurrentRawStream
 
     def record(ev: Any) -> None:
-        if fn(ev.cuda_event, raw_stream(device_index)):
+        if fn(ev.handle, raw_stream(device_index)):
             ev.record()
 
     return record
@@ -170,6 +175,8 @@ class EventPool:
         if record_api == "torch" or len(events) < 2:
             return
         try:
+            for ev in events:
+                ev.handle = ev.cuda_event  # created by the warm record; a plain attribute for the driver calls
             record = driver_recorder(torch.cuda.current_device())
             elapsed = driver_elapsed()
             _check_driver(record, elapsed, events[0], events[1])
@@ -181,9 +188,6 @@ class EventPool:
         self.record = record
         self.elapsed = elapsed
         self.record_api = "driver"
-
-    def in_flight(self) -> int:
-        return self.capacity - len(self.free)
 
 
 class HostOnlyPool:
@@ -203,9 +207,6 @@ class HostOnlyPool:
         self.capacity = 0
         self.free: deque[Any] = deque()
         self.orphans: deque[Any] = deque()
-
-    def in_flight(self) -> int:
-        return 0
 
 
 def create_pool(size: int, factory: Callable[[], Any] | None = None,
@@ -227,72 +228,3 @@ def create_pool(size: int, factory: Callable[[], Any] | None = None,
     except Exception as exc:  # CUDA init errors of any kind: host-only
         _log.warning("otel-straggler: CUDA event pool unavailable (%s); timing host-only", type(exc).__name__)
         return HostOnlyPool(warm_error=type(exc).__name__)
-
-
-class FakeEvent:
-    """Test double for ``torch.cuda.Event`` (CUDA cannot run on CPU CI).
-
-    ``record()`` marks the event recorded at the next value of a shared fake device clock
-    (``FakeDevice``); ``query()`` is True once the device's completed time passes it;
-    ``elapsed_time(end)`` returns the device-clock difference in ms. Each can be told to raise.
-    """
-
-    __slots__ = ("device", "raise_on_elapsed", "raise_on_query", "raise_on_record", "recorded_at", "records")
-
-    def __init__(self, device: FakeDevice) -> None:
-        self.device = device
-        self.recorded_at: float | None = None
-        self.records = 0
-        self.raise_on_record = False
-        self.raise_on_query = False
-        self.raise_on_elapsed = False
-
-    def record(self, stream: Any = None) -> None:
-        if self.raise_on_record or self.device.raise_on_record:
-            raise RuntimeError("fake CUDA error on record")
-        self.records += 1
-        self.recorded_at = self.device.enqueue()
-
-    def query(self) -> bool:
-        if self.raise_on_query or self.device.raise_on_query:
-            raise RuntimeError("fake CUDA error on query")
-        return self.recorded_at is None or self.recorded_at <= self.device.completed_ms
-
-    def elapsed_time(self, end: FakeEvent) -> float:
-        if self.raise_on_elapsed or self.device.raise_on_elapsed:
-            raise RuntimeError("fake CUDA error on elapsed_time")
-        if self.recorded_at is None or end.recorded_at is None:
-            raise RuntimeError("event not recorded")
-        return float(end.recorded_at - self.recorded_at)
-
-
-class FakeDevice:
-    """Fake stream clock: each record enqueues at ``queued_ms`` (advanced by ``work(ms)``); events are
-    complete up to ``completed_ms``. ``auto_complete`` makes every record complete immediately."""
-
-    def __init__(self, auto_complete: bool = True) -> None:
-        self.queued_ms = 0.0
-        self.completed_ms = 0.0
-        self.auto_complete = auto_complete
-        self.raise_on_record = False
-        self.raise_on_query = False
-        self.raise_on_elapsed = False
-        self.events: list[FakeEvent] = []
-
-    def work(self, ms: float) -> None:
-        self.queued_ms += ms
-        if self.auto_complete:
-            self.completed_ms = self.queued_ms
-
-    def enqueue(self) -> float:
-        if self.auto_complete:
-            self.completed_ms = self.queued_ms
-        return self.queued_ms
-
-    def complete_all(self) -> None:
-        self.completed_ms = self.queued_ms
-
-    def factory(self) -> FakeEvent:
-        ev = FakeEvent(self)
-        self.events.append(ev)
-        return ev

@@ -157,85 +157,76 @@ class Readout:
         r = self.ring
         c = self.counters
         tail = r.tail
-        head = r.head
+        head = min(r.head, tail + MAX_BATCH)
+        more = head < r.head
         mask = r.mask
         now = _clock()
         timeout_ns = self.timeout_ns
         free = self.pool.free
         elapsed = self.pool.elapsed
         off = self._wall_offset
+        timer_of, start_ns_of, end_ns_of = r.timer, r.start_ns, r.end_ns
+        start_ev_of, end_ev_of, reason_of = r.start_ev, r.end_ev, r.reason
+        binding_of, repeat_of, injected_of = r.binding, r.repeat, r.injected
+        degraded = c.degraded
         batch: list[Interval] = []
-        more = False
+        append = batch.append
+        first = tail
+        first_end_ns = end_ns_of[tail & mask] if tail < head else 0  # read before the slot is freed
         while tail < head:
-            if len(batch) >= MAX_BATCH:
-                more = True
-                break
             i = tail & mask
             try:
-                sev = r.start_ev[i]
-                eev = r.end_ev[i]
-                reason = r.reason[i]
-                end_ns = r.end_ns[i]
+                sev = start_ev_of[i]
+                eev = end_ev_of[i]
+                reason = reason_of[i]
                 device_ms = None
-                wait_ev = eev if eev is not None else sev
-                if wait_ev is not None:
+                if sev is not None:
                     try:
-                        if reason is None and sev is not None and eev is not None:
+                        if reason is None and eev is not None:
                             device_ms = elapsed(sev, eev)  # None while unfinished
                             done: bool | None = device_ms is not None
                         else:
-                            done = bool(wait_ev.query())
+                            done = bool((eev if eev is not None else sev).query())
                     except Exception:
                         done = None
                     if done is None:
                         reason = CUDA_ERROR
                         self._quarantine(sev, eev)
                     elif not done:
-                        if force or now - end_ns > timeout_ns:
+                        if force or now - end_ns_of[i] > timeout_ns:
                             reason = READOUT_TIMEOUT
                             self._quarantine(sev, eev)
                         else:
+                            more = False
                             break  # head-of-line: later slots wait for this one
                     else:
-                        if sev is not None:
-                            free.append(sev)
+                        free.append(sev)
                         if eev is not None:
                             free.append(eev)
                 if device_ms is None and reason is None:
                     reason = CUDA_ERROR
-                timer = r.timer[i]
-                b = r.binding[i]
-                batch.append(
-                    Interval(
-                        name=timer.name,
-                        level=timer._level,
-                        group=timer._group,
-                        step=b[0],
-                        repeat=r.repeat[i],
-                        host_start_ns=r.start_ns[i] + off,
-                        host_end_ns=end_ns + off,
-                        device_ms=device_ms,
-                        degraded=None if device_ms is not None else reason,
-                        tokens=b[1],
-                        sequences=b[2],
-                        microbatches=b[3],
-                        injected=bool(r.injected[i]),
-                    )
-                )
-                c.intervals += 1
+                timer = timer_of[i]
+                b = binding_of[i]
+                # positional: Interval's field order (name, level, group, step, repeat, host start/end, device
+                # ms, degraded, tokens, sequences, microbatches, injected)
+                append(Interval(timer.name, timer._level, timer._group, b[0], repeat_of[i], start_ns_of[i] + off,
+                                end_ns_of[i] + off, device_ms, None if device_ms is not None else reason, b[1], b[2],
+                                b[3], injected_of[i]))
                 if device_ms is None:
-                    c.degraded[reason] = c.degraded.get(reason, 0) + 1
-                lag = now - end_ns
-                if lag > self._lag_max_ns:
-                    self._lag_max_ns = lag
+                    degraded[reason] = degraded.get(reason, 0) + 1
             except Exception:
                 c.faults_readout += 1
             # reset the fields the producer writes only when non-default, then free the slot
-            r.start_ev[i] = None
-            r.end_ev[i] = None
-            r.injected[i] = False
+            start_ev_of[i] = None
+            end_ev_of[i] = None
+            injected_of[i] = False
             tail += 1
             r.tail = tail
+        if tail > first:
+            c.intervals += len(batch)
+            lag = now - first_end_ns  # the oldest slot of the batch (slots are in completion order)
+            if lag > self._lag_max_ns:
+                self._lag_max_ns = lag
         if batch:
             try:
                 self.sink.submit(batch)

@@ -1,34 +1,47 @@
-"""Step-time overhead of timing a real megatron-core GPT on one GPU: off vs Megatron's Timers vs the shim.
+"""Step-time overhead of timing a real megatron-core GPT on one GPU, as a run pays it: mean step time.
 
-Three arms at the same timing log level (2), interleaved finely inside one process: every round runs each
-arm (rotating order) for ``--warmup`` unmeasured steps then ``--steps`` measured ones, on two model sizes:
-launch-bound (~40 ms steps, the host's launches are the critical path) and GPU-bound (>= 150 ms):
-  off     config.timers = None
-  native  megatron.core.timers.Timers(2, "minmax")   (syncs the device at every start/stop)
-  shim    otel_straggler, exporting spans over OTLP to a straggler collector on loopback, device events on
-          every N-th step with N what ``device_every=auto`` picks for this model when it runs alone (found
-          by a 30-step calibration run of an auto shim first, then pinned: interleaving makes the shim's
-          own steps look 3-4x longer to the auto rule, which would pick a smaller N than in real use)
-  host    (``--host-arm``) the same shim timing host-only (no CUDA event): what the events cost on top
-  shim20  (``--prev-arm``) the shim with the previous emitter defaults (readout every 20 ms, export child
-          at the training process's priority), side by side with the current ones
-  shimT   (``--torch-arm``) the shim recording its events with torch's ``Event.record`` instead of the
-          driver's ``cuEventRecord`` (``record_api=torch``), same N
+Arms take turns in blocks inside one process: every round runs each arm (rotating order) for ``--warmup``
+unmeasured steps then ``--steps`` measured ones (default 2 + 20). A block's value is the MEAN of its
+steps, so every step counts, the heavy tail included (the readout drains, the export child, a step that
+waited for either): ``sum(arm block means) / sum(off block means)`` over the rounds is what a run pays,
+reported with a bootstrap 95 % interval over rounds; the median of the per-block ratios and the ratio of
+per-step medians are printed beside it. On a host whose step time drifts over seconds (the lent H200 VM:
+lag-1 autocorrelation of step times 0.86, 20-step block means +-12 %), block means of different arms differ
+by the drift, not the arm: ``--steps 1 --warmup 0 --gate`` then interleaves the arms step by step (adjacent
+steps share the drift) and still charges every shim its own background work: its readout drains only
+inside its own steps, once per readout interval of its own step time, so a drain and the GIL hand-offs
+around it fall in the steps of the arm that caused them, as often as in a run of that arm alone; the value
+is again the ratio of mean step times. Unpinned by default (``--pin`` puts the training thread alone on
+one core and everything else on the others). Two model sizes: launch-bound (~30-40 ms steps: the host's
+launches are the critical path) and GPU-bound (>= 150 ms). Arms (``--arms``):
+
+  off      config.timers = None
+  native   megatron.core.timers.Timers(2, "minmax")   (syncs the device at every start/stop)
+  shim     otel_straggler with its defaults (``install_megatron``), exporting over OTLP/gRPC to a straggler
+           collector on loopback through the export child; with blocks under 20 steps its N is what
+           ``device_every=auto`` settles on when the shim runs alone (60 steps first), then kept
+  every1   the same with device time on every step (``device_every=1``)
+  host     the same never sampling the device (host timestamps only)
+  every1-hold     ``every1`` with the driver calls made through ``ctypes.PyDLL`` (the GIL kept during each)
+  every1-release  ``every1`` with the driver calls made through ``ctypes.CDLL`` (GIL released per call)
+  every1-null     ``every1`` with the export side off (readout thread, no export child)
+  every1-shared   ``every1`` with the export child on every core (no affinity away from training)
+
 Each step ends with torch.cuda.synchronize() in every arm (Megatron's loss reduction syncs each step too).
-Short arms (1-2 steps) make slow drift of a shared machine (clocks, neighbours: +-15 % over minutes on the
-lent VM) cancel inside each round; the per-round paired ratio arm/off is then noisy only by step-to-step
-jitter, and the median over hundreds of rounds is reported with a bootstrap 95 % interval. Also reported:
-the training thread's CPU time per step (``time.thread_time``, excludes the final synchronize), which is
-what the shim adds in the launch-bound regime and is far less noisy than wall time.
-The shim's readout thread and exporter child stay alive during the other arms. With 1-step arms a shim's
-readout drain (every 100 ms) mostly lands in the steps of the arms after it, so its GIL time is spread over
-every arm and the shim's ratio is optimistic by part of it; ``--steps 6 --warmup 2`` keeps each arm's
-drains inside its own turn (the warmup steps absorb the previous arm's last drain), and a round's value is
-the mean of its steps (sampled and not), so the ratio is what a run pays.
+The shims' readout threads and export children stay alive during the other arms' blocks (idle there).
 
-Usage (on a GPU machine):
-  python bench/gpu/overhead.py --sizes launch-bound,gpu-bound --rounds 400 --seconds 150
-Last line: launch_bound_ratio=<shim/off> gpu_bound_ratio=<> native_launch_bound_ratio=<> native_gpu_bound_ratio=<>
+Profile, per measured step of every arm (the training thread's own /proc counters, read between steps):
+CPU time, run-queue wait (runnable but another task on its core), voluntary context switches (it blocked:
+the GIL, a lock) and involuntary ones (preempted), and the core it ran on; per shim, every readout drain
+(start, end, intervals) and the export child's CPU time and core. Printed: the mean difference to ``off``
+split into those parts, how much of it the slowest 5 % of steps carry, and the steps that overlap a
+drain against those that do not.
+
+Usage (on a GPU machine, from the checkout's root; wheels: scripts/gpu-wheels):
+  python bench/gpu/overhead.py --sizes launch-bound --arms off,shim,every1 --seconds 300
+  python bench/gpu/overhead.py --sizes launch-bound --arms off,shim,every1 --steps 1 --warmup 0 --gate
+Last line: launch_bound_mean_ratio=<shim/off> launch_bound_every_step_mean_ratio=<every1/off>
+gpu_bound_mean_ratio=<shim/off> (each where measured).
 """
 
 from __future__ import annotations
@@ -36,17 +49,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from otel_straggler.demo.run import free_port  # noqa: E402
+
+SHIM_ARMS = ("shim", "every1", "host", "every1-hold", "every1-release", "every1-null", "every1-shared")
 
 
 def start_collector(workdir: Path) -> tuple[subprocess.Popen, int, int]:
@@ -79,99 +97,198 @@ def start_collector(workdir: Path) -> tuple[subprocess.Popen, int, int]:
     return proc, grpc_port, metrics_port
 
 
-def measure(model, steps: int) -> tuple[list[float], list[float]]:
-    """Wall ms per step (including the final synchronize) and the training thread's CPU ms (excluding it)."""
-    torch = model.torch
-    wall, cpu = [], []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        c0 = time.thread_time()
-        model.train_step()
-        c1 = time.thread_time()
-        torch.cuda.synchronize()
-        wall.append((time.perf_counter() - t0) * 1000.0)
-        cpu.append((c1 - c0) * 1000.0)
-    return wall, cpu
+class ThreadProbe:
+    """The calling thread's scheduler counters from /proc (read between steps, never inside one)."""
+
+    def __init__(self) -> None:
+        tid = threading.get_native_id()
+        self._sched = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+        self._status = os.open(f"/proc/self/task/{tid}/status", os.O_RDONLY)
+        self._stat = os.open(f"/proc/self/task/{tid}/stat", os.O_RDONLY)
+
+    def read(self) -> tuple[int, int, int, int, int]:
+        """(cpu ns, run-queue wait ns, voluntary switches, involuntary switches, core)."""
+        run, wait, _ = os.pread(self._sched, 256, 0).split()
+        vol = invol = 0
+        for line in os.pread(self._status, 4096, 0).splitlines():
+            if line.startswith(b"voluntary_ctxt_switches"):
+                vol = int(line.split()[1])
+            elif line.startswith(b"nonvoluntary_ctxt_switches"):
+                invol = int(line.split()[1])
+        core = int(os.pread(self._stat, 1024, 0).rsplit(b")", 1)[1].split()[36])
+        return int(run), int(wait), vol, invol, core
 
 
-def bootstrap_ci(values: list[float], stat=statistics.median, n: int = 2000, seed: int = 0  # type: ignore[no-untyped-def]
-                 ) -> tuple[float, float]:
-    """95 % percentile-bootstrap interval of ``stat`` (the median; the mean for the throughput cost)."""
-    import random
+def proc_cpu(pid: int) -> tuple[int, int] | None:
+    """(utime+stime ticks, last core) of a process, None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[11]) + int(fields[12]), int(fields[36])
+    except (OSError, IndexError, ValueError):
+        return None
 
+
+def bootstrap(rounds: list[tuple[float, float]], stat: Any, n: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile-bootstrap interval of ``stat(pairs)`` over resampled rounds (paired arm/off)."""
     rng = random.Random(seed)
-    k = len(values)
-    meds = sorted(stat(rng.choices(values, k=k)) for _ in range(n))
-    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
+    k = len(rounds)
+    vals = sorted(stat(rng.choices(rounds, k=k)) for _ in range(n))
+    return vals[int(0.025 * n)], vals[int(0.975 * n) - 1]
 
 
+def ratio_of_sums(pairs: list[tuple[float, float]]) -> float:
+    return sum(a for a, _ in pairs) / sum(b for _, b in pairs)
 
-def _shim(device_every: int, **settings):  # type: ignore[no-untyped-def]
+
+def median_of_ratios(pairs: list[tuple[float, float]]) -> float:
+    return statistics.median(a / b for a, b in pairs)
+
+
+def _shim(name: str, every: int | None = None) -> Any:
     import otel_straggler
 
-    return otel_straggler.install_megatron(enabled=True, set_global=False, device_every=device_every, **settings)
+    opts: dict[str, Any] = {}
+    if every is not None and name == "shim":
+        opts["device_every"] = every
+    if name == "every1" or name.startswith("every1-"):
+        opts["device_every"] = 1
+    if name == "host":
+        opts["device_every"] = 1 << 40  # never a sampled step: host-only timing
+    if name == "every1-null":
+        opts["export_mode"] = "off"
+    if name == "every1-shared":
+        opts["export_affinity"] = "all"
+    t = otel_straggler.install_megatron(enabled=True, set_global=False, **opts)
+    if name in ("every1-hold", "every1-release") and t.pool.record_api == "driver":
+        import torch
+
+        from otel_straggler.event_pool import driver_elapsed, driver_recorder
+
+        hold = name == "every1-hold"
+        t.pool.record = driver_recorder(torch.cuda.current_device(), hold_gil=hold)
+        t.pool.elapsed = driver_elapsed(hold_gil=hold)
+    return t
 
 
-def calibrate_every(model, steps: int = 60) -> int:
-    """The N that ``device_every=auto`` settles on for this model when the shim times every step."""
-    auto = _shim(0)
-    model.set_timers(auto)
-    measure(model, steps)
-    n = auto.ctx.device_every
-    model.set_timers(None)
-    auto.shutdown(5.0)
-    return n
+class DrainLog:
+    """Wraps one readout's ``drain``: (start ns, end ns, intervals) of every drain, perf_counter_ns clock.
+    With ``gate`` the drain first waits until the gate is open (the bench opens it during its arm's steps)."""
+
+    def __init__(self, readout: Any, gate: threading.Event | None = None) -> None:
+        self.rows: list[tuple[int, int, int]] = []
+        self.gate = gate
+        inner = readout.drain
+
+        def drain(force: bool = False) -> int:
+            if gate is not None:
+                gate.wait()
+            t0 = time.perf_counter_ns()
+            n = inner(force)
+            t1 = time.perf_counter_ns()
+            if n or t1 - t0 > 200_000:
+                self.rows.append((t0, t1, n))
+            return n
+
+        readout.drain = drain
 
 
-_ALL_CPUS = sorted(os.sched_getaffinity(0))
-
-
-def _pin_others() -> int:
-    """Move this thread (and so whatever it starts next: collector, export children, readout threads) off
-    one physical core; return that core's first CPU, for the training thread to take once they run."""
-    cpus = _ALL_CPUS
-    train = cpus[0]
-    try:
-        sib = Path(f"/sys/devices/system/cpu/cpu{train}/topology/thread_siblings_list").read_text().strip()
-        siblings: set[int] = set()
-        for part in sib.split(","):
-            lo, _, hi = part.partition("-")
-            siblings.update(range(int(lo), int(hi or lo) + 1))
-    except OSError:
-        siblings = {train}
-    print(f"cpus {cpus}; training core {train} with siblings {sorted(siblings)}", flush=True)
-    os.sched_setaffinity(0, [c for c in cpus if c not in siblings])
-    return train
-
-
-def run_size(size_name: str, rounds: int, steps: int, warmup: int, seconds: float, host_arm: bool,
-             train_cpu: int | None = None, prev_arm: bool = False, torch_arm: bool = False) -> dict:
-    from megatron.core.timers import Timers as NativeTimers
-
+def run_size(size_name: str, arm_names: list[str], rounds: int, steps: int, warmup: int, seconds: float,
+             train_cpu: int | None, gate: bool = False) -> dict:
     from otel_straggler.demo.megatron_gpt import SIZES, MegatronGPT
 
     model = MegatronGPT(SIZES[size_name])
+    torch = model.torch
     model.set_timers(None)
-    measure(model, 10)  # compile/allocator warmup outside any arm
-    every = calibrate_every(model)
-    arms = {"off": None, "native": NativeTimers(2, "minmax"), "shim": _shim(every)}
-    if host_arm:
-        arms["host"] = _shim(1 << 40)  # never a sampled step: host-only timing
-    if prev_arm:
-        arms["shim20"] = _shim(every, readout_interval_ms=20.0, export_nice=0)
-    if torch_arm:
-        arms["shimT"] = _shim(every, record_api="torch")
-    names = list(arms)
+    for _ in range(10):  # compile/allocator warmup outside any arm
+        model.train_step()
+    torch.cuda.synchronize()
+    every = None
+    if steps < 20 and "shim" in arm_names:
+        # short blocks: each arm's step periods include the other arms' steps, which the auto rule would take
+        # for its own (3-4x too long): N is what auto settles on when the shim times every step alone
+        auto = _shim("shim")
+        model.set_timers(auto)
+        for _ in range(60):
+            model.train_step()
+            torch.cuda.synchronize()
+        every = auto.ctx.device_every
+        model.set_timers(None)
+        auto.shutdown(5.0)
+        print(f"  {size_name}: device_every=auto settles on N={every} alone; the shim arm keeps it", flush=True)
+    arms: dict[str, Any] = {}
+    drains: dict[str, DrainLog] = {}
+    for name in arm_names:
+        if name == "off":
+            arms[name] = None
+        elif name == "native":
+            from megatron.core.timers import Timers as NativeTimers
+
+            arms[name] = NativeTimers(2, "minmax")
+        else:
+            arms[name] = _shim(name, every)
+            if arms[name].readout is not None:
+                drains[name] = DrainLog(arms[name].readout, threading.Event() if gate else None)
     if train_cpu is not None:  # the shims' threads and children started on the other cores
         os.sched_setaffinity(0, [train_cpu])
-    print(f"  {size_name}: device_every=auto settles on N={every}; the shim records events with "
-          f"{arms['shim'].pool.record_api}", flush=True)
-    per_round: dict[str, list[float]] = {n: [] for n in names}
-    sampled: dict[str, list[bool]] = {n: [] for n in names}  # was the arm's step device-sampled
-    cpu_round: dict[str, list[float]] = {n: [] for n in names}
-    all_steps: dict[str, list[float]] = {n: [] for n in names}
-    all_cpu: dict[str, list[float]] = {n: [] for n in names}
+    probe = ThreadProbe()
+    collector_pid = int(os.environ.get("BENCH_COLLECTOR_PID", "0"))
+    fields = ("wall", "cpu", "rqwait", "vcsw", "ivcsw", "core", "t0", "sampled", "child_ticks", "child_core")
+    steps_of: dict[str, dict[str, list]] = {n: {f: [] for f in fields} for n in arm_names}
+    blocks: dict[str, list[float]] = {n: [] for n in arm_names}
+    own_ns: dict[str, float] = dict.fromkeys(arm_names, 0.0)  # the arm's own step time since its last drain
+
+    def child_pid(arm: str) -> int | None:
+        sink = getattr(arms[arm], "sink", None)
+        return getattr(sink, "child_pid", None)
+
+    def block(arm: str, n: int, keep: bool) -> None:
+        timers = arms[arm]
+        ctx = getattr(timers, "ctx", None)
+        rec = steps_of[arm]
+        # gated: the arm's readout drains only inside its own step windows (the gate opens after t0 and closes
+        # after t1, so neither a drain nor its GIL hand-offs fall between the clock reads), and only once the
+        # arm's OWN time since its last drain reaches the readout interval: drains as often and as large as
+        # in a run of this arm alone
+        gate = drains[arm].gate if arm in drains else None
+        walls = []
+        for _ in range(n):
+            cpid = child_pid(arm) if keep else None
+            c0 = proc_cpu(cpid) if cpid else None
+            p0 = probe.read()
+            t0 = time.perf_counter_ns()
+            opened = gate is not None and own_ns[arm] >= timers.readout.interval_s * 1e9
+            if opened:
+                own_ns[arm] = 0
+                gate.set()
+            model.train_step()
+            p1 = probe.read()
+            torch.cuda.synchronize()
+            t1 = time.perf_counter_ns()
+            if opened:
+                gate.clear()
+            own_ns[arm] += t1 - t0
+            if not keep:
+                continue
+            c1 = proc_cpu(cpid) if cpid else None
+            wall = (t1 - t0) / 1e6
+            walls.append(wall)
+            rec["wall"].append(round(wall, 4))
+            rec["cpu"].append(round((p1[0] - p0[0]) / 1e6, 4))
+            rec["rqwait"].append(round((p1[1] - p0[1]) / 1e6, 4))
+            rec["vcsw"].append(p1[2] - p0[2])
+            rec["ivcsw"].append(p1[3] - p0[3])
+            rec["core"].append(p1[4])
+            rec["t0"].append(t0)
+            rec["sampled"].append(bool(ctx is not None and ctx.device_on))
+            rec["child_ticks"].append(c1[0] - c0[0] if (c0 and c1) else 0)
+            rec["child_core"].append(c1[1] if c1 else -1)
+        if keep:
+            blocks[arm].append(statistics.fmean(walls))
+
+    names = list(arm_names)
     t_end = time.monotonic() + seconds
+    next_print = time.monotonic() + 15.0
     done = 0
     for r in range(rounds):
         if time.monotonic() > t_end:
@@ -179,69 +296,190 @@ def run_size(size_name: str, rounds: int, steps: int, warmup: int, seconds: floa
         order = names[r % len(names):] + names[: r % len(names)]
         for arm in order:
             model.set_timers(arms[arm])
-            measure(model, warmup)
-            wall, cpu = measure(model, steps)
-            per_round[arm].append(statistics.fmean(wall))  # a round's cost: every step of it, sampled or not
-            ctx = getattr(arms[arm], "ctx", None)
-            sampled[arm].append(bool(ctx is not None and ctx.device_on))
-            cpu_round[arm].append(statistics.fmean(cpu))
-            all_steps[arm].extend(wall)
-            all_cpu[arm].extend(cpu)
+            block(arm, warmup, False)
+            block(arm, steps, True)
         done = r + 1
-        if done % 50 == 0:
+        if time.monotonic() >= next_print:
+            next_print += 15.0
             print(f"  {size_name} round {done}: "
-                  + " ".join(f"{a}={statistics.median(all_steps[a]):.2f}ms" for a in names), flush=True)
+                  + " ".join(f"{a}={statistics.fmean(steps_of[a]['wall']):.2f}ms" for a in names), flush=True)
     model.set_timers(None)
-    if train_cpu is not None:
-        _pin_others()
-    for arm in ("shim", "host", "shim20", "shimT"):
-        if arm in arms:
-            arms[arm].shutdown(5.0)
-    res: dict = {"size": size_name, "rounds": done, "steps_per_arm_round": steps, "warmup_per_arm_round": warmup,
-                 "device_every": every, "arms": names, "record_api": arms["shim"].pool.record_api}
+    for d in drains.values():
+        if d.gate is not None:
+            d.gate.set()  # shutdown drains from here on
+    res: dict[str, Any] = {"size": size_name, "rounds": done, "steps_per_block": steps, "warmup_per_block": warmup,
+                           "arms": names, "pinned": train_cpu is not None, "collector_pid": collector_pid,
+                           "gated": gate}
+    for name, t in arms.items():
+        if name in SHIM_ARMS:
+            res[f"{name}_device_every"] = t.ctx.device_every
+            res[f"{name}_record_api"] = t.pool.record_api
+            res[f"{name}_counters"] = t.counters.snapshot()
+            res[f"{name}_child_affinity"] = _affinity(child_pid(name))
+    for name in arm_names:
+        if name in SHIM_ARMS:
+            arms[name].shutdown(5.0)
     for arm in names:
-        res[f"{arm}_median_ms"] = statistics.median(all_steps[arm])
-        res[f"{arm}_cpu_median_ms"] = statistics.median(all_cpu[arm])
-        res[f"{arm}_p10_ms"] = statistics.quantiles(all_steps[arm], n=10)[0]
-        res[f"{arm}_p90_ms"] = statistics.quantiles(all_steps[arm], n=10)[-1]
-    for arm in names[1:]:
-        ratios = [a / b for a, b in zip(per_round[arm], per_round["off"])]
-        cpu_ratios = [a / b for a, b in zip(cpu_round[arm], cpu_round["off"]) if b > 0]
-        res[f"{arm}_ratio_median"] = statistics.median(ratios)
-        res[f"{arm}_ratio_ci95"] = bootstrap_ci(ratios)
-        res[f"{arm}_ratio_iqr"] = (statistics.quantiles(ratios, n=4)[0], statistics.quantiles(ratios, n=4)[-1])
-        res[f"{arm}_ratio_of_medians"] = res[f"{arm}_median_ms"] / res["off_median_ms"]
-        res[f"{arm}_cpu_ratio_median"] = statistics.median(cpu_ratios)
-        res[f"{arm}_cpu_ratio_ci95"] = bootstrap_ci(cpu_ratios)
-        res[f"{arm}_ratios"] = [round(x, 4) for x in ratios]
-        res[f"{arm}_ratio_mean"] = statistics.fmean(ratios)
-        res[f"{arm}_ratio_mean_ci95"] = bootstrap_ci(ratios, statistics.fmean)
-        on = [x for x, s in zip(ratios, sampled[arm]) if s]
-        off = [x for x, s in zip(ratios, sampled[arm]) if not s]
-        res[f"{arm}_sampled_share"] = len(on) / len(ratios) if ratios else 0.0
-        res[f"{arm}_ratio_sampled_median"] = statistics.median(on) if on else None
-        res[f"{arm}_ratio_unsampled_median"] = statistics.median(off) if off else None
-    del model
+        res[f"{arm}_steps"] = steps_of[arm]
+        res[f"{arm}_blocks"] = [round(x, 4) for x in blocks[arm]]
+        if arm in drains:
+            res[f"{arm}_drains"] = drains[arm].rows
     return res
+
+
+def _affinity(pid: int | None) -> list[int] | None:
+    try:
+        return sorted(os.sched_getaffinity(pid)) if pid else None
+    except OSError:
+        return None
+
+
+def analyse(res: dict) -> dict:
+    """Ratios (mean per block, medians beside) and the profile of where the mean goes, per arm vs off."""
+    out: dict[str, Any] = {"size": res["size"], "rounds": res["rounds"], "steps_per_block": res["steps_per_block"],
+                           "gated": res.get("gated", False)}
+    off = res["off_steps"]
+    off_blocks = res["off_blocks"]
+    p95 = statistics.quantiles(off["wall"], n=20)[-1]
+    out["off_mean_ms"] = statistics.fmean(off["wall"])
+    out["off_median_ms"] = statistics.median(off["wall"])
+    out["off_p95_ms"] = p95
+    for arm in res["arms"]:
+        st = res[f"{arm}_steps"]
+        a: dict[str, Any] = {
+            "mean_ms": statistics.fmean(st["wall"]),
+            "median_ms": statistics.median(st["wall"]),
+            "p99_ms": statistics.quantiles(st["wall"], n=100)[-1],
+            "max_ms": max(st["wall"]),
+            "cpu_ms": statistics.fmean(st["cpu"]),
+            "rqwait_ms": statistics.fmean(st["rqwait"]),
+            "vcsw": statistics.fmean(st["vcsw"]),
+            "ivcsw": statistics.fmean(st["ivcsw"]),
+            "migrations": sum(1 for x, y in zip(st["core"], st["core"][1:]) if x != y) / max(1, len(st["core"]) - 1),
+            "steps": len(st["wall"]),
+        }
+        a["other_wait_ms"] = a["mean_ms"] - a["cpu_ms"] - a["rqwait_ms"]
+        if arm != "off":
+            pairs = list(zip(res[f"{arm}_blocks"], off_blocks))
+            a["mean_ratio"] = ratio_of_sums(pairs)
+            a["mean_ratio_ci95"] = bootstrap(pairs, ratio_of_sums)
+            a["block_median_ratio"] = median_of_ratios(pairs)
+            a["block_median_ratio_ci95"] = bootstrap(pairs, median_of_ratios)
+            a["median_ratio"] = a["median_ms"] / out["off_median_ms"]
+            # the tail: excess over off's 95th percentile, per step, against the whole mean difference
+            a["tail_excess_ms"] = (sum(max(0.0, w - p95) for w in st["wall"]) / len(st["wall"])
+                                   - sum(max(0.0, w - p95) for w in off["wall"]) / len(off["wall"]))
+            a["share_over_off_p95"] = sum(1 for w in st["wall"] if w > p95) / len(st["wall"])
+            sampled = [w for w, s in zip(st["wall"], st["sampled"]) if s]
+            other = [w for w, s in zip(st["wall"], st["sampled"]) if not s]
+            a["sampled_mean_ms"] = statistics.fmean(sampled) if sampled else None
+            a["unsampled_mean_ms"] = statistics.fmean(other) if other else None
+            cpu_on = [c for c, s in zip(st["cpu"], st["sampled"]) if s]
+            a["sampled_cpu_ms"] = statistics.fmean(cpu_on) if cpu_on else None
+        dr = res.get(f"{arm}_drains")
+        if dr:
+            # drains overlapping each measured step (perf_counter_ns clock on both sides)
+            t0s, walls = st["t0"], st["wall"]
+            over = []
+            j = 0
+            rows = sorted(dr)
+            for t0, w in zip(t0s, walls):
+                t1 = t0 + int(w * 1e6)
+                ov = 0
+                while j < len(rows) and rows[j][1] < t0:
+                    j += 1
+                k = j
+                while k < len(rows) and rows[k][0] < t1:
+                    ov += min(rows[k][1], t1) - max(rows[k][0], t0)
+                    k += 1
+                over.append(ov / 1e6)
+            hit = [w for w, o in zip(walls, over) if o > 0]
+            miss = [w for w, o in zip(walls, over) if o == 0]
+            n_iv = sum(r[2] for r in dr)
+            dur = [(r[1] - r[0]) / 1e6 for r in dr if r[2]]
+            a["drains"] = len(dr)
+            a["drain_ms_mean"] = statistics.fmean(dur) if dur else 0.0
+            a["drain_ms_max"] = max(dur) if dur else 0.0
+            a["drain_us_per_interval"] = 1e3 * sum(dur) / n_iv if n_iv else 0.0
+            a["drain_ms_per_step"] = statistics.fmean(over)
+            # drain time outside this arm's measured steps (gated: should be ~0; else it lands in other arms)
+            a["drain_ms_outside_per_step"] = sum(dur) / len(walls) - a["drain_ms_per_step"]
+            a["steps_with_drain"] = len(hit) / len(walls)
+            a["mean_ms_with_drain"] = statistics.fmean(hit) if hit else None
+            a["mean_ms_without_drain"] = statistics.fmean(miss) if miss else None
+        ticks = [t for t in st["child_ticks"]]
+        if any(ticks):
+            hz = os.sysconf("SC_CLK_TCK")
+            a["child_cpu_ms_per_step"] = 1e3 * statistics.fmean(ticks) / hz
+            a["child_same_core"] = statistics.fmean(
+                1.0 if c == t else 0.0 for c, t in zip(st["child_core"], st["core"]))
+        out[arm] = a
+    return out
+
+
+def report(an: dict) -> None:
+    print(f"\n== {an['size']}: {an['rounds']} rounds of {an['steps_per_block']}-step blocks"
+          f"{' (drains gated to their arm)' if an['gated'] else ''}; off mean {an['off_mean_ms']:.2f} ms, median "
+          f"{an['off_median_ms']:.2f}, p95 {an['off_p95_ms']:.2f}")
+    print(f"{'arm':>15} {'mean ms':>8} {'mean ratio':>10} {'95% CI':>15} {'blk median':>10} {'step med':>8} "
+          f"{'p99 ms':>7} {'cpu ms':>7} {'rq ms':>6} {'oth ms':>6} {'vcsw':>6} {'ivcsw':>6} {'migr':>5} "
+          f"{'tail ms':>7}")
+    for arm, a in an.items():
+        if not isinstance(a, dict):
+            continue
+        if arm == "off":
+            print(f"{arm:>15} {a['mean_ms']:8.2f} {'':>10} {'':>15} {'':>10} {'':>8} {a['p99_ms']:7.2f} "
+                  f"{a['cpu_ms']:7.2f} {a['rqwait_ms']:6.3f} {a['other_wait_ms']:6.2f} {a['vcsw']:6.1f} "
+                  f"{a['ivcsw']:6.2f} {a['migrations']:5.2f}")
+            continue
+        lo, hi = a["mean_ratio_ci95"]
+        print(f"{arm:>15} {a['mean_ms']:8.2f} {a['mean_ratio']:10.4f} {lo:7.4f}-{hi:.4f} "
+              f"{a['block_median_ratio']:10.4f} {a['median_ratio']:8.4f} {a['p99_ms']:7.2f} {a['cpu_ms']:7.2f} "
+              f"{a['rqwait_ms']:6.3f} {a['other_wait_ms']:6.2f} {a['vcsw']:6.1f} {a['ivcsw']:6.2f} "
+              f"{a['migrations']:5.2f} {a['tail_excess_ms']:7.3f}")
+    for arm, a in an.items():
+        if isinstance(a, dict) and "drains" in a:
+            print(f"   {arm}: drains {a['drains']} (mean {a['drain_ms_mean']:.3f} ms, max {a['drain_ms_max']:.2f}, "
+                  f"{a['drain_us_per_interval']:.2f} us/interval), {a['drain_ms_per_step']:.3f} ms of drain per "
+                  f"step ({a['drain_ms_outside_per_step']:.3f} outside the arm's steps), "
+                  f"{100 * a['steps_with_drain']:.0f} % of steps overlap one: mean "
+                  f"{a['mean_ms_with_drain'] or 0:.2f} ms with vs {a['mean_ms_without_drain'] or 0:.2f} without; "
+                  f"sampled steps {a['sampled_mean_ms'] or 0:.2f} ms (cpu {a['sampled_cpu_ms'] or 0:.2f}) vs "
+                  f"others {a['unsampled_mean_ms'] or 0:.2f}; export child "
+                  f"{a.get('child_cpu_ms_per_step', 0):.2f} ms cpu/step, on the training core "
+                  f"{100 * a.get('child_same_core', 0):.1f} % of samples")
+
+
+def _pin_others() -> int:
+    """Move this thread (and so whatever it starts next) off one core; return that core for training."""
+    cpus = sorted(os.sched_getaffinity(0))
+    train = cpus[0]
+    print(f"cpus {cpus}; training core {train}", flush=True)
+    os.sched_setaffinity(0, [c for c in cpus if c != train])
+    return train
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="launch-bound,gpu-bound")
-    ap.add_argument("--rounds", type=int, default=400, help="most rounds per size")
-    ap.add_argument("--steps", type=int, default=1, help="measured steps per arm per round")
-    ap.add_argument("--warmup", type=int, default=1, help="unmeasured steps per arm per round (after a switch)")
-    ap.add_argument("--seconds", type=float, default=150.0, help="time budget per size (rounds stop after it)")
-    ap.add_argument("--host-arm", action="store_true", help="add a host-only shim arm")
-    ap.add_argument("--torch-arm", action="store_true",
-                    help="add a shim arm recording events with torch's Event.record (record_api=torch)")
-    ap.add_argument("--prev-arm", action="store_true",
-                    help="add a shim arm with the previous defaults (readout 20 ms, export child not niced)")
-    ap.add_argument("--pin", action="store_true",
-                    help="training thread alone on one physical core; collector, export children and the "
-                         "readout thread on the other cores (as on a GPU node with spare cores)")
+    ap.add_argument("--arms", default="off,shim,every1", help=f"off, native and any of {SHIM_ARMS}")
+    ap.add_argument("--rounds", type=int, default=10_000, help="most rounds per size")
+    ap.add_argument("--steps", type=int, default=20, help="measured steps per block")
+    ap.add_argument("--warmup", type=int, default=2, help="unmeasured steps per block (after a switch)")
+    ap.add_argument("--seconds", default="300", help="time budget per size, or one per size (comma-separated)")
+    ap.add_argument("--pin", action="store_true", help="training thread alone on one core, the rest elsewhere")
+    ap.add_argument("--gate", action="store_true",
+                    help="a shim's readout drains only inside its own arm's steps, once per readout interval of "
+                         "the arm's own time (for short blocks: each arm's drains, and so their GIL time, land in "
+                         "its own steps, as often as in a run of that arm alone)")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
+    arm_names = args.arms.split(",")
+    if arm_names[0] != "off":
+        ap.error("the first arm must be off")
+    sizes = args.sizes.split(",")
+    secs = [float(x) for x in args.seconds.split(",")]
+    secs = secs + [secs[-1]] * (len(sizes) - len(secs))
 
     import torch
 
@@ -252,11 +490,20 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="overhead-"))
     collector, grpc_port, metrics_port = start_collector(work)
     os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{grpc_port}",
-                       "OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_STRAGGLER_JOB_ID": "overhead-bench"})
-    print(f"torch {torch.__version__}, device {torch.cuda.get_device_name(0)}, training thread on cpu "
-          f"{train_cpu if train_cpu is not None else 'any'}", flush=True)
-    results = [run_size(name, args.rounds, args.steps, args.warmup, args.seconds, args.host_arm, train_cpu,
-                        args.prev_arm, args.torch_arm) for name in args.sizes.split(",")]
+                       "OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_STRAGGLER_JOB_ID": "overhead-bench",
+                       "BENCH_COLLECTOR_PID": str(collector.pid)})
+    print(f"torch {torch.__version__}, device {torch.cuda.get_device_name(0)}, {os.cpu_count()} cpus, training "
+          f"thread on cpu {train_cpu if train_cpu is not None else 'any'}; blocks of {args.warmup}+{args.steps} "
+          f"steps", flush=True)
+    results, analyses = [], []
+    for name, s in zip(sizes, secs):
+        res = run_size(name, arm_names, args.rounds, args.steps, args.warmup, s, train_cpu, args.gate)
+        an = analyse(res)
+        report(an)
+        results.append(res)
+        analyses.append(an)
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps({"analysis": analyses, "raw": results}))
     metrics = ""
     try:
         import urllib.request
@@ -269,29 +516,24 @@ def main() -> int:
     collector.wait(timeout=20)
     accepted = [ln for ln in metrics.splitlines() if ln.startswith("otel_straggler_collector_spans_accepted")]
     print("collector:", accepted[:1])
-    print(f"{'size':14} {'N':>2} {'rounds':>6} {'arm':>7} {'median ms':>9} {'arm/off':>8} {'95% CI':>15} "
-          f"{'cpu arm/off':>11} {'cpu 95% CI':>15} {'mean':>7} {'mean 95% CI':>15} {'sampled':>7} {'unsampl':>7}")
-    for r in results:
-        print(f"{r['size']:14} {r['device_every']:2d} {r['rounds']:6d} {'off':>7} {r['off_median_ms']:9.2f}")
-        for arm in r["arms"][1:]:
-            lo, hi = r[f"{arm}_ratio_ci95"]
-            clo, chi = r[f"{arm}_cpu_ratio_ci95"]
-            mlo, mhi = r[f"{arm}_ratio_mean_ci95"]
-            son, soff = r[f"{arm}_ratio_sampled_median"], r[f"{arm}_ratio_unsampled_median"]
-            print(f"{'':14} {'':2} {'':6} {arm:>7} {r[f'{arm}_median_ms']:9.2f} {r[f'{arm}_ratio_median']:8.4f} "
-                  f"{lo:7.4f}-{hi:.4f} {r[f'{arm}_cpu_ratio_median']:11.4f} {clo:7.4f}-{chi:.4f} "
-                  f"{r[f'{arm}_ratio_mean']:7.4f} {mlo:7.4f}-{mhi:.4f} "
-                  f"{'-' if son is None else f'{son:.4f}':>7} {'-' if soff is None else f'{soff:.4f}':>7}")
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(results, indent=2))
-    by = {r["size"]: r for r in results}
-    parts = []
-    for key, size in (("launch_bound", "launch-bound"), ("gpu_bound", "gpu-bound")):
-        if size in by:
-            parts.append(f"{key}_ratio={by[size]['shim_ratio_median']:.4f}")
-    for key, size in (("launch_bound", "launch-bound"), ("gpu_bound", "gpu-bound")):
-        if size in by:
-            parts.append(f"native_{key}_ratio={by[size]['native_ratio_median']:.4f}")
+    for res in results:
+        for arm in res["arms"]:
+            if f"{arm}_counters" in res:
+                c = res[f"{arm}_counters"]
+                dropped = sum(v for k, v in c.items() if k.startswith("dropped"))
+                print(f"  {res['size']} {arm}: N={res[f'{arm}_device_every']} record_api={res[f'{arm}_record_api']} "
+                      f"intervals={c.get('intervals')} dropped={dropped} "
+                      f"faults={c.get('faults')} child affinity={res.get(f'{arm}_child_affinity')}")
+    by = {a["size"]: a for a in analyses}
+    parts, cis = [], []
+    for key, size, arm in (("launch_bound", "launch-bound", "shim"),
+                           ("launch_bound_every_step", "launch-bound", "every1"),
+                           ("gpu_bound", "gpu-bound", "shim")):
+        if size in by and arm in by[size]:
+            lo, hi = by[size][arm]["mean_ratio_ci95"]
+            parts.append(f"{key}_mean_ratio={by[size][arm]['mean_ratio']:.4f}")
+            cis.append(f"{key}_mean_ci95={lo:.4f}-{hi:.4f}")
+    print(" ".join(cis))
     print(" ".join(parts))
     return 0
 

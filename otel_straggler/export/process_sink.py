@@ -2,7 +2,9 @@
 
 The readout thread pays a ``struct.pack`` per interval and one non-blocking ``write``; the child
 (``sidecar``) does aggregation, span building, encoding and OTLP. The child is spawned lazily on the first
-``submit``/``publish_stats`` (after torchrun or multiprocessing created the rank, never at import).
+``submit``/``publish_stats`` (after torchrun or multiprocessing created the rank, never at import). It runs
+niced (``export_nice``) and, with ``export_affinity="auto"``, on the process's allowed CPUs other than the
+core the training thread (the thread that built the sink) runs on when the child starts.
 
 Failure handling (all fail open, all counted):
 * pipe full -> the batch is dropped (``dropped_pipe_full``); a partially written frame is kept and
@@ -69,6 +71,9 @@ class ProcessSink(ForkGuarded):
             "config": config.as_dict(),
             "otel": otel.as_dict(),
         }
+        self._affinity = config.export_affinity
+        # the thread that builds the sink is the training thread (install_megatron/configure run on it)
+        self._train_tid = threading.get_native_id()
         self.shutdown_timeout_s = float(config.shutdown_timeout_s)
         self.max_restarts = int(config.sidecar_max_restarts)
         self.restart_backoff_s = float(config.sidecar_restart_backoff_s)
@@ -99,8 +104,27 @@ class ProcessSink(ForkGuarded):
         env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         return env
 
+    def _avoid_cpus(self) -> list[int]:
+        """``affinity="auto"``: the core the training thread runs on now and its SMT siblings, which the child
+        keeps off, so that its CPU time never comes out of the training thread's core, wherever the scheduler
+        would place it. Empty when unknown or ``affinity="all"``."""
+        if self._affinity != "auto":
+            return []
+        core = _core_of(self._train_tid)
+        if core is None:
+            return []
+        cpus = {core}
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{core}/topology/thread_siblings_list") as f:
+                for part in f.read().strip().split(","):
+                    lo, _, hi = part.partition("-")
+                    cpus.update(range(int(lo), int(hi or lo) + 1))
+        except (OSError, ValueError):
+            pass
+        return sorted(cpus)
+
     def _spawn(self) -> bool:
-        header = dict(self._header, parent_pid=os.getpid())
+        header = dict(self._header, parent_pid=os.getpid(), avoid_cpus=self._avoid_cpus())
         try:
             proc = subprocess.Popen(
                 self._command,
@@ -399,3 +423,12 @@ class ProcessSink(ForkGuarded):
 
 
 _FORKED_LEFTOVERS: list[Any] = []
+
+
+def _core_of(tid: int) -> int | None:
+    """The CPU a thread of this process last ran on (``/proc``), None when unknown."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[36])
+    except (OSError, ValueError, IndexError):
+        return None

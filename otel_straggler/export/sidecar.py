@@ -1,7 +1,7 @@
 """Export child process: ``python -m otel_straggler.export.sidecar``, one per training process.
 
-stdin: one JSON header line (resource attributes, rank, job id, the ``EmitterConfig``), then ``wire`` frames.
-stdout: flush acks.
+stdin: one JSON header line (resource attributes, rank, job id, the ``EmitterConfig``, CPUs to keep off), then
+``wire`` frames. stdout: flush acks.
 The child aggregates, builds and encodes the SDK spans and runs the OTLP exporters, so none of that
 holds the training process's GIL.
 
@@ -60,6 +60,18 @@ def _ack(fd: int, seq: int, ok: bool, counters: dict[str, Any]) -> None:
         pass
 
 
+def _avoid_cpus(avoid: Any) -> None:
+    """Run on the allowed CPUs other than ``avoid`` (the training thread's core), before any thread starts so
+    that the exporters' threads inherit it; left as is when nothing would remain or the call fails."""
+    try:
+        allowed = os.sched_getaffinity(0)
+        keep = allowed - {int(c) for c in avoid}
+        if keep and keep != allowed:
+            os.sched_setaffinity(0, keep)
+    except (AttributeError, OSError, TypeError, ValueError):
+        pass
+
+
 def run(in_fd: int, ack_fd: int) -> int:
     header = _read_header(in_fd, time.monotonic() + 30.0)
     config = EmitterConfig.from_dict(header.get("config", {}))
@@ -71,6 +83,7 @@ def run(in_fd: int, ack_fd: int) -> int:
             os.nice(nice)  # yield to the training processes on shared cores
         except OSError:
             pass
+    _avoid_cpus(header.get("avoid_cpus") or ())
     pipeline = ExportPipeline(
         header.get("resource", {}),
         rank=int(header.get("rank", 0)),

@@ -1,7 +1,7 @@
 """Shared fixtures for the emitter tests.
 
 CUDA cannot run on the CI machines, so device timing is driven through ``FakeDevice``/``FakeEvent``
-(``otel_straggler.event_pool``): a fake stream clock whose events complete when the test says so.
+(``fake_cuda.py``): a fake stream clock whose events complete when the test says so.
 Everything else is real (threads, ring, readout, Megatron's own Timers for parity).
 """
 
@@ -12,9 +12,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
+from fake_cuda import FakeDevice
 
 from otel_straggler.config import EmitterConfig
-from otel_straggler.event_pool import EventPool, FakeDevice
+from otel_straggler.event_pool import EventPool
 from otel_straggler.interval import Interval
 from otel_straggler.timers import Timers
 

@@ -1,12 +1,13 @@
 """Adaptive device sampling (``device_every=auto``): N follows step time and intervals per step.
 
-The clock is the real monotonic clock with the steps paced by sleeps, except where a test needs exact step
-periods (then a fake clock). CUDA is faked by ``cuda=True`` on the step context (the decision logic needs
-no device). Record micro-costs of 2 us are the driver's record on the H200 (1.6 us)."""
+Steps are paced by a fake clock (the decision depends on step periods only; a loaded machine's sleep jitter
+must not decide a test), with a seeded jitter where a test says so. CUDA is faked by ``cuda=True`` on the
+step context (the decision logic needs no device). Record micro-costs of 2 us are the driver's record on
+the H200 (1.6 us)."""
 
 from __future__ import annotations
 
-import time
+import random
 
 from otel_straggler.config import EmitterConfig
 from otel_straggler.step_context import StepContext
@@ -22,14 +23,15 @@ class _Count:
 
 def _run(step_s: float, intervals_per_step: int, record_cost_s: float, steps: int = 8) -> tuple[int, list[bool]]:
     count = _Count()
+    clock = _Clock()
     ctx = StepContext(device_every=0, cuda=True, budget=0.0025, max_every=4, record_cost_s=record_cost_s,
-                      intervals=count)
+                      intervals=count, clock=clock)
     on = []
     for step in range(1, steps + 1):
         ctx.set_step(step)
         on.append(ctx.device_on)
         count.n += intervals_per_step
-        time.sleep(step_s)
+        clock.sleep(step_s)
     return ctx.device_every, on
 
 
@@ -72,18 +74,20 @@ def test_the_measured_price_of_a_sampled_step_raises_n() -> None:
     take 2 ms longer than host-only ones (every 16th step is a host-only probe while N = 1): once both
     kinds have been seen, N follows the measured price (2 ms every N-th step within 0.25 % of 10 ms needs
     N >= 80: the cap, 4). Equally long steps leave N at 1: the difference is taken at its lower
-    2-standard-error bound, so sleep jitter on a loaded machine does not move it."""
+    2-standard-error bound, so step jitter (here +-10 %, seeded) does not move it."""
     def run(extra_s: float) -> tuple[list[int], list[bool]]:
         count = _Count()
+        clock = _Clock()
+        rng = random.Random(3)
         ctx = StepContext(device_every=0, cuda=True, budget=0.0025, max_every=4, record_cost_s=5e-8,
-                          intervals=count)
+                          intervals=count, clock=clock)
         seen, on = [], []
         for step in range(1, 90):
             ctx.set_step(step)
             seen.append(ctx.device_every)
             on.append(ctx.device_on)
             count.n += 26
-            time.sleep(0.010 + (extra_s if ctx.device_on else 0.0))
+            clock.sleep(0.010 * rng.uniform(0.9, 1.1) + (extra_s if ctx.device_on else 0.0))
         return seen, on
 
     seen, on = run(0.002)
@@ -98,23 +102,30 @@ def test_setup_time_and_a_stall_are_not_the_price_of_sampling() -> None:
     (a checkpoint) on a device-sampled step is not booked to either kind: N stays 1 (before, either kept
     N = 4 for hundreds of steps)."""
     count = _Count()
-    ctx = StepContext(device_every=0, cuda=True, budget=0.0025, max_every=4, record_cost_s=5e-8, intervals=count)
-    time.sleep(0.3)  # setup between install and the first step
+    clock = _Clock()
+    ctx = StepContext(device_every=0, cuda=True, budget=0.0025, max_every=4, record_cost_s=5e-8, intervals=count,
+                      clock=clock)
+    clock.sleep(0.3)  # setup between install and the first step
     seen = []
     for step in range(1, 60):
         ctx.set_step(step)
         seen.append(ctx.device_every)
         count.n += 26
-        time.sleep(0.3 if step == 30 else 0.010)  # step 30 is device-sampled (N = 1) and stalls
+        clock.sleep(0.3 if step == 30 else 0.010)  # step 30 is device-sampled (N = 1) and stalls
     assert seen[0] == 4 and max(seen[2:]) == 1  # N starts at the cap until a step has been measured
 
 
 class _Clock:
+    """Fake monotonic clock in seconds: ``sleep`` advances it."""
+
     def __init__(self) -> None:
         self.t = 0.0
 
     def __call__(self) -> float:
         return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
 
 
 def _paced(record_cost_s: float, period_s, steps: int) -> list[int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from otel_straggler.event_pool import FakeDevice
+from fake_cuda import FakeDevice
 
 
 def test_head_of_line_holds_later_intervals_until_complete(make_timers, sink) -> None:
@@ -73,8 +73,9 @@ def test_stats_published_and_lag_tracked(make_timers, sink, monkeypatch) -> None
     x = t("forward-compute")
     x.start()
     x.stop()
-    deadline = time.monotonic() + 2.0
-    while not sink.stats and time.monotonic() < deadline:
+    # the thread may publish once before it has drained the interval: wait for a snapshot that counts it
+    deadline = time.monotonic() + 5.0
+    while not (sink.stats and sink.stats[-1]["intervals"] == 1) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert sink.stats, "publish_stats never called"
     last = sink.stats[-1]
@@ -117,3 +118,23 @@ def test_flush_without_thread_and_with_concurrent_caller(make_timers, sink, devi
         th.join(5)
     assert results == [True, True, True]
     assert len(sink.intervals) == 10
+
+
+def test_a_backlog_goes_out_in_bounded_batches_in_order(make_timers, sink, monkeypatch) -> None:
+    """A drain hands at most MAX_BATCH intervals to one ``submit``; a backlog goes out as several batches, in
+    completion order, with every slot freed, the interval count and the lag of the oldest slot booked."""
+    import otel_straggler.readout as ro
+
+    monkeypatch.setattr(ro, "MAX_BATCH", 3)
+    t = make_timers(ring_size=16)
+    for step in range(8):
+        t.set_step(step)
+        t("forward-compute").start()
+        t("forward-compute").stop()
+    assert t.readout.drain() == 8
+    assert sink.batches == 3  # 3 + 3 + 2
+    assert [iv.step for iv in sink.intervals] == list(range(8))
+    assert all(iv.device_ms is not None and iv.degraded is None for iv in sink.intervals)
+    assert len(t.ring) == 0 and t.counters.intervals == 8
+    assert len(t.pool.free) == t.pool.capacity
+    assert t.readout._lag_max_ns > 0

@@ -8,10 +8,10 @@ import pickle
 import time
 
 import pytest
+from fake_cuda import FakeDevice
 
 from otel_straggler import schema
 from otel_straggler.counters import EmitterCounters
-from otel_straggler.event_pool import FakeDevice
 from otel_straggler.inject import Injector
 from otel_straggler.timers import Timer, Timers
 

@@ -4,8 +4,7 @@ CUDA events are the fake backend (CUDA cannot run on the CI machines)."""
 from __future__ import annotations
 
 import pytest
-
-from otel_straggler.event_pool import FakeDevice
+from fake_cuda import FakeDevice
 
 
 def _steps(t, n: int, names=("forward-compute", "backward-compute"), device: FakeDevice | None = None) -> None:
