@@ -1,7 +1,8 @@
 """Memory limiter in the OTel Collector's manner: RSS is read every ``check_interval`` from /proc/self/statm.
 
 Over ``limit_mib - spike_limit_mib`` (the soft limit) the pipelines that list it refuse new data (receivers answer
-UNAVAILABLE / 503 with a retry delay); over ``limit_mib`` a garbage collection is forced as well.
+UNAVAILABLE / 503 with a retry delay); over ``limit_mib`` a garbage collection is forced as well. It takes part in
+a pipeline as an ``Admission`` gate, not as a step of the data path.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import threading
 
 from pydantic import Field, model_validator
 
+from collector_processor.component import Refusal
 from collector_processor.config.model import MIB
 from collector_processor.config.types import Duration, Strict
+from collector_processor.registry import BuildContext, Factory
 from collector_processor.telemetry import Telemetry
 
-TYPE = "memory_limiter"
 log = logging.getLogger(__name__)
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -37,10 +39,6 @@ class Config(Strict):
         if self.check_interval <= 0:
             raise ValueError("check_interval must be positive")
         return self
-
-
-def create_default_config() -> Config:
-    return Config()
 
 
 def rss_bytes() -> int:
@@ -62,8 +60,13 @@ class MemoryLimiter:
         self._thread = threading.Thread(target=self._run, name="memory-limiter", daemon=True)
         self.check()
 
-    def admit(self) -> bool:
-        return not self._over
+    def reserve(self, nbytes: int) -> Refusal | None:
+        if self._over:
+            return Refusal("memory_limit", "memory limit reached")
+        return None
+
+    def release(self, nbytes: int) -> None:
+        return
 
     def check(self) -> None:
         rss = rss_bytes()
@@ -94,5 +97,8 @@ class MemoryLimiter:
             self._thread.join(timeout_s)
 
 
-def create_processor(cfg: Config, telemetry: Telemetry) -> MemoryLimiter:
-    return MemoryLimiter(cfg, telemetry)
+def _create(ctx: BuildContext, cid: str, cfg: Config) -> MemoryLimiter:
+    return MemoryLimiter(cfg, ctx.telemetry)
+
+
+FACTORY = Factory("processor", "memory_limiter", Config, _create)

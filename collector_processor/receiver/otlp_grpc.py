@@ -47,6 +47,8 @@ def server_credentials(tls) -> grpc.ServerCredentials:
 
 
 class OtlpGrpcReceiver:
+    what = "OTLP/GRPC"
+
     def __init__(self, rid: str, cfg: Config, proto: GrpcProtocol, dispatcher: Dispatcher, telemetry: Telemetry,
                  auth: BearerAuth, healthy: Callable[[], bool] = lambda: True) -> None:
         self.id = rid

@@ -187,6 +187,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class OtlpHttpReceiver:
+    what = "OTLP/HTTP"
+
     def __init__(self, rid: str, cfg: Config, proto: HttpProtocol, dispatcher: Dispatcher, telemetry: Telemetry,
                  auth: BearerAuth) -> None:
         self.id = rid
