@@ -77,6 +77,15 @@ class Admission(Protocol):
 
     def release(self, nbytes: int) -> None: ...
 
+    def hold(self, nbytes: int) -> None:
+        """Count memory a receiver is about to hold whatever the limit (it bounds that itself, by ``budget``);
+        undone by ``release``."""
+        ...
+
+    def budget(self) -> int:
+        """What requests in flight may take in all (bytes): a receiver sizes what it buffers by it."""
+        ...
+
 
 # ---- exporters ----------------------------------------------------------------------------------------------
 
