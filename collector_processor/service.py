@@ -194,11 +194,19 @@ class Service:
         for p in upstream:
             clean &= p.close(dl)
         for st in self.processors.values():
+            wait = budget(0.15)
+            if not st.lock.acquire(timeout=wait):  # its pipeline's worker is still inside it (a long request)
+                log.warning("processor %s still busy after %.1f s: not shut down, its last state is not flushed",
+                            st.id, wait)
+                self.t.component_errors.labels(st.id).inc()
+                clean = False
+                continue
             try:
-                with st.lock:
-                    st.impl.shutdown(budget(0.15))
+                st.impl.shutdown(budget(0.15))
             except Exception:
                 log.exception("shutting down processor %s", st.id)
+            finally:
+                st.lock.release()
         dl = time.monotonic() + budget(0.15)
         for p in rest:
             clean &= p.close(dl)
