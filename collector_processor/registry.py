@@ -46,7 +46,6 @@ class Factory:
     emits: str = ""  # processor: the side output it emits besides its data (e.g. "verdicts")
     consumes: str = ""  # connector: the side output it carries from its upstream pipelines' processors
     events_only: bool = False  # exporter: takes events from connectors only, not OTLP requests
-    stability: str = "alpha"
     aliases: tuple[str, ...] = field(default=())  # other type names of the same factory
 
 

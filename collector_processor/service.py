@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from collector_processor.component import Admission, Connector, Endpoint, EventBatch, Receiver, Serving
+from collector_processor.component import Admission, Component, Connector, Endpoint, EventBatch, Receiver, Serving
 from collector_processor.config.model import MIB
 from collector_processor.config.types import split_host_port
 from collector_processor.config.validate import CollectorConfig
@@ -84,6 +84,16 @@ class Service:
                 out.setdefault(pipe.signal, []).append(pipe)
         return out
 
+    @staticmethod
+    def _create(ctx: BuildContext, cid: str, comp: Any, role: type | None = None) -> Any:
+        """Build a component; it must have start/shutdown (and ``role``'s methods when given)."""
+        built = comp.factory.create(ctx, cid, comp.config)
+        for proto in (Component, role):
+            if proto is not None and not isinstance(built, proto):
+                raise TypeError(f"{comp.factory.kind} {cid}: its factory built {type(built).__name__}, which lacks "
+                                f"the {proto.__name__} methods")
+        return built
+
     def _build(self) -> None:
         cfg, svc = self.cfg, self.cfg.service
         assert svc is not None
@@ -91,16 +101,13 @@ class Service:
         used = svc.used_ids()
         for eid, comp in cfg.exporters.items():
             if eid in used:
-                self.exporters[eid] = comp.factory.create(ctx, eid, comp.config)
+                self.exporters[eid] = self._create(ctx, eid, comp)
         for cid, comp in cfg.connectors.items():
             if cid in used:
-                conn = comp.factory.create(ctx, cid, comp.config)
-                if not isinstance(conn, Connector):
-                    raise TypeError(f"connector {cid}: its factory built {type(conn).__name__}, not a connector")
-                self.connectors[cid] = conn
+                self.connectors[cid] = self._create(ctx, cid, comp, Connector)
         for pid, comp in cfg.processors.items():
             if pid in used:
-                self.processors[pid] = Stage(pid, comp.factory.create(ctx, pid, comp.config))
+                self.processors[pid] = Stage(pid, self._create(ctx, pid, comp))
         for pid, pc in svc.pipelines.items():
             stages = [self.processors[x] for x in pc.processors]
             admission = [st.impl for st in stages if isinstance(st.impl, Admission)]
@@ -119,10 +126,7 @@ class Service:
                     self._forward_routes.setdefault(cid, []).append(self.pipelines[pid])
         for rid, comp in cfg.receivers.items():
             if rid in used:
-                rcv = comp.factory.create(ctx, rid, comp.config)
-                if not isinstance(rcv, Receiver):
-                    raise TypeError(f"receiver {rid}: its factory built {type(rcv).__name__}, not a receiver")
-                self.receivers[rid] = rcv
+                self.receivers[rid] = self._create(ctx, rid, comp, Receiver)
         addr = svc.telemetry.metrics.address.strip()
         if addr:
             served = {(e.host, e.port) for e in self.listening() if e.serves_telemetry}
@@ -132,7 +136,7 @@ class Service:
 
     # ---- run --------------------------------------------------------------------------------------------------
     def start(self) -> None:
-        started: list[Any] = []
+        started: list[Component] = []
         try:
             for group in (self.exporters.values(), self.connectors.values(),
                           (st.impl for st in self.processors.values())):
