@@ -1,12 +1,13 @@
 """One pipeline = bounded queue + one worker thread + processors + exporters.
 
 Receivers ``submit`` decoded requests; the pipeline refuses (``throttled``) when its queue is full by item count or
-bytes, or when a memory limiter in its processor list is over its soft limit. The single worker thread runs the
-processors (so a processor never sees two threads at once), ticks them at least every ``TICK_S``, and hands the
-result to the exporters, which queue internally and never block the worker for long.
+bytes, or when one of its admission processors (``component.Admission``, the memory limiter) refuses. The single
+worker thread runs the processors (so a processor never sees two threads at once), ticks the ``Ticking`` ones at
+least every ``TICK_S``, and hands the result to the exporters, which queue internally and never block the worker
+for long.
 
-A ``logs`` pipeline may also be fed verdicts by a processor listed among its receivers (the OTel Collector would call
-that processor a connector): verdicts go through the same bounded queue.
+A pipeline fed by a connector takes ``EventBatch`` items through the same bounded queue (``submit_events``): each
+exporter gets them as events (``EventsExporter``) or as an OTLP logs request (``LogsExporter``).
 """
 
 from __future__ import annotations
@@ -21,12 +22,28 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from collector_processor.processor.straggler.model import Verdict
+from collector_processor.component import (
+    Admission,
+    EventBatch,
+    EventsExporter,
+    LogsExporter,
+    LogsProcessor,
+    MetricsExporter,
+    MetricsProcessor,
+    ReportsRejections,
+    Ticking,
+    TracesExporter,
+    TracesProcessor,
+)
 from collector_processor.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 TICK_S = 0.25
-VERDICT_BYTES = 512  # queue byte estimate per verdict
+EVENT_BYTES = 512  # queue byte estimate per event
+_PROCESS = {"traces": (TracesProcessor, "process_traces"), "metrics": (MetricsProcessor, "process_metrics"),
+            "logs": (LogsProcessor, "process_logs")}
+_EXPORT = {"traces": (TracesExporter, "export_traces"), "metrics": (MetricsExporter, "export_metrics"),
+           "logs": (LogsExporter, "export_logs")}
 
 
 @dataclass
@@ -36,12 +53,12 @@ class Result:
     status: str = "ok"  # ok | throttled
     rejected: int = 0  # items the processors refused (partial success)
     message: str = ""
-    reason: str = ""  # queue_full | memory_limit when throttled
+    reason: str = ""  # queue_full | memory_limit | shutting_down when throttled
 
 
 @dataclass
 class _Item:
-    kind: str  # "request" | "verdicts"
+    kind: str  # "request" | "events" | "wake"
     payload: Any
     nbytes: int
     n: int
@@ -62,15 +79,24 @@ class Stage:
 class Pipeline:
     def __init__(self, pid: str, telemetry: Telemetry, *, max_items: int, max_bytes: int,
                  processors: list[Stage], exporters: list[tuple[str, Any]],
-                 admit: list[Callable[[], bool]] | None = None) -> None:
+                 admission: list[Admission] | None = None) -> None:
         self.id = pid
         self.signal = pid.split("/", 1)[0]
         self.t = telemetry
         self.max_items = max_items
         self.max_bytes = max_bytes
+        self.admission = admission or []
+        proto, name = _PROCESS[self.signal]
         self.processors = processors
+        self._process: list[tuple[Stage, Callable[[Message], Message | None], bool]] = [
+            (st, getattr(st.impl, name), isinstance(st.impl, ReportsRejections))
+            for st in processors if isinstance(st.impl, proto)]
+        self._ticking = [st for st in processors if isinstance(st.impl, Ticking)]
+        proto, name = _EXPORT[self.signal]
         self.exporters = exporters
-        self.admit = admit or []
+        self._export = [(eid, getattr(exp, name)) for eid, exp in exporters if isinstance(exp, proto)]
+        self._events = [(eid, exp) for eid, exp in exporters
+                        if isinstance(exp, EventsExporter) or isinstance(exp, LogsExporter)]
         self._q: queue.Queue[_Item] = queue.Queue()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -95,9 +121,11 @@ class Pipeline:
         rejected can be reported as a partial success; past it the answer is a plain success (queued)."""
         if self._closing.is_set():
             return Result("throttled", reason="shutting_down", message="collector is shutting down")
-        for ok in self.admit:
-            if not ok():
-                return Result("throttled", reason="memory_limit", message="memory limit reached")
+        for gate in self.admission:
+            refusal = gate.reserve(0)
+            if refusal is not None:
+                return Result("throttled", reason=refusal.reason, message=refusal.message)
+            gate.release(0)
         done = threading.Event() if wait_s > 0 else None
         item = _Item("request", msg, nbytes, n, done)
         if not self._offer(item):
@@ -106,13 +134,15 @@ class Pipeline:
             return Result("ok", rejected=item.rejected, message=item.message)
         return Result("ok")
 
-    def submit_verdicts(self, verdicts: list[Verdict]) -> bool:
-        nbytes = VERDICT_BYTES * len(verdicts)
+    def submit_events(self, batch: EventBatch) -> bool:
+        """Queue a connector's events; when the queue is full they are dropped and counted in
+        ``evictions_total{structure="queue:<pipeline>"}``."""
+        n = len(batch)
         if self._closing.is_set() and not self._thread.is_alive():
-            self._deliver_verdicts(verdicts)  # after the drain: deliver inline (shutdown flush)
+            self._deliver_events(batch)  # after the drain: deliver inline (shutdown flush)
             return True
-        if not self._offer(_Item("verdicts", verdicts, nbytes, len(verdicts))):
-            self.t.evictions.labels(f"queue:{self.id}").inc(len(verdicts))
+        if not self._offer(_Item("events", batch, EVENT_BYTES * n, n)):
+            self.t.evictions.labels(f"queue:{self.id}").inc(n)
             return False
         return True
 
@@ -125,13 +155,10 @@ class Pipeline:
             return
         self._last_tick = now
         wall = time.time()
-        for st in self.processors:
-            tick = getattr(st.impl, "tick", None)
-            if tick is None:
-                continue
+        for st in self._ticking:
             try:
                 with st.lock:
-                    tick(wall)
+                    st.impl.tick(wall)
             except Exception:
                 log.exception("processor %s tick failed", st.id)
                 self.t.component_errors.labels(st.id).inc()
@@ -161,19 +188,18 @@ class Pipeline:
                     item.done.set()
 
     def _handle(self, item: _Item) -> None:
-        if item.kind == "verdicts":
-            self._deliver_verdicts(item.payload)
+        if item.kind == "events":
+            self._deliver_events(item.payload)
             return
         t0 = time.perf_counter()
         msg: Message | None = item.payload
-        for st in self.processors:
-            fn = getattr(st.impl, f"process_{self.signal}", None)
-            if fn is None or msg is None:
-                continue
+        for st, fn, reports in self._process:
+            if msg is None:
+                break
             try:
                 with st.lock:
                     msg = fn(msg)
-                    rej = int(getattr(st.impl, "last_rejected", 0) or 0)
+                    rej = int(st.impl.last_rejected or 0) if reports else 0
             except Exception as e:  # fail open: forward what we had
                 log.exception("processor %s failed; passing the request on unchanged", st.id)
                 self.t.component_errors.labels(st.id).inc()
@@ -185,29 +211,22 @@ class Pipeline:
         self.t.processing_seconds.observe(time.perf_counter() - t0)
         if msg is None:
             return
-        for eid, exp in self.exporters:
-            fn = getattr(exp, f"export_{self.signal}", None)
-            if fn is None:
-                continue
+        for eid, fn in self._export:
             try:
                 fn(msg)
             except Exception:
                 log.exception("exporter %s failed", eid)
                 self.t.export_failures.labels(eid).inc()
 
-    def _deliver_verdicts(self, verdicts: list[Verdict]) -> None:
-        logs_req = None
-        for eid, exp in self.exporters:
+    def _deliver_events(self, batch: EventBatch) -> None:
+        for eid, exp in self._events:
             try:
-                if hasattr(exp, "export_verdicts"):
-                    exp.export_verdicts(verdicts)
-                elif hasattr(exp, "export_logs"):
-                    if logs_req is None:
-                        from collector_processor.processor.straggler.events import verdicts_to_logs
-                        logs_req = verdicts_to_logs(verdicts)
-                    exp.export_logs(logs_req)
+                if isinstance(exp, EventsExporter):
+                    exp.export_events(batch)
+                else:
+                    exp.export_logs(batch.to_logs())
             except Exception:
-                log.exception("exporter %s failed on verdicts", eid)
+                log.exception("exporter %s failed on events", eid)
                 self.t.export_failures.labels(eid).inc()
 
     # ---- shutdown ----------------------------------------------------------------------------------------
@@ -225,8 +244,8 @@ class Pipeline:
                 break
             if item.kind == "wake":
                 continue
-            if item.kind == "verdicts" and not self._thread.is_alive():
-                self._deliver_verdicts(item.payload)  # cheap, and the evidence of the last windows matters
+            if item.kind == "events" and not self._thread.is_alive():
+                self._deliver_events(item.payload)  # cheap, and the evidence of the last windows matters
             else:
                 left += item.n
         if left:

@@ -1,122 +1,93 @@
-"""Component factories by type, in the OTel Collector's manner: ``kind`` + ``type`` -> config model + constructor.
+"""Component factories, in the OTel Collector's manner: ``kind`` + ``type`` -> config model + constructor.
 
-Exporter type aliases follow upstream renames: ``otlp`` = ``otlp_grpc``, ``otlphttp`` = ``otlp_http``. The straggler
-processor's factory is imported lazily (on first use), so the service and config tooling load without it.
+A factory says what its components take and give (signals, side output, events), so that the configuration can be
+checked and the pipelines wired without knowing any component. Which factories a collector has is decided by its
+distribution (``collector_processor.components``, otelcol's ``components.go``), not here.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel
 
-from collector_processor.processor.straggler.model import Verdict
+from collector_processor.component import Emit, Forward
 from collector_processor.telemetry import Telemetry
 
-ALL = frozenset({"traces", "metrics", "logs"})
+KINDS = ("receiver", "processor", "exporter", "connector")
+SIGNALS = frozenset({"traces", "metrics", "logs"})
 
 
 @dataclass
 class BuildContext:
+    """What a factory's ``create`` is given besides its id and config. The functions look their targets up when
+    called, so a component may be built before the pipelines it feeds."""
+
     telemetry: Telemetry
-    emit_verdicts_for: Callable[[str], Callable[[list[Verdict]], None]] = lambda _id: lambda _v: None
     healthy: Callable[[], bool] = lambda: True
+    emit_for: Callable[[str], Emit] = lambda _id: lambda _items: None  # processor id -> its side-output emitter
+    forward_for: Callable[[str], Forward] = lambda _id: lambda _batch: None  # connector id -> downstream feed
+    consumers_for: Callable[[str], Mapping[str, list[Any]]] = lambda _id: {}  # receiver id -> pipelines by signal
 
 
 @dataclass(frozen=True)
 class Factory:
-    kind: str  # receiver | processor | exporter
+    kind: str  # one of KINDS
     type: str
-    signals: frozenset[str]
-    module: str  # module holding ``Config`` and ``create_default_config``
+    config: type[BaseModel]
     create: Callable[[BuildContext, str, Any], Any]
-    verdict_source: bool = False  # a processor whose verdicts can feed ``logs`` pipelines (a connector upstream)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def config_model(self) -> type[BaseModel]:
-        return importlib.import_module(self.module).Config
-
-    def default_config(self) -> BaseModel:
-        return importlib.import_module(self.module).create_default_config()
-
-
-def _otlp_receiver(ctx: BuildContext, cid: str, cfg: Any) -> Any:
-    raise RuntimeError("the otlp receiver is built by the service (it needs the pipelines)")
-
-
-def _memory_limiter(ctx: BuildContext, cid: str, cfg: Any) -> Any:
-    from collector_processor.processor.memory_limiter import create_processor
-
-    return create_processor(cfg, ctx.telemetry)
-
-
-def _straggler(ctx: BuildContext, cid: str, cfg: Any) -> Any:
-    mod = importlib.import_module("collector_processor.processor.straggler.factory")
-    return mod.create_processor(cfg, ctx.telemetry, ctx.emit_verdicts_for(cid))
-
-
-def _otlp_grpc(ctx: BuildContext, cid: str, cfg: Any) -> Any:
-    from collector_processor.exporter.otlp import OtlpGrpcExporter
-
-    return OtlpGrpcExporter(cid, cfg, ctx.telemetry)
-
-
-def _otlp_http(ctx: BuildContext, cid: str, cfg: Any) -> Any:
-    from collector_processor.exporter.otlp import OtlpHttpExporter
-
-    return OtlpHttpExporter(cid, cfg, ctx.telemetry)
-
-
-def _prometheus(ctx: BuildContext, cid: str, cfg: Any) -> Any:
-    from collector_processor.exporter.prometheus import PrometheusExporter
-
-    return PrometheusExporter(cid, cfg, ctx.telemetry, ctx.healthy)
-
-
-def _file(ctx: BuildContext, cid: str, cfg: Any) -> Any:
-    from collector_processor.exporter.evidence import EvidenceExporter
-
-    return EvidenceExporter(cid, cfg, ctx.telemetry)
-
-
-def _debug(ctx: BuildContext, cid: str, cfg: Any) -> Any:
-    from collector_processor.exporter.debug import DebugExporter
-
-    return DebugExporter(cid, cfg, ctx.telemetry)
-
-
-_P = "collector_processor."
-FACTORIES: dict[tuple[str, str], Factory] = {
-    ("receiver", "otlp"): Factory("receiver", "otlp", ALL, _P + "receiver.common", _otlp_receiver),
-    ("processor", "memory_limiter"): Factory("processor", "memory_limiter", ALL, _P + "processor.memory_limiter",
-                                             _memory_limiter),
-    ("processor", "straggler"): Factory("processor", "straggler", frozenset({"traces"}),
-                                        _P + "processor.straggler.factory", _straggler, verdict_source=True),
-    ("exporter", "otlp_grpc"): Factory("exporter", "otlp_grpc", frozenset({"traces", "logs"}), _P + "exporter.otlp",
-                                       _otlp_grpc),
-    ("exporter", "otlp_http"): Factory("exporter", "otlp_http", frozenset({"traces", "logs"}), _P + "exporter.otlp",
-                                       _otlp_http),
-    ("exporter", "prometheus"): Factory("exporter", "prometheus", frozenset({"metrics"}), _P + "exporter.prometheus",
-                                        _prometheus),
-    ("exporter", "file"): Factory("exporter", "file", frozenset({"logs"}), _P + "exporter.evidence", _file,
-                                  extra={"verdicts_only": True}),
-    ("exporter", "debug"): Factory("exporter", "debug", ALL, _P + "exporter.debug", _debug),
-}
-ALIASES: dict[tuple[str, str], str] = {("exporter", "otlp"): "otlp_grpc", ("exporter", "otlphttp"): "otlp_http"}
+    # receiver: signals it produces; processor, exporter: signals it takes; connector: signals it takes as the
+    # exporter of a pipeline
+    signals: frozenset[str] = SIGNALS
+    outputs: frozenset[str] = frozenset()  # connector: signals of the pipelines it is a receiver of
+    emits: str = ""  # processor: the side output it emits besides its data (e.g. "verdicts")
+    consumes: str = ""  # connector: the side output it carries from its upstream pipelines' processors
+    events_only: bool = False  # exporter: takes events from connectors only, not OTLP requests
+    aliases: tuple[str, ...] = field(default=())  # other type names of the same factory
 
 
 def component_type(cid: str) -> str:
     return cid.split("/", 1)[0]
 
 
-def lookup(kind: str, cid: str) -> Factory | None:
-    typ = component_type(cid)
-    typ = ALIASES.get((kind, typ), typ)
-    return FACTORIES.get((kind, typ))
+class Factories:
+    """The factories of one collector build, by kind and type (aliases included)."""
+
+    def __init__(self, factories: Iterable[Factory]) -> None:
+        self._by: dict[tuple[str, str], Factory] = {}
+        self._names: dict[str, list[str]] = {k: [] for k in KINDS}
+        for f in factories:
+            if f.kind not in KINDS:
+                raise ValueError(f"factory {f.type}: unknown kind {f.kind!r}")
+            for name in (f.type, *f.aliases):
+                if (f.kind, name) in self._by:
+                    raise ValueError(f"two {f.kind} factories named {name!r}")
+                self._by[(f.kind, name)] = f
+                self._names[f.kind].append(name)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter({id(f): f for f in self._by.values()}.values())
+
+    def lookup(self, kind: str, cid: str) -> Factory | None:
+        return self._by.get((kind, component_type(cid)))
+
+    def known_types(self, kind: str) -> list[str]:
+        return sorted(self._names[kind])
+
+    def extended(self, *more: Factory) -> Factories:
+        """These factories plus ``more`` (a build with extra component types, e.g. in tests)."""
+        return Factories([*self, *more])
 
 
-def known_types(kind: str) -> list[str]:
-    return sorted([t for k, t in FACTORIES if k == kind] + [t for k, t in ALIASES if k == kind])
+_default: Factories | None = None
+
+
+def default_factories() -> Factories:
+    """The factories of this distribution (``collector_processor.components``), loaded on first use."""
+    global _default
+    if _default is None:
+        _default = importlib.import_module("collector_processor.components").factories()
+    return _default

@@ -1,14 +1,16 @@
-"""The collector service: builds receivers, pipelines, processors and exporters from a validated config, starts them
-and drains them in order on shutdown.
+"""The collector service: builds receivers, pipelines, processors, connectors and exporters from a validated config,
+starts them and drains them in order on shutdown. It knows components only by the capabilities they declare
+(``collector_processor.component``).
 
-Data flow: receiver threads decode and ``submit`` to each pipeline of the signal (bounded queue, refusal when full
-or over the memory limit) -> one worker thread per pipeline runs the processors and hands results to exporters (which
-queue internally). A processor that emits verdicts (``straggler``) feeds every ``logs`` pipeline that lists its id
-among its receivers; the OTel Collector would model it as a traces->logs connector.
+Data flow: receiver threads decode and ``submit`` to each pipeline of the signal (bounded queue, refusal when full or
+refused by an ``Admission`` processor) -> one worker thread per pipeline runs the processors and hands results to the
+exporters (which queue internally). What a processor emits beside its data (``BuildContext.emit_for``, e.g. the
+straggler processor's verdicts) goes to the connectors among the exporters of the pipelines that list the
+processor; a connector forwards it as events into the pipelines it is a receiver of.
 
-Shutdown (SIGTERM): receivers stop accepting and finish in-flight requests -> traces pipelines drain -> processors
-shut down (flushing open windows into verdicts) -> logs and metrics pipelines drain -> exporters flush -> servers
-close. Every step has a share of ``service.shutdown_timeout``.
+Shutdown (SIGTERM): receivers stop accepting and finish in-flight requests -> pipelines that feed a connector drain
+-> processors shut down (which may emit their last side output, e.g. verdicts of the windows still open) -> the
+other pipelines drain -> exporters flush -> servers close. Every step has a share of ``service.shutdown_timeout``.
 """
 
 from __future__ import annotations
@@ -18,18 +20,13 @@ import threading
 import time
 from typing import Any
 
+from collector_processor.component import Admission, Component, Connector, Endpoint, EventBatch, Receiver, Serving
 from collector_processor.config.model import MIB
 from collector_processor.config.types import split_host_port
 from collector_processor.config.validate import CollectorConfig
-from collector_processor.exporter.prometheus import MetricsHTTPServer, PrometheusExporter
+from collector_processor.exporter.prometheus import MetricsHTTPServer
 from collector_processor.pipeline import Pipeline, Stage
-from collector_processor.processor.memory_limiter import MemoryLimiter
-from collector_processor.processor.straggler.model import Verdict
 from collector_processor.receiver.auth import BearerAuth
-from collector_processor.receiver.common import Config as ReceiverConfig
-from collector_processor.receiver.common import Dispatcher
-from collector_processor.receiver.otlp_grpc import OtlpGrpcReceiver
-from collector_processor.receiver.otlp_http import OtlpHttpReceiver
 from collector_processor.registry import BuildContext
 from collector_processor.telemetry import Telemetry
 
@@ -46,90 +43,112 @@ class Service:
         self._lock = threading.Lock()
         self.processors: dict[str, Stage] = {}
         self.exporters: dict[str, Any] = {}
+        self.connectors: dict[str, Any] = {}
         self.pipelines: dict[str, Pipeline] = {}
-        self.receivers: list[OtlpGrpcReceiver | OtlpHttpReceiver] = []
+        self.receivers: dict[str, Any] = {}
         self.metrics_server: MetricsHTTPServer | None = None
-        self._verdict_routes: dict[str, list[Pipeline]] = {}
+        self._side_routes: dict[str, list[Any]] = {}  # processor id -> connectors downstream of it
+        self._forward_routes: dict[str, list[Pipeline]] = {}  # connector id -> pipelines it feeds
         self._build()
 
     # ---- build ------------------------------------------------------------------------------------------------
     def healthy(self) -> bool:
         return self._running and not self._stopping
 
-    def _emit_for(self, source_id: str):
-        def emit(verdicts: list[Verdict]) -> None:
-            if not verdicts:
+    def _emit_for(self, processor_id: str):  # type: ignore[no-untyped-def]
+        def emit(items: list[Any]) -> None:
+            if not items:
                 return
-            for p in self._verdict_routes.get(source_id, ()):
-                p.submit_verdicts(list(verdicts))
+            for conn in self._side_routes.get(processor_id, ()):
+                try:
+                    conn.consume(list(items))
+                except Exception:
+                    log.exception("connector failed on the output of %s", processor_id)
+                    self.t.component_errors.labels(processor_id).inc()
 
         return emit
+
+    def _forward_for(self, connector_id: str):  # type: ignore[no-untyped-def]
+        def forward(batch: EventBatch) -> None:
+            for p in self._forward_routes.get(connector_id, ()):
+                p.submit_events(batch)
+
+        return forward
+
+    def _consumers_for(self, receiver_id: str) -> dict[str, list[Pipeline]]:
+        assert self.cfg.service is not None
+        out: dict[str, list[Pipeline]] = {}
+        for pid, pc in self.cfg.service.pipelines.items():
+            if receiver_id in pc.receivers:
+                pipe = self.pipelines[pid]
+                out.setdefault(pipe.signal, []).append(pipe)
+        return out
+
+    @staticmethod
+    def _create(ctx: BuildContext, cid: str, comp: Any, role: type | None = None) -> Any:
+        """Build a component; it must have start/shutdown (and ``role``'s methods when given)."""
+        built = comp.factory.create(ctx, cid, comp.config)
+        for proto in (Component, role):
+            if proto is not None and not isinstance(built, proto):
+                raise TypeError(f"{comp.factory.kind} {cid}: its factory built {type(built).__name__}, which lacks "
+                                f"the {proto.__name__} methods")
+        return built
 
     def _build(self) -> None:
         cfg, svc = self.cfg, self.cfg.service
         assert svc is not None
-        ctx = BuildContext(self.t, self._emit_for, self.healthy)
+        ctx = BuildContext(self.t, self.healthy, self._emit_for, self._forward_for, self._consumers_for)
         used = svc.used_ids()
-        for pid, comp in cfg.processors.items():
-            if pid in used:
-                self.processors[pid] = Stage(pid, comp.factory.create(ctx, pid, comp.config))
         for eid, comp in cfg.exporters.items():
             if eid in used:
-                self.exporters[eid] = comp.factory.create(ctx, eid, comp.config)
+                self.exporters[eid] = self._create(ctx, eid, comp)
+        for cid, comp in cfg.connectors.items():
+            if cid in used:
+                self.connectors[cid] = self._create(ctx, cid, comp, Connector)
+        for pid, comp in cfg.processors.items():
+            if pid in used:
+                self.processors[pid] = Stage(pid, self._create(ctx, pid, comp))
         for pid, pc in svc.pipelines.items():
-            stages, admit = [], []
-            for xid in pc.processors:
-                st = self.processors[xid]
-                if isinstance(st.impl, MemoryLimiter):
-                    admit.append(st.impl.admit)
-                else:
-                    stages.append(st)
-            pipe = Pipeline(pid, self.t, max_items=pc.queue.max_items, max_bytes=int(pc.queue.max_bytes_mib * MIB),
-                            processors=stages, exporters=[(e, self.exporters[e]) for e in pc.exporters], admit=admit)
-            self.pipelines[pid] = pipe
-            for rid in pc.receivers:
-                if rid in self.processors:
-                    self._verdict_routes.setdefault(rid, []).append(pipe)
+            stages = [self.processors[x] for x in pc.processors]
+            admission = [st.impl for st in stages if isinstance(st.impl, Admission)]
+            exporters = [(e, self.exporters[e]) for e in pc.exporters if e in self.exporters]
+            self.pipelines[pid] = Pipeline(pid, self.t, max_items=pc.queue.max_items,
+                                           max_bytes=int(pc.queue.max_bytes_mib * MIB), processors=stages,
+                                           exporters=exporters, admission=admission)
+            for cid in pc.exporters:
+                if cid in self.connectors:
+                    for x in pc.processors:
+                        routes = self._side_routes.setdefault(x, [])
+                        if self.connectors[cid] not in routes:
+                            routes.append(self.connectors[cid])
+            for cid in pc.receivers:
+                if cid in self.connectors:
+                    self._forward_routes.setdefault(cid, []).append(self.pipelines[pid])
         for rid, comp in cfg.receivers.items():
-            if rid not in used:
-                continue
-            rc: ReceiverConfig = comp.config  # type: ignore[assignment]
-            by_signal: dict[str, list[Pipeline]] = {}
-            for pid, pc in svc.pipelines.items():
-                if rid in pc.receivers:
-                    pipe = self.pipelines[pid]
-                    by_signal.setdefault(pipe.signal, []).append(pipe)
-            auth = BearerAuth(rc.auth)
-            if rc.protocols.grpc is not None:
-                d = Dispatcher(f"{rid}/grpc", self.t, by_signal, rc.wait_for_processing)
-                self.receivers.append(OtlpGrpcReceiver(rid, rc, rc.protocols.grpc, d, self.t, auth, self.healthy))
-            if rc.protocols.http is not None:
-                d = Dispatcher(f"{rid}/http", self.t, by_signal, rc.wait_for_processing)
-                self.receivers.append(OtlpHttpReceiver(rid, rc, rc.protocols.http, d, self.t, auth))
+            if rid in used:
+                self.receivers[rid] = self._create(ctx, rid, comp, Receiver)
         addr = svc.telemetry.metrics.address.strip()
         if addr:
-            prom_eps = {split_host_port(e.server.host + ":" + str(e.server.port))
-                        for e in self.exporters.values() if isinstance(e, PrometheusExporter)}
-            if split_host_port(addr, 9464) not in prom_eps:
+            served = {(e.host, e.port) for e in self.listening() if e.serves_telemetry}
+            if split_host_port(addr, 9464) not in served:
                 self.metrics_server = MetricsHTTPServer(addr, [self.t.registry], BearerAuth(None), self.t,
                                                         self.healthy, label="telemetry")
 
     # ---- run --------------------------------------------------------------------------------------------------
     def start(self) -> None:
-        started: list[Any] = []
+        started: list[Component] = []
         try:
-            for e in self.exporters.values():
-                e.start()
-                started.append(e)
-            for st in self.processors.values():
-                st.impl.start()
-                started.append(st.impl)
+            for group in (self.exporters.values(), self.connectors.values(),
+                          (st.impl for st in self.processors.values())):
+                for c in group:
+                    c.start()
+                    started.append(c)
             for p in self.pipelines.values():
                 p.start()
             if self.metrics_server is not None:
                 self.metrics_server.start()
                 started.append(self.metrics_server)
-            for r in self.receivers:
+            for r in self.receivers.values():
                 r.start()
                 started.append(r)
         except Exception:
@@ -141,18 +160,16 @@ class Service:
             raise
         self._running = True
 
-    def endpoints(self) -> list[str]:
-        out = []
-        for r in self.receivers:
-            scheme = "grpc" if isinstance(r, OtlpGrpcReceiver) else "http"
-            out.append(f"{r.id} OTLP/{scheme.upper()} {r.host}:{r.port}")
-        for eid, e in self.exporters.items():
-            if isinstance(e, PrometheusExporter):
-                out.append(f"{eid} metrics http://{e.server.host}:{e.server.port}/metrics (health: /healthz)")
-        if self.metrics_server is not None:
-            m = self.metrics_server
-            out.append(f"telemetry metrics http://{m.host}:{m.port}/metrics (health: /healthz)")
+    def listening(self) -> list[Endpoint]:
+        out: list[Endpoint] = []
+        for c in (*self.receivers.values(), *self.exporters.values(), self.metrics_server):
+            if c is not None and isinstance(c, Serving):
+                out.extend(c.endpoints())
         return out
+
+    def endpoints(self) -> list[str]:
+        """What is listening where, one line each (logged at start as ``listening: ...``)."""
+        return [str(e) for e in self.listening()]
 
     def shutdown(self, timeout_s: float | None = None) -> bool:
         """Drain and stop everything within ``timeout_s`` (default ``service.shutdown_timeout``). True when all
@@ -169,31 +186,40 @@ class Service:
             return max(0.05, min(total * frac, t_end - time.monotonic()))
 
         clean = True
-        for r in self.receivers:
+        for rid, r in self.receivers.items():
             try:
                 r.stop_accepting(budget(0.15))
             except Exception:
-                log.exception("stopping receiver %s", r.id)
-        traces = [p for p in self.pipelines.values() if p.signal == "traces"]
-        others = [p for p in self.pipelines.values() if p.signal != "traces"]
+                log.exception("stopping receiver %s", rid)
+        upstream = [p for pid, p in self.pipelines.items()
+                    if any(e in self.connectors for e in self.cfg.service.pipelines[pid].exporters)]
+        rest = [p for p in self.pipelines.values() if p not in upstream]
         dl = time.monotonic() + budget(0.3)
-        for p in traces:
+        for p in upstream:
             clean &= p.close(dl)
         for st in self.processors.values():
+            wait = budget(0.15)
+            if not st.lock.acquire(timeout=wait):  # its pipeline's worker is still inside it (a long request)
+                log.warning("processor %s still busy after %.1f s: not shut down, its last state is not flushed",
+                            st.id, wait)
+                self.t.component_errors.labels(st.id).inc()
+                clean = False
+                continue
             try:
-                with st.lock:
-                    st.impl.shutdown(budget(0.15))
+                st.impl.shutdown(budget(0.15))
             except Exception:
                 log.exception("shutting down processor %s", st.id)
+            finally:
+                st.lock.release()
         dl = time.monotonic() + budget(0.15)
-        for p in others:
+        for p in rest:
             clean &= p.close(dl)
-        n = max(1, len(self.exporters))
-        for eid, e in self.exporters.items():
+        n = max(1, len(self.exporters) + len(self.connectors))
+        for cid, c in (*self.connectors.items(), *self.exporters.items()):
             try:
-                e.shutdown(budget(0.2 / n) if not isinstance(e, PrometheusExporter) else 1.0)
+                c.shutdown(budget(0.2 / n))
             except Exception:
-                log.exception("shutting down exporter %s", eid)
+                log.exception("shutting down %s", cid)
         if self.metrics_server is not None:
             self.metrics_server.shutdown(1.0)
         self._running = False

@@ -1,4 +1,5 @@
-"""``debug`` exporter: one line per verdict (``basic``) or per log record / span (``detailed``) on stderr."""
+"""``debug`` exporter: one line per event (a connector's, e.g. a verdict) and, per OTLP request, its item count
+(``detailed``: the request itself) on stderr."""
 
 from __future__ import annotations
 
@@ -7,25 +8,15 @@ from typing import Literal
 
 from google.protobuf.message import Message
 
+from collector_processor.component import EventBatch
 from collector_processor.config.types import Strict
-from collector_processor.processor.straggler.model import Verdict
 from collector_processor.receiver.decode import count_items
+from collector_processor.registry import BuildContext, Factory
 from collector_processor.telemetry import Telemetry
 
 
 class Config(Strict):
     verbosity: Literal["basic", "normal", "detailed"] = "basic"
-
-
-def create_default_config() -> Config:
-    return Config()
-
-
-def verdict_line(v: Verdict) -> str:
-    dev = "n/a" if v.deviation is None else f"{v.deviation:+.1%}"
-    return (f"verdict={v.verdict} reason={v.reason} job={v.job} rank={v.rank} host={v.host} stage={v.stage} "
-            f"deviation={dev} window={v.window_start}..{v.window_end} attribution={v.attribution} "
-            f"lost_ms_per_step={v.step_time_lost_ms:.1f}")
 
 
 class DebugExporter:
@@ -43,8 +34,8 @@ class DebugExporter:
         except (OSError, ValueError):
             self.t.export_failures.labels(self.id).inc()
 
-    def export_verdicts(self, verdicts: list[Verdict]) -> None:
-        self._write("".join(f"[{self.id}] {verdict_line(v)}\n" for v in verdicts))
+    def export_events(self, batch: EventBatch) -> None:
+        self._write("".join(f"[{self.id}] {line}\n" for line in batch.lines()))
 
     def _summary(self, signal: str, msg: Message) -> None:
         text = f"[{self.id}] {signal}: {count_items(signal, msg)} items\n"
@@ -66,3 +57,10 @@ class DebugExporter:
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         pass
+
+
+def _create(ctx: BuildContext, cid: str, cfg: Config) -> DebugExporter:
+    return DebugExporter(cid, cfg, ctx.telemetry)
+
+
+FACTORY = Factory("exporter", "debug", Config, _create)

@@ -1,4 +1,4 @@
-"""``file`` exporter: verdicts as JSON lines (``verdict_to_dict``), the evidence trail of every decision.
+"""``file`` exporter: a connector's events (e.g. verdicts) as JSON lines, the evidence trail of every decision.
 
 Lines are buffered in memory (capped; overflow counted in ``evictions_total{structure="evidence_buffer"}``) and
 written + flushed by a background thread at least every ``flush_interval``, so a SIGKILL loses at most one interval.
@@ -16,8 +16,9 @@ from pathlib import Path
 
 from pydantic import Field
 
+from collector_processor.component import EventBatch
 from collector_processor.config.types import Duration, Strict
-from collector_processor.processor.straggler.model import Verdict
+from collector_processor.registry import BuildContext, Factory
 from collector_processor.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -32,15 +33,8 @@ class Config(Strict):
     fsync: bool = False  # also fsync on every flush (survives power loss, costs a disk sync)
 
 
-def create_default_config() -> Config:
-    return Config()
-
-
 class EvidenceExporter:
     def __init__(self, eid: str, cfg: Config, telemetry: Telemetry) -> None:
-        from collector_processor.processor.straggler.events import verdict_to_dict
-
-        self._to_dict = verdict_to_dict
         self.id = eid
         self.cfg = cfg
         self.t = telemetry
@@ -63,11 +57,11 @@ class EvidenceExporter:
         self._f = open(self.path, "a", encoding="utf-8")
         self._size = self._f.tell()
 
-    def export_verdicts(self, verdicts: list[Verdict]) -> None:
+    def export_events(self, batch: EventBatch) -> None:
         lines = []
-        for v in verdicts:
+        for rec in batch.records():
             try:
-                lines.append(json.dumps(self._to_dict(v), separators=(",", ":"), allow_nan=False) + "\n")
+                lines.append(json.dumps(rec, separators=(",", ":"), allow_nan=False) + "\n")
             except (TypeError, ValueError):
                 self.t.component_errors.labels(self.id).inc()
         with self._lock:
@@ -128,3 +122,10 @@ class EvidenceExporter:
             if self._f is not None:
                 self._f.close()
                 self._f = None
+
+
+def _create(ctx: BuildContext, cid: str, cfg: Config) -> EvidenceExporter:
+    return EvidenceExporter(cid, cfg, ctx.telemetry)
+
+
+FACTORY = Factory("exporter", "file", Config, _create, signals=frozenset({"logs"}), events_only=True)

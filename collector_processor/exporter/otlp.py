@@ -27,6 +27,7 @@ from pydantic import Field
 
 from collector_processor.config.types import ClientTLS, Duration, Strict
 from collector_processor.receiver.decode import CT_PROTOBUF, GRPC_SERVICES, HTTP_PATHS, RETRY_INFO_KEY, count_items
+from collector_processor.registry import BuildContext, Factory
 from collector_processor.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -58,10 +59,6 @@ class Config(Strict):
 
     def __repr__(self) -> str:  # headers may carry credentials
         return f"Config(endpoint={self.endpoint!r})"
-
-
-def create_default_config() -> Config:
-    return Config()
 
 
 class _Permanent(Exception):
@@ -262,3 +259,16 @@ class OtlpHttpExporter(OtlpExporter):
             raise _Permanent(f"HTTP {e.code}") from e
         except (urllib.error.URLError, OSError, TimeoutError) as e:
             raise _Retryable(f"{type(e).__name__}: {getattr(e, 'reason', e)}") from e
+
+
+def _create_grpc(ctx: BuildContext, cid: str, cfg: Config) -> OtlpGrpcExporter:
+    return OtlpGrpcExporter(cid, cfg, ctx.telemetry)
+
+
+def _create_http(ctx: BuildContext, cid: str, cfg: Config) -> OtlpHttpExporter:
+    return OtlpHttpExporter(cid, cfg, ctx.telemetry)
+
+
+_TRACES_LOGS = frozenset({"traces", "logs"})
+GRPC_FACTORY = Factory("exporter", "otlp_grpc", Config, _create_grpc, signals=_TRACES_LOGS, aliases=("otlp",))
+HTTP_FACTORY = Factory("exporter", "otlp_http", Config, _create_http, signals=_TRACES_LOGS, aliases=("otlphttp",))

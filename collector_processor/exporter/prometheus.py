@@ -23,8 +23,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from pydantic import Field
 
+from collector_processor.component import Endpoint
 from collector_processor.config.types import Strict, split_host_port
 from collector_processor.receiver.auth import AuthConfig, BearerAuth
+from collector_processor.registry import BuildContext, Factory
 from collector_processor.telemetry import Telemetry
 from otel_straggler import schema as s
 
@@ -38,10 +40,6 @@ class Config(Strict):
     endpoint: str = "127.0.0.1:9464"
     max_series: int = Field(20000, ge=1, le=10_000_000)
     auth: AuthConfig = Field(default_factory=AuthConfig)
-
-
-def create_default_config() -> Config:
-    return Config()
 
 
 def _attrs(kvs) -> dict[str, str]:
@@ -173,6 +171,11 @@ class MetricsHTTPServer:
         self._thread.start()
         log.info("metrics (%s) on http://%s:%d/metrics", self.label, self.host, self.port)
 
+    def endpoints(self) -> list[Endpoint]:
+        return [Endpoint(self.label, "metrics", self.host, self.port,
+                         url=f"http://{self.host}:{self.port}/metrics (health: /healthz)",
+                         serves_telemetry=any(r is self.t.registry for r in self.registries))]
+
     def shutdown(self, timeout_s: float = 5.0) -> None:
         if self._server is not None:
             self._server.shutdown()
@@ -199,8 +202,18 @@ class PrometheusExporter:
     def export_metrics(self, request: ExportMetricsServiceRequest) -> None:
         self.emitter.update(request)
 
+    def endpoints(self) -> list[Endpoint]:
+        return self.server.endpoints()
+
     def start(self) -> None:
         self.server.start()
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         self.server.shutdown(timeout_s)
+
+
+def _create(ctx: BuildContext, cid: str, cfg: Config) -> PrometheusExporter:
+    return PrometheusExporter(cid, cfg, ctx.telemetry, ctx.healthy)
+
+
+FACTORY = Factory("exporter", "prometheus", Config, _create, signals=frozenset({"metrics"}))

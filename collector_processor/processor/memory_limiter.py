@@ -2,6 +2,13 @@
 
 Over ``limit_mib - spike_limit_mib`` (the soft limit) the pipelines that list it refuse new data (receivers answer
 UNAVAILABLE / 503 with a retry delay); over ``limit_mib`` a garbage collection is forced as well.
+
+It is also the pipelines' ``Admission`` gate before decoding: a receiver reserves the memory a request may take
+(its body, then the decoder's upper estimate, ``receiver.decode.decode_cost``) and is refused while the current
+RSS plus what is reserved by requests being read or decoded plus the request would pass the soft limit. A request
+that could not fit even alone (more than the soft limit minus the RSS at start) is refused for good (HTTP 413 /
+RESOURCE_EXHAUSTED); any other refusal carries the retry delay. So a burst of bodies that inflate while decoding
+waits its turn instead of passing the limit between two checks.
 """
 
 from __future__ import annotations
@@ -14,11 +21,12 @@ import threading
 
 from pydantic import Field, model_validator
 
+from collector_processor.component import Refusal
 from collector_processor.config.model import MIB
 from collector_processor.config.types import Duration, Strict
+from collector_processor.registry import BuildContext, Factory
 from collector_processor.telemetry import Telemetry
 
-TYPE = "memory_limiter"
 log = logging.getLogger(__name__)
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -39,10 +47,6 @@ class Config(Strict):
         return self
 
 
-def create_default_config() -> Config:
-    return Config()
-
-
 def rss_bytes() -> int:
     try:
         with open("/proc/self/statm", "rb") as f:
@@ -58,12 +62,41 @@ class MemoryLimiter:
         self.hard = int(cfg.limit_mib * MIB)
         self.soft = int((cfg.limit_mib - (cfg.spike_limit_mib or 0)) * MIB)
         self._over = False
+        self._lock = threading.Lock()
+        self._reserved = 0  # bytes reserved by requests being read or decoded
+        self.baseline = rss_bytes()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="memory-limiter", daemon=True)
         self.check()
 
-    def admit(self) -> bool:
-        return not self._over
+    def reserve(self, nbytes: int) -> Refusal | None:
+        if self._over:
+            return Refusal("memory_limit", "memory limit reached")
+        if nbytes <= 0:
+            return None
+        if nbytes > self.budget():
+            return Refusal("memory_limit", f"decoding this request may take {nbytes / MIB:.0f} MiB, more than the "
+                           f"memory limit leaves ({self.budget() / MIB:.0f} MiB): send smaller "
+                           "requests or raise limit_mib", retry=False)
+        with self._lock:
+            if rss_bytes() + self._reserved + nbytes > self.soft:
+                return Refusal("memory_limit", f"memory limit: {self._reserved / MIB:.0f} MiB of requests being "
+                               "decoded")
+            self._reserved += nbytes
+        return None
+
+    def budget(self) -> int:
+        return max(0, self.soft - self.baseline)
+
+    def hold(self, nbytes: int) -> None:
+        if nbytes > 0:
+            with self._lock:
+                self._reserved += nbytes
+
+    def release(self, nbytes: int) -> None:
+        if nbytes > 0:
+            with self._lock:
+                self._reserved = max(0, self._reserved - nbytes)
 
     def check(self) -> None:
         rss = rss_bytes()
@@ -94,5 +127,8 @@ class MemoryLimiter:
             self._thread.join(timeout_s)
 
 
-def create_processor(cfg: Config, telemetry: Telemetry) -> MemoryLimiter:
-    return MemoryLimiter(cfg, telemetry)
+def _create(ctx: BuildContext, cid: str, cfg: Config) -> MemoryLimiter:
+    return MemoryLimiter(cfg, ctx.telemetry)
+
+
+FACTORY = Factory("processor", "memory_limiter", Config, _create)

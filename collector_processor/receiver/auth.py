@@ -25,7 +25,8 @@ class AuthConfig(Strict):
 
 
 class BearerAuth:
-    """Constant-time comparison of ``Authorization: Bearer <token>``. No token configured -> everyone passes."""
+    """Constant-time comparison of the token in ``Authorization: Bearer <token>`` (the scheme is case-insensitive,
+    RFC 9110 section 11.1). No token configured -> everyone passes."""
 
     def __init__(self, cfg: AuthConfig | None) -> None:
         token = ""
@@ -35,7 +36,7 @@ class BearerAuth:
                 token = Path(cfg.bearer_token_file).read_text(encoding="utf-8").strip()
                 if not token:
                     raise ValueError(f"bearer_token_file {cfg.bearer_token_file} is empty")
-        self._expected = f"Bearer {token}".encode() if token else b""
+        self._expected = token.encode() if token else b""
 
     @property
     def enabled(self) -> bool:
@@ -46,4 +47,7 @@ class BearerAuth:
             return True
         if not header:
             return False
-        return hmac.compare_digest(header.strip().encode(), self._expected)
+        scheme, _, token = header.strip().partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        return hmac.compare_digest(token.strip().encode("utf-8", "replace"), self._expected)

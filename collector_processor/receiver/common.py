@@ -1,6 +1,10 @@
-"""What both OTLP receivers share: config, and handing a decoded request to the pipelines of its signal."""
+"""What both OTLP receivers share: config, admission before decoding, and handing a decoded request to the
+pipelines of its signal."""
 
 from __future__ import annotations
+
+import logging
+import threading
 
 from google.protobuf.message import Message
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
@@ -8,11 +12,18 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from pydantic import Field, model_validator
 
+from collector_processor.component import Admission, Refusal
 from collector_processor.config.types import Duration, ServerTLS, Strict
 from collector_processor.pipeline import Pipeline, Result
 from collector_processor.receiver.auth import AuthConfig
 from collector_processor.receiver.decode import count_items
 from collector_processor.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+# Requests whose body or decoding takes less are not reserved: only the decoding workers' count of them (8 per
+# protocol by default) is decoded at once, and a memory limiter over its soft limit still refuses them when they
+# are submitted, counting their items in spans_dropped_total.
+UNRESERVED_BYTES = 1 << 20
 
 # export response of each signal and its partial-success count field
 _RESPONSES: dict[str, tuple[type[Message], str]] = {
@@ -65,16 +76,62 @@ class Config(Strict):
 
 
 class Dispatcher:
-    """Routes one signal's requests from one receiver to every pipeline that lists the receiver."""
+    """Routes one signal's requests from one receiver to every pipeline that lists the receiver, and asks those
+    pipelines' admission gates (``component.Admission``) for the memory a request may take before it is read or
+    decoded."""
 
     def __init__(self, label: str, telemetry: Telemetry, pipelines: dict[str, list[Pipeline]], wait_s: float) -> None:
         self.label = label
         self.t = telemetry
         self.pipelines = pipelines
         self.wait_s = wait_s
+        self._gates: dict[str, list[Admission]] = {}
+        for sig, pipes in pipelines.items():
+            gates: list[Admission] = []
+            for p in pipes:
+                gates.extend(g for g in p.admission if all(g is not x for x in gates))
+            self._gates[sig] = gates
+        self._aborted_logged = threading.Event()
 
     def has(self, signal: str) -> bool:
         return bool(self.pipelines.get(signal))
+
+    def reserve(self, signal: str, nbytes: int) -> Refusal | None:
+        """Reserve ``nbytes`` at every gate of the signal's pipelines, or none of them (the refusal)."""
+        if nbytes < UNRESERVED_BYTES:
+            return None
+        taken: list[Admission] = []
+        for g in self._gates.get(signal, ()):
+            refusal = g.reserve(nbytes)
+            if refusal is not None:
+                for x in taken:
+                    x.release(nbytes)
+                return refusal
+            taken.append(g)
+        return None
+
+    def hold(self, signal: str, nbytes: int) -> None:
+        if nbytes < UNRESERVED_BYTES:
+            return
+        for g in self._gates.get(signal, ()):
+            g.hold(nbytes)
+
+    def budget(self) -> int | None:
+        """The smallest budget of the admission gates of any signal (None: no gate, nothing bounds memory)."""
+        budgets = [g.budget() for gates in self._gates.values() for g in gates]
+        return min(budgets) if budgets else None
+
+    def release(self, signal: str, nbytes: int) -> None:
+        if nbytes < UNRESERVED_BYTES:
+            return
+        for g in self._gates.get(signal, ()):
+            g.release(nbytes)
+
+    def refused(self, refusal: Refusal) -> str:
+        """Count a refusal before decoding: ``throttled`` (retry later) or ``too_large`` (never)."""
+        outcome = "throttled" if refusal.retry else "too_large"
+        self.outcome(outcome)
+        return outcome
 
     def dispatch(self, signal: str, msg, nbytes: int) -> Result:
         n = count_items(signal, msg)
@@ -98,6 +155,16 @@ class Dispatcher:
 
     def outcome(self, outcome: str) -> None:
         self.t.requests.labels(self.label, outcome).inc()
+
+    def aborted(self, why: str) -> None:
+        """A request whose client went away or stalled past a timeout before it was answered: counted, and logged
+        once per receiver (thousands of dropped connections must not flood the log)."""
+        self.outcome("aborted")
+        if not self._aborted_logged.is_set():
+            self._aborted_logged.set()
+            log.warning("%s: a request was aborted (%s); such requests are counted in "
+                        "otel_straggler_collector_requests_total{outcome=\"aborted\"} and not logged again",
+                        self.label, why)
 
 
 def export_response(signal: str, r: Result) -> Message:

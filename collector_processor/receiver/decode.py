@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-import gzip
 import json
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 from google.protobuf import json_format
@@ -42,51 +42,91 @@ class TooLarge(ValueError):
     """The (decompressed) body is over the configured limit (-> HTTP 413 / gRPC RESOURCE_EXHAUSTED)."""
 
 
-def gunzip_bounded(body: bytes, limit: int) -> bytes:
-    """Decompress without ever holding more than ``limit`` bytes (a gzip bomb is refused, not expanded)."""
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+INFLATE_CHUNK = 1 << 20
+
+
+def gunzip_bounded(body: bytes | bytearray, limit: int, grow: Callable[[int], None] | None = None) -> bytearray:
+    """Decompress every gzip member of ``body`` (concatenated members are legal) without ever holding more than
+    ``limit`` inflated bytes in all: a bomb of many members is refused as soon as their total passes the limit.
+    Output grows in chunks of ``INFLATE_CHUNK``; ``grow(total)`` is told each new total before the chunk is kept
+    (it may raise to stop)."""
+    out = bytearray()
+    data: bytes | bytearray = body
     try:
-        out = d.decompress(body, limit + 1)
-        if len(out) > limit:
-            raise TooLarge(f"decompressed body exceeds {limit} bytes")
-        if not d.eof:
-            raise DecodeFailure("truncated gzip body")
-        if d.unused_data and d.unused_data.strip(b"\0"):
-            # concatenated gzip members are legal; decode them all but keep the bound
-            rest = gzip.decompress(d.unused_data)
-            if len(out) + len(rest) > limit:
-                raise TooLarge(f"decompressed body exceeds {limit} bytes")
-            out += rest
-    except (zlib.error, OSError, EOFError) as e:
+        while True:
+            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            while not d.eof:
+                chunk = d.decompress(data, min(INFLATE_CHUNK, limit + 1 - len(out)))
+                progressed = bool(chunk) or len(d.unconsumed_tail) < len(data)
+                data = d.unconsumed_tail
+                if chunk:
+                    if len(out) + len(chunk) > limit:
+                        raise TooLarge(f"decompressed body exceeds {limit} bytes")
+                    if grow is not None:
+                        grow(len(out) + len(chunk))
+                    out += chunk
+                if not d.eof and not progressed:
+                    raise DecodeFailure("truncated gzip body")
+            data = d.unused_data
+            if not data.strip(b"\0"):  # trailing zero padding after the last member is tolerated
+                return out
+    except zlib.error as e:
         raise DecodeFailure(f"bad gzip body: {e}") from e
-    return out
 
 
-def _hex_ids_to_base64(obj: Any) -> Any:
-    """OTLP/JSON carries ids as hex; protobuf's JSON parser expects base64 for bytes fields."""
-    if isinstance(obj, dict):
-        out = {}
-        for k, v in obj.items():
-            if k in _ID_KEYS and isinstance(v, str):
-                if v == "":
-                    out[k] = ""
-                    continue
-                try:
-                    raw = bytes.fromhex(v)
-                except ValueError as e:
-                    raise DecodeFailure(f"{k} is not hex: {v[:40]!r}") from e
-                if len(raw) not in (8, 16):
-                    raise DecodeFailure(f"{k} has {len(raw)} bytes; trace ids have 16 and span ids 8")
-                out[k] = base64.b64encode(raw).decode("ascii")
-            else:
-                out[k] = _hex_ids_to_base64(v)
-        return out
-    if isinstance(obj, list):
-        return [_hex_ids_to_base64(x) for x in obj]
-    return obj
+# What decoding may take, as an upper estimate measured on the costliest bodies per byte (bench/hostile.py
+# --expansion; bench/results/hostile.md). Protobuf: every embedded message costs up to ~200 bytes once parsed
+# (an empty Span: 176), and a message shorter than 8 bytes has a length byte below 8, so those bytes bound the
+# number of small messages; longer messages take at least 9 bytes each. JSON: the parser builds one object per
+# container and string besides the text.
+PROTOBUF_BYTES_PER_BYTE = 24
+PROTOBUF_BYTES_PER_SMALL_MESSAGE = 200
+JSON_BYTES_PER_BYTE = 16
+JSON_BYTES_PER_CONTAINER = 160
+JSON_BYTES_PER_STRING = 64
+_SMALL = [bytes([i]) for i in range(8)]
 
 
-def decode(signal: str, body: bytes, content_type: str = CT_PROTOBUF) -> Message:
+def decode_cost(body: bytes | bytearray, content_type: str = CT_PROTOBUF) -> int:
+    """An upper estimate of the memory that decoding ``body`` takes (what admission control reserves); a few
+    passes of ``bytes.count``, no parsing."""
+    ct = (content_type or CT_PROTOBUF).split(";", 1)[0].strip().lower()
+    if ct == CT_JSON:
+        containers = body.count(b"{") + body.count(b"[")
+        return (JSON_BYTES_PER_BYTE * len(body) + JSON_BYTES_PER_CONTAINER * containers
+                + JSON_BYTES_PER_STRING * (body.count(b'"') // 2))
+    small = sum(body.count(b) for b in _SMALL)
+    return PROTOBUF_BYTES_PER_BYTE * len(body) + PROTOBUF_BYTES_PER_SMALL_MESSAGE * small
+
+
+def _hex_ids_to_base64(obj: Any) -> None:
+    """OTLP/JSON carries ids as hex; protobuf's JSON parser expects base64 for bytes fields. Converted in place (a
+    copy of the tree would double what a JSON body costs)."""
+    stack = [obj]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k in _ID_KEYS and isinstance(v, str):
+                    if v:
+                        node[k] = _hex_id(k, v)
+                elif isinstance(v, dict | list):
+                    stack.append(v)
+        else:
+            stack.extend(x for x in node if isinstance(x, dict | list))
+
+
+def _hex_id(key: str, v: str) -> str:
+    try:
+        raw = bytes.fromhex(v)
+    except ValueError as e:
+        raise DecodeFailure(f"{key} is not hex: {v[:40]!r}") from e
+    if len(raw) not in (8, 16):
+        raise DecodeFailure(f"{key} has {len(raw)} bytes; trace ids have 16 and span ids 8")
+    return base64.b64encode(raw).decode("ascii")
+
+
+def decode(signal: str, body: bytes | bytearray, content_type: str = CT_PROTOBUF) -> Message:
     cls = REQUEST_TYPES[signal]
     ct = (content_type or CT_PROTOBUF).split(";", 1)[0].strip().lower()
     msg = cls()
@@ -99,12 +139,13 @@ def decode(signal: str, body: bytes, content_type: str = CT_PROTOBUF) -> Message
     if ct == CT_JSON:
         try:
             obj = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # nesting beyond the stack
-            raise DecodeFailure(f"invalid JSON: {type(e).__name__}") from e
+        except (ValueError, RecursionError) as e:  # syntax, encoding, an integer of over 4300 digits, deep nesting
+            raise DecodeFailure(f"invalid JSON: {type(e).__name__}: {str(e)[:80]}") from e
         if not isinstance(obj, dict):
             raise DecodeFailure("the JSON body must be an object")
+        _hex_ids_to_base64(obj)
         try:
-            json_format.ParseDict(_hex_ids_to_base64(obj), msg, ignore_unknown_fields=True)
+            json_format.ParseDict(obj, msg, ignore_unknown_fields=True)
         except (json_format.ParseError, binascii.Error, ValueError, TypeError, RecursionError) as e:
             raise DecodeFailure(f"invalid OTLP/JSON {cls.__name__}: {e}") from e
         return msg

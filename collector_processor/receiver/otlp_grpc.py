@@ -1,36 +1,50 @@
-"""OTLP/gRPC receiver: ``TraceService``, ``MetricsService`` and ``LogsService`` ``Export``.
+"""OTLP/gRPC receiver: ``TraceService``, ``MetricsService`` and ``LogsService`` ``Export``, and the standard
+``grpc.health.v1.Health/Check``.
 
-The methods are registered as generic handlers on the same method paths as the generated servicers, but take the
-raw request bytes: that lets the receiver bound and count sizes itself and answer a body that does not parse with
-INVALID_ARGUMENT (counted) rather than a bare gRPC deserialisation failure. Throttled requests get UNAVAILABLE
-with the ``google.rpc.retryinfo-bin`` trailer, which is where the OTel Python exporter reads its retry delay.
+A ``grpc.aio`` server on its own event loop. The Export methods are registered on the generated servicers' paths
+but as request-streaming handlers of raw bytes: the handler runs as soon as the call's metadata arrives, so the
+bearer token is checked before the message is read (a client without it is refused at once and holds nothing), a
+stream that never sends its message is ended after ``READ_TIMEOUT_S`` (as ``aborted``), and waiting costs a
+coroutine, not a worker. Then the message's size is bounded and counted here, the memory its decoding takes is
+reserved at the pipelines' admission gates (UNAVAILABLE with the retry delay, or RESOURCE_EXHAUSTED when it could
+never fit), and decoding and the hand-over to the pipelines run on one of ``max_workers`` daemon threads.
+Throttled requests get UNAVAILABLE with the ``google.rpc.retryinfo-bin`` trailer, which is where the OTel Python
+exporter reads its retry delay. gzip-compressed messages are inflated by gRPC core, which refuses one that
+inflates beyond its message size limit (``max_recv_msg_size_mib`` + 64 KiB); the handler then sees no message
+and counts the call as ``invalid``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
 from google.rpc.error_details_pb2 import RetryInfo
 
+from collector_processor.component import Refusal
 from collector_processor.config.model import MIB
 from collector_processor.config.types import split_host_port
+from collector_processor.receiver.aio import LoopThread, Workers
 from collector_processor.receiver.auth import BearerAuth
 from collector_processor.receiver.common import Config, Dispatcher, GrpcProtocol, export_response
-from collector_processor.receiver.decode import GRPC_SERVICES, RETRY_INFO_KEY, DecodeFailure, decode
+from collector_processor.receiver.decode import GRPC_SERVICES, RETRY_INFO_KEY, DecodeFailure, decode, decode_cost
 from collector_processor.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
-
 
 HEALTH_SERVICE = "grpc.health.v1.Health"
 # grpc.health.v1.HealthCheckResponse{status: SERVING (1) | NOT_SERVING (2)}, encoded by hand (field 1, varint):
 # the standard health protocol without a dependency on grpcio-health-checking.
 _SERVING, _NOT_SERVING = b"\x08\x01", b"\x08\x02"
+READ_TIMEOUT_S = 30.0  # for the request message once the call started
+# Calls in progress at once (beyond: RESOURCE_EXHAUSTED from gRPC). A call waiting for its client or for its turn
+# to be read holds a coroutine and a small flow-control window, not a thread or its message.
+MAX_CONCURRENT_RPCS = 1024
 
 
 def retry_info_bytes(delay_s: float) -> bytes:
@@ -39,14 +53,24 @@ def retry_info_bytes(delay_s: float) -> bytes:
     return RetryInfo(retry_delay=d).SerializeToString()
 
 
-def server_credentials(tls) -> grpc.ServerCredentials:
+def server_credentials(tls) -> grpc.ServerCredentials:  # type: ignore[no-untyped-def]
     key = Path(tls.key_file).read_bytes()
     cert = Path(tls.cert_file).read_bytes()
     ca = Path(tls.client_ca_file).read_bytes() if tls.client_ca_file else None
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
 
 
+@dataclass
+class _Outcome:
+    code: grpc.StatusCode
+    details: str = ""
+    body: bytes = b""
+    retry: bool = False  # attach the RetryInfo trailer
+
+
 class OtlpGrpcReceiver:
+    what = "OTLP/GRPC"
+
     def __init__(self, rid: str, cfg: Config, proto: GrpcProtocol, dispatcher: Dispatcher, telemetry: Telemetry,
                  auth: BearerAuth, healthy: Callable[[], bool] = lambda: True) -> None:
         self.id = rid
@@ -57,71 +81,164 @@ class OtlpGrpcReceiver:
         self.t = telemetry
         self.auth = auth
         self.limit = int(proto.max_recv_msg_size_mib * MIB)
+        budget = dispatcher.budget()
+        self._per_read = 3 * (self.limit + 64 * 1024)
+        self._max_reads = None if budget is None else max(1, budget // self._per_read)
+        self._reads: asyncio.Semaphore | None = None
         self._retry = retry_info_bytes(cfg.retry_delay)
-        self._server: grpc.Server | None = None
+        self._server: grpc.aio.Server | None = None
+        self._loop: LoopThread | None = None
+        self._workers: Workers | None = None
         self.host, self.port = split_host_port(proto.endpoint, 4317)
 
-    def _refuse(self, context: grpc.ServicerContext, outcome: str, code: grpc.StatusCode, details: str) -> None:
-        self.d.outcome(outcome)
-        context.abort(code, details)
-
-    def _method(self, signal: str):
-        def export(raw: bytes, context: grpc.ServicerContext) -> bytes:
+    # ---- the Export methods -------------------------------------------------------------------------------
+    def _method(self, signal: str) -> grpc.RpcMethodHandler:
+        async def export(request_iterator: object, context: grpc.aio.ServicerContext) -> bytes:
             if self.auth.enabled:
-                md = dict(context.invocation_metadata() or ())
+                md = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
                 if not self.auth.check(md.get("authorization")):
                     self.t.unauthenticated.labels(self.d.label).inc()
-                    self._refuse(context, "unauthenticated", grpc.StatusCode.UNAUTHENTICATED,
-                                 "missing or bad bearer token")
-            if len(raw) > self.limit:
-                self._refuse(context, "too_large", grpc.StatusCode.RESOURCE_EXHAUSTED,
-                             f"request of {len(raw)} bytes exceeds {self.limit}")
-            if not self.d.has(signal):
-                self._refuse(context, "invalid", grpc.StatusCode.UNIMPLEMENTED, f"no {signal} pipeline")
-            try:
-                msg = decode(signal, raw)
-            except DecodeFailure as e:
-                self._refuse(context, "invalid", grpc.StatusCode.INVALID_ARGUMENT, str(e)[:300])
-            r = self.d.dispatch(signal, msg, len(raw))
-            if r.status != "ok":
+                    self.d.outcome("unauthenticated")
+                    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or bad bearer token")
+            # gRPC core takes in a message only once it is read (until then flow control holds the client to a small
+            # window): at most as many messages are read at once as the memory budget has room for the largest one
+            # three times (measured: core's frames, its message buffer, the bytes; bench/hostile.py), and that room
+            # is counted at the admission gates until the message's real size is known
+            if self._reads is not None:
+                try:
+                    await asyncio.wait_for(self._reads.acquire(), READ_TIMEOUT_S)
+                except TimeoutError:
+                    out = self._refused(Refusal("memory_limit", "too many requests being read"))
+                else:
+                    try:
+                        out = await self._read_and_handle(signal, context, self._per_read)
+                    finally:
+                        self._reads.release()
+            else:
+                out = await self._read_and_handle(signal, context, 0)
+            if out.retry:
                 context.set_trailing_metadata(((RETRY_INFO_KEY, self._retry),))
-                context.set_code(grpc.StatusCode.UNAVAILABLE)
-                context.set_details(r.message or "throttled")
-                return b""
-            return export_response(signal, r).SerializeToString()
+            if out.code != grpc.StatusCode.OK:
+                context.set_code(out.code)
+                context.set_details(out.details[:300])
+            return out.body
 
-        return grpc.unary_unary_rpc_method_handler(export)
+        return grpc.stream_unary_rpc_method_handler(export)
 
+    async def _read_and_handle(self, signal: str, context: grpc.aio.ServicerContext, held: int) -> _Outcome:
+        self.d.hold(signal, held)
+        try:
+            try:
+                raw = await asyncio.wait_for(context.read(), READ_TIMEOUT_S)
+            except TimeoutError:
+                self.d.aborted("no request message within the read timeout")
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                    f"no request message within {READ_TIMEOUT_S:.0f} s")
+            if raw is grpc.aio.EOF or not isinstance(raw, bytes):
+                # no message, or one over gRPC core's size limit (core answers that call RESOURCE_EXHAUSTED)
+                self.d.outcome("invalid")
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message")
+            assert isinstance(raw, bytes)
+            if held:  # what the message really holds from now on: its bytes
+                self.d.release(signal, held)
+                held = len(raw)
+                self.d.hold(signal, held)
+            return await self._handle(signal, raw)
+        finally:
+            self.d.release(signal, held)
+
+    async def _handle(self, signal: str, raw: bytes) -> _Outcome:
+        if len(raw) > self.limit:
+            self.d.outcome("too_large")
+            return _Outcome(grpc.StatusCode.RESOURCE_EXHAUSTED, f"request of {len(raw)} bytes exceeds {self.limit}")
+        if not self.d.has(signal):
+            self.d.outcome("invalid")
+            return _Outcome(grpc.StatusCode.UNIMPLEMENTED, f"no {signal} pipeline")
+        assert self._workers is not None
+        return await self._workers.run(self._process, signal, raw)
+
+    def _refused(self, refusal: Refusal) -> _Outcome:
+        self.d.refused(refusal)
+        if refusal.retry:
+            return _Outcome(grpc.StatusCode.UNAVAILABLE, refusal.message, retry=True)
+        return _Outcome(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal.message)
+
+    def _process(self, signal: str, raw: bytes) -> _Outcome:
+        """On a worker thread: reserve what decoding takes, decode, hand to the pipelines."""
+        cost = decode_cost(raw)
+        refusal = self.d.reserve(signal, cost)
+        if refusal is not None:
+            return self._refused(refusal)
+        try:
+            msg = decode(signal, raw)
+        except DecodeFailure as e:
+            self.d.outcome("invalid")
+            return _Outcome(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        finally:
+            self.d.release(signal, cost)
+        r = self.d.dispatch(signal, msg, len(raw))
+        if r.status != "ok":
+            return _Outcome(grpc.StatusCode.UNAVAILABLE, r.message or "throttled", retry=True)
+        return _Outcome(grpc.StatusCode.OK, body=export_response(signal, r).SerializeToString())
+
+    # ---- lifecycle ----------------------------------------------------------------------------------------
     def start(self) -> None:
+        self._loop = LoopThread(f"grpc-{self.id}")
+        self._loop.start()
+        self._workers = Workers(self.proto.max_workers, f"grpc-{self.id}-worker")
         grpc_limit = self.limit + 64 * 1024  # room to answer a slightly bigger body with our own counted error
-        server = grpc.server(
-            ThreadPoolExecutor(max_workers=self.proto.max_workers, thread_name_prefix=f"grpc-{self.id}"),
-            options=[("grpc.max_receive_message_length", grpc_limit), ("grpc.so_reuseport", 0)],
-            maximum_concurrent_rpcs=self.proto.max_workers * 4,
-        )
-        handlers = [grpc.method_handlers_generic_handler(svc, {"Export": self._method(sig)})
-                    for sig, svc in GRPC_SERVICES.items()]
-        handlers.append(grpc.method_handlers_generic_handler(HEALTH_SERVICE, {
-            "Check": grpc.unary_unary_rpc_method_handler(
-                lambda _req, _ctx: _SERVING if self.healthy() else _NOT_SERVING)}))
-        server.add_generic_rpc_handlers(handlers)
-        addr = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-        if self.cfg.tls.enabled():
-            port = server.add_secure_port(addr, server_credentials(self.cfg.tls))
-        else:
-            port = server.add_insecure_port(addr)
-        if not port:
-            raise OSError(f"cannot bind OTLP/gRPC on {addr}")
-        self.port = port
-        server.start()
-        self._server = server
-        log.info("OTLP/gRPC receiver %s listening on %s:%d%s", self.id, self.host, port,
+
+        async def health(_req: bytes, _ctx: grpc.aio.ServicerContext) -> bytes:
+            return _SERVING if self.healthy() else _NOT_SERVING
+
+        async def serve() -> int:
+            if self._max_reads is not None:
+                self._reads = asyncio.Semaphore(self._max_reads)
+            server = grpc.aio.server(
+                # no bandwidth-delay probing: a stream's flow-control window stays small until its message is read
+                options=[("grpc.max_receive_message_length", grpc_limit), ("grpc.so_reuseport", 0),
+                         ("grpc.http2.bdp_probe", 0)],
+                maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
+            )
+            handlers = [grpc.method_handlers_generic_handler(svc, {"Export": self._method(sig)})
+                        for sig, svc in GRPC_SERVICES.items()]
+            handlers.append(grpc.method_handlers_generic_handler(HEALTH_SERVICE, {
+                "Check": grpc.unary_unary_rpc_method_handler(health)}))
+            server.add_generic_rpc_handlers(handlers)
+            addr = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+            if self.cfg.tls.enabled():
+                port = server.add_secure_port(addr, server_credentials(self.cfg.tls))
+            else:
+                port = server.add_insecure_port(addr)
+            if not port:
+                raise OSError(f"cannot bind OTLP/gRPC on {addr}")
+            await server.start()
+            self._server = server
+            return port
+
+        try:
+            self.port = self._loop.call(serve(), 30.0)
+        except Exception:
+            self._stop_loop()
+            raise
+        log.info("OTLP/gRPC receiver %s listening on %s:%d%s", self.id, self.host, self.port,
                  " (TLS)" if self.cfg.tls.enabled() else "")
 
     def stop_accepting(self, grace_s: float) -> None:
         """Refuse new RPCs, let in-flight ones finish within ``grace_s``."""
-        if self._server is not None:
-            self._server.stop(grace_s).wait(grace_s + 1.0)
+        server, self._server = self._server, None
+        if server is not None and self._loop is not None:
+            try:
+                self._loop.call(server.stop(grace_s), grace_s + 1.0)
+            except Exception:
+                log.warning("OTLP/gRPC receiver %s: RPCs still running after %.1f s", self.id, grace_s)
+        self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        if self._workers is not None:
+            self._workers.stop()
+        if self._loop is not None:
+            self._loop.stop()
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         self.stop_accepting(min(timeout_s, 2.0))

@@ -1,24 +1,42 @@
-"""OTLP/HTTP receiver: POST ``/v1/traces``, ``/v1/metrics``, ``/v1/logs`` with protobuf or JSON, optionally gzip.
+"""OTLP/HTTP receiver: POST ``/v1/traces``, ``/v1/metrics``, ``/v1/logs`` with protobuf or JSON, optionally gzip;
+``GET /healthz``.
 
-Errors answer with a ``google.rpc.Status`` body in the request's encoding: 400 for bodies that do not decode,
-413 over the size limit, 415 for other content types, 401 without the bearer token, 503 + ``Retry-After`` when the
-pipeline refuses (queue full, memory limit). Served by a ``ThreadingHTTPServer`` with a cap on concurrent requests.
+An HTTP/1.1 server on an asyncio event loop: a connection that is waiting for its client costs a coroutine, not a
+thread, so thousands of stalled connections take no worker from anyone. Each request is checked in this order,
+and refused as soon as something is wrong, without reading a body it will not use:
+
+1. request line and headers (within ``HEAD_TIMEOUT_S``; a kept-alive connection may idle ``IDLE_TIMEOUT_S``);
+2. path (404), bearer token (401), ``Content-Length`` (411 missing, 400 invalid or conflicting, 413 over the
+   limit), content type (415) and encoding, all on the headers;
+3. the memory the body takes, reserved at the pipelines' admission gates before it is read (503 +
+   ``Retry-After``); ``Expect: 100-continue`` is answered only now;
+4. one of ``MAX_CONCURRENT`` processing slots (503 + ``Retry-After``): gzip inflated with a bound on the total of
+   all members (413), the decoder's memory estimate reserved (503, or 413 when it could never fit), decoded
+   (400) and handed to the pipelines (503 + ``Retry-After`` when they refuse) on a worker thread.
+
+A refusal on the headers drops the body as it comes (it holds no memory) and keeps the connection; for a client
+without the token, or a body over the limit or of unknown length, the connection is closed after draining what
+the client still sends for at most ``LINGER_S``. Either way the client reads the answer, not a reset. Errors carry
+a ``google.rpc.Status`` body in the request's encoding. A request whose client goes away or stalls past a timeout
+is counted as ``aborted``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import ssl
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass, field
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
 from google.rpc.status_pb2 import Status
 
+from collector_processor.component import Refusal
 from collector_processor.config.model import MIB
 from collector_processor.config.types import split_host_port
+from collector_processor.receiver.aio import LoopThread, Workers
 from collector_processor.receiver.auth import BearerAuth
 from collector_processor.receiver.common import Config, Dispatcher, HttpProtocol, export_response
 from collector_processor.receiver.decode import (
@@ -28,35 +46,66 @@ from collector_processor.receiver.decode import (
     DecodeFailure,
     TooLarge,
     decode,
+    decode_cost,
     gunzip_bounded,
 )
 from collector_processor.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 _SIGNALS = {path: signal for signal, path in HTTP_PATHS.items()}
-MAX_CONCURRENT = 64
-READ_TIMEOUT_S = 30.0
+MAX_CONCURRENT = 64  # requests being decoded or waiting for their pipelines at once
+WORKERS = 8  # threads that decode and dispatch (the GIL makes more pointless; waits for the pipeline are bounded)
+HEAD_TIMEOUT_S = 10.0
+IDLE_TIMEOUT_S = 30.0
+READ_TIMEOUT_S = 30.0  # for each chunk of a body, and for a TLS handshake
+WRITE_TIMEOUT_S = 30.0
+LINGER_S = 2.0
+MAX_HEAD = 16 * 1024  # request line and headers; also what a connection buffers while its request is processed
+MAX_HEADERS = 100
+CHUNK = 256 * 1024
+INFLATE_RESERVE = 4 * MIB  # a gzip body's inflated bytes are reserved in steps of at least this
 # gRPC code numbers for the Status body
 _INVALID_ARGUMENT, _RESOURCE_EXHAUSTED, _UNAUTHENTICATED, _UNAVAILABLE, _UNIMPLEMENTED = 3, 8, 16, 14, 12
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
+            411: "Length Required", 413: "Content Too Large", 415: "Unsupported Media Type",
+            431: "Request Header Fields Too Large", 503: "Service Unavailable"}
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128  # listen backlog; socketserver's 5 stalls connection bursts for 1 s (SYN retry)
-    receiver: OtlpHttpReceiver
-    ssl_context: ssl.SSLContext | None = None
+class _Aborted(Exception):
+    """The client went away or stalled; the connection ends without an answer."""
 
-    def finish_request(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
-        """TLS handshake here, on the connection's own thread and under the read timeout: done in ``accept`` (a
-        wrapped listening socket) one client that connects and never handshakes would block every other."""
-        if self.ssl_context is not None:
-            try:
-                request.settimeout(READ_TIMEOUT_S)
-                request = self.ssl_context.wrap_socket(request, server_side=True)
-            except (OSError, ValueError):  # ssl.SSLError is an OSError; a failed handshake just ends here
-                return
-        super().finish_request(request, client_address)
+
+class _Refused(Exception):
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
+@dataclass
+class _Head:
+    method: str
+    path: str
+    version: str
+    headers: dict[str, list[str]] = field(default_factory=dict)
+
+    def get(self, name: str) -> str | None:
+        values = self.headers.get(name)
+        return values[0] if values else None
+
+    def keep_alive(self) -> bool:
+        conn = (self.get("connection") or "").lower()
+        if self.version == "HTTP/1.0":
+            return "keep-alive" in conn
+        return "close" not in conn
+
+
+@dataclass
+class _Answer:
+    code: int
+    body: bytes
+    ctype: str
+    headers: dict[str, str] = field(default_factory=dict)
+    close: bool = False
 
 
 def _encode(msg: Message, ctype: str) -> bytes:
@@ -64,129 +113,39 @@ def _encode(msg: Message, ctype: str) -> bytes:
     return json_format.MessageToJson(msg, indent=None).encode() if ctype == CT_JSON else msg.SerializeToString()
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"
-    timeout = READ_TIMEOUT_S
-    server_version = "otel-straggler-collector"
-    sys_version = ""
+def _parse_head(data: bytes) -> _Head:
+    lines = data.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        raise ValueError("bad request line")
+    head = _Head(parts[0], parts[1].split("?", 1)[0], parts[2])
+    n = 0
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip() or line[0] in " \t":
+            raise ValueError("bad header line")
+        n += 1
+        if n > MAX_HEADERS:
+            raise ValueError("too many headers")
+        head.headers.setdefault(name.lower(), []).append(value.strip())
+    return head
 
-    def log_message(self, format: str, *args: object) -> None:
-        log.debug("%s " + format, self.address_string(), *args)
 
-    def _send(self, code: int, body: bytes, ctype: str, headers: dict[str, str] | None = None) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _status(self, http: int, grpc_code: int, message: str, ctype: str, outcome: str,
-                headers: dict[str, str] | None = None, close: bool = False) -> None:
-        rcv = self.server.receiver
-        rcv.d.outcome(outcome)
-        if ctype != CT_JSON:
-            ctype = CT_PROTOBUF
-        body = _encode(Status(code=grpc_code, message=message[:300]), ctype)
-        if close:
-            self.close_connection = True
-            headers = {**(headers or {}), "Connection": "close"}
-        self._send(http, body, ctype, headers)
-
-    def do_GET(self) -> None:
-        if self.path.split("?", 1)[0] == "/healthz":
-            self._send(200, b"ok\n", "text/plain")
-        else:
-            self._send(404, b"not found\n", "text/plain")
-
-    def do_POST(self) -> None:
-        rcv = self.server.receiver
-        if not rcv.slots.acquire(blocking=False):
-            self.close_connection = True
-            self._send(503, b"busy\n", "text/plain", {"Retry-After": rcv.retry_after, "Connection": "close"})
-            rcv.d.outcome("throttled")
-            return
-        try:
-            self._post(rcv)
-        finally:
-            rcv.slots.release()
-
-    def _post(self, rcv: OtlpHttpReceiver) -> None:
-        path = self.path.split("?", 1)[0]
-        ctype_full = self.headers.get("Content-Type", "")
-        ctype = ctype_full.split(";", 1)[0].strip().lower()
-        reply_ct = CT_JSON if ctype == CT_JSON else CT_PROTOBUF
-        length_h = self.headers.get("Content-Length")
-        if path not in _SIGNALS:
-            self._drain_or_close(length_h, rcv.limit)
-            self._status(404, _UNIMPLEMENTED, f"unknown path {path}", reply_ct, "invalid")
-            return
-        signal = _SIGNALS[path]
-        if rcv.auth.enabled and not rcv.auth.check(self.headers.get("Authorization")):
-            rcv.t.unauthenticated.labels(rcv.d.label).inc()
-            self._drain_or_close(length_h, rcv.limit)
-            self._status(401, _UNAUTHENTICATED, "missing or bad bearer token", reply_ct, "unauthenticated",
-                         {"WWW-Authenticate": "Bearer"})
-            return
-        if length_h is None:
-            self._status(411, _INVALID_ARGUMENT, "Content-Length required", reply_ct, "invalid", close=True)
-            return
-        try:
-            length = int(length_h)
-            if length < 0:
-                raise ValueError
-        except ValueError:
-            self._status(400, _INVALID_ARGUMENT, "bad Content-Length", reply_ct, "invalid", close=True)
-            return
-        if length > rcv.limit:
-            self._status(413, _RESOURCE_EXHAUSTED, f"body of {length} bytes exceeds {rcv.limit}", reply_ct,
-                         "too_large", close=True)
-            return
-        body = self.rfile.read(length)
-        if len(body) < length:
-            self._status(400, _INVALID_ARGUMENT, "truncated body", reply_ct, "invalid", close=True)
-            return
-        if not rcv.d.has(signal):  # before any decoding work, like the gRPC receiver
-            self._status(404, _UNIMPLEMENTED, f"no {signal} pipeline", reply_ct, "invalid")
-            return
-        if ctype not in (CT_JSON, CT_PROTOBUF):
-            self._status(415, _INVALID_ARGUMENT, f"unsupported content type {ctype_full!r}", reply_ct, "invalid")
-            return
-        encoding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
-        try:
-            if encoding == "gzip":
-                body = gunzip_bounded(body, rcv.limit)
-            elif encoding not in ("identity", ""):
-                raise DecodeFailure(f"unsupported Content-Encoding {encoding!r}")
-            msg = decode(signal, body, ctype)
-        except TooLarge as e:
-            self._status(413, _RESOURCE_EXHAUSTED, str(e), reply_ct, "too_large")
-            return
-        except DecodeFailure as e:
-            self._status(400, _INVALID_ARGUMENT, str(e), reply_ct, "invalid")
-            return
-        r = rcv.d.dispatch(signal, msg, len(body))
-        if r.status != "ok":
-            st = Status(code=_UNAVAILABLE, message=r.message or "throttled")
-            self._send(503, _encode(st, reply_ct), reply_ct, {"Retry-After": rcv.retry_after})
-            return
-        self._send(200, _encode(export_response(signal, r), reply_ct), reply_ct)
-
-    def _drain_or_close(self, length_h: str | None, limit: int) -> None:
-        """Read a small refused body so the connection can be reused; close it otherwise."""
-        try:
-            n = int(length_h or "0")
-        except ValueError:
-            n = -1
-        if 0 <= n <= min(limit, 1 * MIB):
-            self.rfile.read(n)
-        else:
-            self.close_connection = True
+def _content_length(head: _Head) -> int | None:
+    """The body length; None when absent. Several Content-Length values (repeated headers or a list) must agree."""
+    values = [v.strip() for h in head.headers.get("content-length", []) for v in h.split(",")]
+    if not values:
+        return None
+    if len(set(values)) != 1 or not values[0].isdigit():
+        raise ValueError("conflicting or invalid Content-Length")
+    return int(values[0])
 
 
 class OtlpHttpReceiver:
+    what = "OTLP/HTTP"
+
     def __init__(self, rid: str, cfg: Config, proto: HttpProtocol, dispatcher: Dispatcher, telemetry: Telemetry,
                  auth: BearerAuth) -> None:
         self.id = rid
@@ -196,37 +155,358 @@ class OtlpHttpReceiver:
         self.auth = auth
         self.limit = int(proto.max_request_body_size_mib * MIB)
         self.retry_after = str(max(1, math.ceil(cfg.retry_delay)))
-        self.slots = threading.BoundedSemaphore(MAX_CONCURRENT)
         self.host, self.port = split_host_port(proto.endpoint, 4318)
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        self._busy = 0
+        self._loop: LoopThread | None = None
+        self._server: asyncio.Server | None = None
+        self._workers: Workers | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # every connection
+        self._active: set[asyncio.Task[None]] = set()  # connections inside a request
+        self._closing = False
+
+    # ---- lifecycle ----------------------------------------------------------------------------------------
+    def _ssl(self) -> ssl.SSLContext | None:
+        tls = self.cfg.tls
+        if not tls.enabled():
+            return None
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(tls.cert_file, tls.key_file)
+        if tls.client_ca_file:
+            ctx.load_verify_locations(tls.client_ca_file)
+            ctx.verify_mode = ssl.CERT_REQUIRED
+        return ctx
 
     def start(self) -> None:
-        server = _Server((self.host, self.port), _Handler)
-        server.receiver = self
-        tls = self.cfg.tls
-        if tls.enabled():
-            ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            ctx.load_cert_chain(tls.cert_file, tls.key_file)
-            if tls.client_ca_file:
-                ctx.load_verify_locations(tls.client_ca_file)
-                ctx.verify_mode = ssl.CERT_REQUIRED
-            server.ssl_context = ctx
-        self.port = server.server_address[1]
-        self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name=f"http-{self.id}", daemon=True)
-        self._thread.start()
-        log.info("OTLP/HTTP receiver %s listening on http%s://%s:%d", self.id, "s" if tls.enabled() else "",
-                 self.host, self.port)
+        ctx = self._ssl()
+        self._loop = LoopThread(f"http-{self.id}")
+        self._loop.start()
+        self._workers = Workers(WORKERS, f"http-{self.id}-worker")
+
+        async def listen() -> asyncio.Server:
+            return await asyncio.start_server(self._connection, self.host, self.port, ssl=ctx, backlog=1024,
+                                              limit=MAX_HEAD, ssl_handshake_timeout=READ_TIMEOUT_S if ctx else None)
+
+        try:
+            self._server = self._loop.call(listen(), 10.0)
+        except Exception:
+            self._stop_loop()
+            raise
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("OTLP/HTTP receiver %s listening on http%s://%s:%d", self.id, "s" if ctx else "", self.host,
+                 self.port)
 
     def stop_accepting(self, grace_s: float) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            if self._thread is not None:
-                self._thread.join(grace_s)
-            self._server = None
+        """Stop listening and let requests being handled finish within ``grace_s``; then close every connection."""
+        if self._server is None or self._loop is None:
+            return
+        server, self._server = self._server, None
+
+        async def stop() -> None:
+            self._closing = True
+            server.close()
+            for t in self._tasks - self._active:  # idle connections: nothing to finish
+                t.cancel()
+            active = list(self._active)
+            if active:
+                await asyncio.wait(active, timeout=grace_s)
+            rest = list(self._tasks)
+            for t in rest:
+                t.cancel()
+            if rest:  # let them close their connections while the loop still runs
+                await asyncio.wait(rest, timeout=1.0)
+
+        try:
+            self._loop.call(stop(), grace_s + 2.0)
+        except Exception:
+            log.warning("OTLP/HTTP receiver %s: connections still open after %.1f s", self.id, grace_s)
+        self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        if self._workers is not None:
+            self._workers.stop()
+        if self._loop is not None:
+            self._loop.stop()
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         self.stop_accepting(min(timeout_s, 2.0))
+
+    # ---- connections --------------------------------------------------------------------------------------
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            timeout = HEAD_TIMEOUT_S
+            while not self._closing:
+                self._active.discard(task)
+                keep = await self._one(reader, writer, timeout)
+                if not keep:
+                    break
+                timeout = IDLE_TIMEOUT_S
+        except _Aborted:
+            pass
+        except asyncio.CancelledError:  # the drain's deadline passed
+            pass
+        except Exception:  # never let a connection's fault reach the loop's exception handler
+            log.exception("OTLP/HTTP receiver %s: unexpected error on a connection", self.id)
+        finally:
+            self._tasks.discard(task)
+            self._active.discard(task)
+            try:
+                writer.close()
+            except RuntimeError:  # the loop is already closed (the process is ending)
+                pass
+
+    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, timeout: float) -> bool:
+        """Read and answer one request; True to keep the connection for the next one."""
+        try:
+            first = await asyncio.wait_for(reader.read(1), timeout)
+        except (TimeoutError, ConnectionError, OSError):
+            return False  # nothing of a request yet: an idle connection ends
+        if not first:
+            return False
+        task = asyncio.current_task()
+        assert task is not None
+        self._active.add(task)
+        try:
+            data = first + await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
+        except asyncio.IncompleteReadError:
+            self.d.aborted("connection closed inside a request head")
+            return False
+        except asyncio.LimitOverrunError:
+            await self._reply(writer, _Answer(431, b"request head too large\n", "text/plain", close=True))
+            self.d.outcome("invalid")
+            return False
+        except TimeoutError:
+            self.d.aborted("request head not complete within the timeout")
+            return False
+        except (ConnectionError, OSError) as e:
+            self.d.aborted(type(e).__name__)
+            return False
+        try:
+            head = _parse_head(data[:-4])
+        except ValueError as e:
+            await self._reply(writer, _Answer(400, f"{e}\n".encode(), "text/plain", close=True))
+            self.d.outcome("invalid")
+            return False
+        if head.method == "GET":
+            ans = _Answer(200, b"ok\n", "text/plain") if head.path == "/healthz" else \
+                _Answer(404, b"not found\n", "text/plain")
+            if _declared(head):
+                ans.close = True
+            await self._reply(writer, ans)
+            if ans.close:
+                await self._linger(reader, writer, 0)
+            return not ans.close and head.keep_alive()
+        if head.method != "POST":
+            await self._reply(writer, _Answer(405, b"method not allowed\n", "text/plain", {"Allow": "GET, POST"},
+                                              close=True))
+            self.d.outcome("invalid")
+            await self._linger(reader, writer, 0)
+            return False
+        ans, length = self._check(head)
+        if ans is not None:
+            await self._reply(writer, ans)
+            if ans.close:
+                await self._linger(reader, writer, length or 0)
+                return False
+            if length and not await self._discard(reader, length):  # the unused body, dropped as it comes
+                return False
+            return head.keep_alive()
+        assert length is not None
+        ans, unread = await self._request(head, length, reader, writer)
+        await self._reply(writer, ans)
+        if ans.close:
+            await self._linger(reader, writer, unread)
+            return False
+        if unread and not await self._discard(reader, unread):  # refused before reading: dropped as it comes
+            return False
+        return head.keep_alive()
+
+    def _status(self, http: int, grpc_code: int, message: str, ctype: str, outcome: str,
+                headers: dict[str, str] | None = None, close: bool = False) -> _Answer:
+        self.d.outcome(outcome)
+        return _Answer(http, _encode(Status(code=grpc_code, message=message[:300]), ctype), ctype, headers or {},
+                       close)
+
+    def _refusal(self, refusal: Refusal, ctype: str, close: bool = False) -> _Answer:
+        outcome = self.d.refused(refusal)
+        st = Status(code=_UNAVAILABLE if refusal.retry else _RESOURCE_EXHAUSTED, message=refusal.message[:300])
+        if outcome == "throttled":
+            return _Answer(503, _encode(st, ctype), ctype, {"Retry-After": self.retry_after}, close)
+        return _Answer(413, _encode(st, ctype), ctype, {}, close)
+
+    def _check(self, head: _Head) -> tuple[_Answer | None, int | None]:
+        """Everything that can be decided on the headers. Returns (answer, declared length)."""
+        ctype_full = head.get("content-type") or ""
+        ctype = ctype_full.split(";", 1)[0].strip().lower()
+        reply_ct = CT_JSON if ctype == CT_JSON else CT_PROTOBUF
+        try:
+            length = _content_length(head)
+        except ValueError as e:
+            return self._status(400, _INVALID_ARGUMENT, str(e), reply_ct, "invalid", close=True), None
+        if head.path not in _SIGNALS:
+            return self._status(404, _UNIMPLEMENTED, f"unknown path {head.path}", reply_ct, "invalid",
+                                close=(length or 0) > self.limit), length
+        if self.auth.enabled and not self.auth.check(head.get("authorization")):
+            self.t.unauthenticated.labels(self.d.label).inc()
+            return self._status(401, _UNAUTHENTICATED, "missing or bad bearer token", reply_ct, "unauthenticated",
+                                {"WWW-Authenticate": "Bearer"}, close=True), length
+        if "transfer-encoding" in head.headers or length is None:
+            return self._status(411, _INVALID_ARGUMENT, "Content-Length required", reply_ct, "invalid",
+                                close=True), length
+        if length > self.limit:
+            return self._status(413, _RESOURCE_EXHAUSTED, f"body of {length} bytes exceeds {self.limit}", reply_ct,
+                                "too_large", close=True), length
+        signal = _SIGNALS[head.path]
+        if not self.d.has(signal):
+            return self._status(404, _UNIMPLEMENTED, f"no {signal} pipeline", reply_ct, "invalid"), length
+        if ctype not in (CT_JSON, CT_PROTOBUF):
+            return self._status(415, _INVALID_ARGUMENT, f"unsupported content type {ctype_full[:100]!r}",
+                                reply_ct, "invalid"), length
+        encoding = (head.get("content-encoding") or "identity").strip().lower()
+        if encoding not in ("gzip", "identity", ""):
+            return self._status(400, _INVALID_ARGUMENT, f"unsupported Content-Encoding {encoding[:40]!r}", reply_ct,
+                                "invalid"), length
+        return None, length
+
+    async def _request(self, head: _Head, length: int, reader: asyncio.StreamReader,
+                       writer: asyncio.StreamWriter) -> tuple[_Answer, int]:
+        """The answer, and how much of the body was left unread."""
+        signal = _SIGNALS[head.path]
+        ctype = (head.get("content-type") or "").split(";", 1)[0].strip().lower()
+        encoding = (head.get("content-encoding") or "identity").strip().lower()
+        reserved = 0
+        try:
+            refusal = self.d.reserve(signal, length)
+            if refusal is not None:
+                return self._refusal(refusal, ctype), length
+            reserved = length
+            if (head.get("expect") or "").lower() == "100-continue":
+                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            body = await self._body(reader, length)
+            if self._busy >= MAX_CONCURRENT:
+                return self._refusal(Refusal("busy", "too many requests in progress"), ctype), 0
+            self._busy += 1
+            try:
+                assert self._workers is not None
+                return await self._workers.run(self._process, signal, body, ctype, encoding == "gzip"), 0
+            finally:
+                self._busy -= 1
+        finally:
+            if reserved:
+                self.d.release(signal, reserved)
+
+    async def _discard(self, reader: asyncio.StreamReader, length: int) -> bool:
+        """Read and drop ``length`` bytes (the idle timeout applies to each chunk); False if they did not come."""
+        left = length
+        try:
+            while left > 0:
+                chunk = await asyncio.wait_for(reader.read(min(CHUNK, left)), READ_TIMEOUT_S)
+                if not chunk:
+                    return False
+                left -= len(chunk)
+        except (TimeoutError, ConnectionError, OSError):
+            return False
+        return True
+
+    async def _body(self, reader: asyncio.StreamReader, length: int) -> bytearray:
+        """The body, read into one buffer of its announced length (no copies beside it)."""
+        body = bytearray(length)
+        view = memoryview(body)
+        pos = 0
+        while pos < length:
+            try:
+                chunk = await asyncio.wait_for(reader.read(min(CHUNK, length - pos)), READ_TIMEOUT_S)
+            except TimeoutError:
+                self.d.aborted("body not received within the read timeout")
+                raise _Aborted from None
+            except (ConnectionError, OSError) as e:
+                self.d.aborted(type(e).__name__)
+                raise _Aborted from None
+            if not chunk:
+                self.d.aborted("connection closed inside a body")
+                raise _Aborted
+            view[pos:pos + len(chunk)] = chunk
+            pos += len(chunk)
+        view.release()
+        return body
+
+    def _process(self, signal: str, body: bytearray, ctype: str, gzipped: bool) -> _Answer:
+        """On a worker thread: inflate (reserving as it grows), reserve what decoding takes, decode, hand to the
+        pipelines."""
+        held = 0  # reserved for the inflated body
+
+        def grow(total: int) -> None:
+            nonlocal held
+            need = 2 * total  # the growing buffer's spare capacity and its copy when it moves
+            if need > held:
+                step = max(need - held, INFLATE_RESERVE)
+                refusal = self.d.reserve(signal, step)
+                if refusal is not None:
+                    raise _Refused(refusal)
+                held += step
+
+        try:
+            data = gunzip_bounded(body, self.limit, grow) if gzipped else body
+            cost = decode_cost(data, ctype)
+            refusal = self.d.reserve(signal, cost)
+            if refusal is not None:
+                return self._refusal(refusal, ctype)
+            try:
+                msg = decode(signal, data, ctype)
+            finally:
+                self.d.release(signal, cost)
+        except _Refused as e:
+            return self._refusal(e.refusal, ctype)
+        except TooLarge as e:
+            return self._status(413, _RESOURCE_EXHAUSTED, str(e), ctype, "too_large")
+        except DecodeFailure as e:
+            return self._status(400, _INVALID_ARGUMENT, str(e), ctype, "invalid")
+        finally:
+            if held:
+                self.d.release(signal, held)
+        r = self.d.dispatch(signal, msg, len(data))
+        if r.status != "ok":
+            st = Status(code=_UNAVAILABLE, message=r.message or "throttled")
+            return _Answer(503, _encode(st, ctype), ctype, {"Retry-After": self.retry_after})
+        return _Answer(200, _encode(export_response(signal, r), ctype), ctype)
+
+    async def _reply(self, writer: asyncio.StreamWriter, ans: _Answer) -> None:
+        if self._closing:
+            ans.close = True
+        lines = [f"HTTP/1.1 {ans.code} {_REASONS.get(ans.code, 'Error')}", f"Content-Type: {ans.ctype}",
+                 f"Content-Length: {len(ans.body)}"]
+        lines += [f"{k}: {v}" for k, v in ans.headers.items()]
+        if ans.close:
+            lines.append("Connection: close")
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + ans.body)
+        try:
+            await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)
+        except (ConnectionError, OSError, TimeoutError) as e:
+            self.d.aborted(f"answer not delivered: {type(e).__name__}")
+            raise _Aborted from None
+
+    async def _linger(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, length: int) -> None:
+        """After an answer that closes the connection: stop sending, read (and drop) what the client still sends,
+        for at most ``LINGER_S``, so that closing does not reset the connection before the client read the answer."""
+        try:
+            if writer.can_write_eof():
+                writer.write_eof()
+            loop = asyncio.get_running_loop()
+            end = loop.time() + LINGER_S
+            left = length if length > 0 else 64 * MIB
+            while left > 0 and loop.time() < end:
+                chunk = await asyncio.wait_for(reader.read(CHUNK), max(0.01, end - loop.time()))
+                if not chunk:
+                    break
+                left -= len(chunk)
+        except (ConnectionError, OSError, TimeoutError, RuntimeError):
+            pass
+
+
+def _declared(head: _Head) -> bool:
+    try:
+        return bool(_content_length(head)) or "transfer-encoding" in head.headers
+    except ValueError:
+        return True

@@ -55,3 +55,11 @@ def test_detection_tail_bench_tiny() -> None:
     assert int(f["t_ge_threshold"]) == 0
     g = last_line_fields("detection_tail.py", "--runs", "2", "--workers", "1", "--set", "sequential_threshold=0.5")
     assert int(g["t_ge_threshold"]) > 0
+
+
+def test_hostile_bench_tiny() -> None:
+    """Every attack in its smallest form against a real collector process; the contract line is complete."""
+    f = last_line_fields("hostile.py", "--quick", timeout=600.0)
+    assert list(f) == ["peak_rss_mb", "valid_client_success", "windows_leaked"]
+    assert float(f["peak_rss_mb"]) > 10 and 0.0 <= float(f["valid_client_success"]) <= 1.0
+    assert int(f["windows_leaked"]) >= 0

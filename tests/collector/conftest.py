@@ -10,21 +10,20 @@ from service_support import (
     GrpcSink,
     HttpSink,
     Running,
-    create_double,
+    double_factories,
     start_from_yaml,
 )
 
-from collector_processor.registry import FACTORIES, Factory
+from collector_processor import registry
 from collector_processor.service import Service
 
 
 @pytest.fixture(autouse=True)
 def double_processor_type(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Registers processor type ``double`` (traces, verdict source) for the tests of this directory."""
+    """Adds processor type ``double`` (traces, emits verdicts) and connector type ``double`` (the straggler
+    connector's behaviour under another name) to the distribution's factories for the tests of this directory."""
     DoubleProcessor.instances.clear()
-    monkeypatch.setitem(FACTORIES, ("processor", "double"),
-                        Factory("processor", "double", frozenset({"traces"}), "service_support", create_double,
-                                verdict_source=True))
+    monkeypatch.setattr(registry, "_default", registry.default_factories().extended(*double_factories()))
     yield
 
 

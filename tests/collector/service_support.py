@@ -24,7 +24,7 @@ from collector_processor.config.loader import load_text
 from collector_processor.config.types import Duration, Strict
 from collector_processor.config.validate import validate
 from collector_processor.processor.straggler.model import Verdict
-from collector_processor.registry import BuildContext
+from collector_processor.registry import BuildContext, Factory
 from collector_processor.service import Service
 from collector_processor.telemetry import Telemetry
 from otel_straggler import schema as s
@@ -94,7 +94,19 @@ class DoubleProcessor:
 
 
 def create_double(ctx: BuildContext, cid: str, cfg: Config) -> DoubleProcessor:
-    return DoubleProcessor(cfg, ctx.emit_verdicts_for(cid))
+    return DoubleProcessor(cfg, ctx.emit_for(cid))
+
+
+def double_factories() -> tuple[Factory, Factory]:
+    """Processor type ``double`` (emits verdicts like the straggler processor) and connector type ``double``
+    (the straggler connector under another name)."""
+    import dataclasses
+
+    from collector_processor.processor.straggler import factory as straggler
+
+    return (Factory("processor", "double", Config, create_double, signals=frozenset({"traces"}),
+                    emits=straggler.VERDICTS),
+            dataclasses.replace(straggler.CONNECTOR, type="double"))
 
 
 # ---- service from YAML -----------------------------------------------------------------------------------------
@@ -114,11 +126,9 @@ class Running:
         self.t: Telemetry = svc.t
 
     def port(self, kind: str) -> int:
-        from collector_processor.receiver.otlp_grpc import OtlpGrpcReceiver
-
-        for r in self.svc.receivers:
-            if (kind == "grpc") == isinstance(r, OtlpGrpcReceiver):
-                return r.port
+        for e in self.svc.listening():
+            if e.what == f"OTLP/{kind.upper()}":
+                return e.port
         raise KeyError(kind)
 
     @property

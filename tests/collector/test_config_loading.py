@@ -136,3 +136,51 @@ def test_receiver_without_any_protocol_is_rejected() -> None:
     text = text.replace("    protocols:\n      {}\n", "    protocols: {}\n")
     with pytest.raises(ConfigError, match=r"receivers\.otlp: .*enable at least one of protocols"):
         _validate(text)
+
+
+CONNECTOR_FORM = (GOOD.replace("processors:\n  straggler: {}\n",
+                               "processors:\n  straggler: {}\nconnectors:\n  straggler: {}\n")
+                  .replace("exporters: [otlp/traces]}", "exporters: [otlp/traces, straggler]}"))
+
+
+def test_connector_form_validates_without_warning(caplog: pytest.LogCaptureFixture) -> None:
+    cfg = _validate(CONNECTOR_FORM)
+    assert cfg.connectors["straggler"].factory.kind == "connector"
+    assert cfg.service.pipelines["traces"].exporters == ["otlp/traces", "straggler"]
+    assert cfg.service.pipelines["logs/verdicts"].receivers == ["straggler"]
+    assert "deprecated" not in caplog.text
+
+
+def test_processor_as_logs_receiver_is_read_as_a_connector_with_a_warning_showing_the_new_form(
+        caplog: pytest.LogCaptureFixture) -> None:
+    cfg = _validate(GOOD)  # logs/verdicts lists the straggler processor among its receivers
+    assert set(cfg.connectors) == {"straggler"}
+    assert cfg.service.pipelines["traces"].exporters == ["otlp/traces", "straggler"]
+    assert "deprecated" in caplog.text
+    assert "connectors:\n  straggler: {}" in caplog.text
+    assert "traces: {processors: [..., straggler], exporters: [otlp/traces, straggler]}" in caplog.text
+    assert "logs/verdicts: {receivers: [straggler], ...}" in caplog.text
+
+
+@pytest.mark.parametrize(("change", "error"), [
+    # a connector that feeds nothing
+    (lambda t: t.replace("logs/verdicts: {receivers: [straggler], exporters: [debug, otlphttp/events]}",
+                         "logs/verdicts: {receivers: [otlp], exporters: [debug, otlphttp/events]}"),
+     "connectors.straggler: must be used as both receiver and exporter but is not the receiver of any pipeline"),
+    # a connector whose upstream pipeline has no processor emitting what it carries
+    (lambda t: t.replace("processors: [straggler], exporters: [otlp/traces, straggler]",
+                         "exporters: [otlp/traces, straggler]"),
+     "service.pipelines.traces.exporters.1: connector 'straggler' carries the verdicts of a processor of its "
+     "pipeline, and traces has no processor that emits verdicts"),
+    # traces -> logs only
+    (lambda t: t.replace("metrics: {receivers: [otlp], exporters: [prometheus]}",
+                         "metrics: {receivers: [straggler], exporters: [prometheus]}"),
+     "service.pipelines.metrics.receivers.0: connector 'straggler' cannot feed metrics pipelines"),
+    # one id for a receiver and a connector
+    (lambda t: t.replace("connectors:\n  straggler: {}\n", "connectors:\n  straggler: {}\n  otlp: {}\n"),
+     "is both a connector and one of the receivers"),
+])
+def test_connector_misuse_is_named(change, error: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError) as ei:
+        _validate(change(CONNECTOR_FORM))
+    assert error in str(ei.value)

@@ -20,7 +20,7 @@ from service_support import BASE_RECEIVER, DoubleProcessor, make_spans, make_ver
 
 from collector_processor.exporter.evidence import Config as EvidenceConfig
 from collector_processor.exporter.evidence import EvidenceExporter
-from collector_processor.processor.straggler.events import verdict_to_dict
+from collector_processor.processor.straggler.events import VerdictEvents, verdict_to_dict
 from collector_processor.telemetry import Telemetry
 from otel_straggler import schema as s
 
@@ -60,7 +60,7 @@ def test_evidence_rotation_keeps_max_files_of_complete_lines(tmp_path: Path) -> 
     ex = EvidenceExporter("file/e", EvidenceConfig(path=str(path), flush_interval=60, max_bytes=2048, max_files=3), t)
     ex.start()
     for i in range(40):
-        ex.export_verdicts([make_verdict(step=i)])
+        ex.export_events(VerdictEvents([make_verdict(step=i)]))
         if i % 5 == 4:
             ex.flush()
     ex.shutdown()

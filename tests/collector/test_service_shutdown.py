@@ -123,3 +123,32 @@ def test_sigterm_drains_a_real_collector_process(tmp_path: Path) -> None:
     stragglers = {(v["rank"], v["stage"]) for v in verdicts if v["verdict"] == s.VERDICT_STRAGGLER}
     assert (3, "forward-compute") in stragglers
     assert "verdict=straggler" in log and "rank=3" in log  # debug exporter on stderr
+
+
+def test_drain_is_bounded_while_a_processor_is_busy_with_a_long_request(start_service) -> None:  # type: ignore[no-untyped-def]
+    """A request the processor takes far longer than the shutdown timeout to process: the drain gives up on that
+    processor (counted) instead of waiting for it."""
+    text = BASE_RECEIVER + """
+    wait_for_processing: 0s
+processors:
+  double: {delay: 60s}
+exporters:
+  debug: {}
+service:
+  pipelines:
+    traces: {receivers: [otlp], processors: [double], exporters: [debug]}
+"""
+    run = start_service(text)
+    req = trace_service_pb2.ExportTraceServiceRequest()
+    req.resource_spans.add().scope_spans.add().spans.add(trace_id=os.urandom(16), span_id=os.urandom(8), name="x")
+    with grpc.insecure_channel(run.grpc) as ch:
+        trace_service_pb2_grpc.TraceServiceStub(ch).Export(req, timeout=5)
+    proc = DoubleProcessor.instances[0]
+    assert wait_for(lambda: proc.concurrent == 1)
+    result: list[bool] = []
+    t = threading.Thread(target=lambda: result.append(run.svc.shutdown(2.0)), daemon=True)
+    t.start()
+    t.join(30)  # generous: the processor would hold it for 60 s
+    assert not t.is_alive() and result == [False]
+    assert not proc.shutdown_called
+    assert run.sample("otel_straggler_collector_component_errors_total", component="double") == 1

@@ -185,6 +185,8 @@ receivers:
 processors:
   memory_limiter: {{limit_mib: {limit_mib}, spike_limit_mib: {spike_mib}, check_interval: 100ms}}
   straggler: {{max_cohorts: {max_cohorts}, max_ranks_per_cohort: {max_ranks}, metrics: {{max_series: {proc_series}}}}}
+connectors:
+  straggler: {{}}
 exporters:
   prometheus: {{endpoint: 127.0.0.1:0, max_series: {max_series}{prom_auth}}}
   file/evidence: {{path: "{evidence}", flush_interval: {flush}}}
@@ -195,7 +197,7 @@ service:
     traces:
       receivers: [otlp]
       processors: [memory_limiter, straggler]
-      exporters: [otlp_grpc/off]
+      exporters: [otlp_grpc/off, straggler]
       queue: {{max_items: {queue}, max_bytes_mib: 64}}
     logs/verdicts:
       receivers: [straggler]

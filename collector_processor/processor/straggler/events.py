@@ -1,10 +1,11 @@
-"""Verdict -> OTel log record (event), verdict span, and JSON-safe dict (evidence line)."""
+"""Verdict -> OTel log record (event), verdict span, JSON-safe dict (evidence line) and console line; a batch of
+verdicts as the events the straggler connector puts into ``logs`` pipelines (``VerdictEvents``)."""
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope
@@ -116,6 +117,37 @@ def verdict_to_dict(v: Verdict) -> dict[str, object]:
         out[name] = val
     out["summary"] = summary(v)
     return out
+
+
+def verdict_line(v: Verdict) -> str:
+    """One console line (the ``debug`` exporter's)."""
+    dev = "n/a" if v.deviation is None else f"{v.deviation:+.1%}"
+    return (f"verdict={v.verdict} reason={v.reason} job={v.job} rank={v.rank} host={v.host} stage={v.stage} "
+            f"deviation={dev} window={v.window_start}..{v.window_end} attribution={v.attribution} "
+            f"lost_ms_per_step={v.step_time_lost_ms:.1f}")
+
+
+class VerdictEvents:
+    """Verdicts as a ``component.EventBatch``: evidence records, console lines, or OTLP logs (built once)."""
+
+    def __init__(self, verdicts: Sequence[Verdict], service_name: str = COLLECTOR_SERVICE_NAME) -> None:
+        self.verdicts = list(verdicts)
+        self._service_name = service_name
+        self._logs: ExportLogsServiceRequest | None = None
+
+    def __len__(self) -> int:
+        return len(self.verdicts)
+
+    def records(self) -> list[dict[str, object]]:
+        return [verdict_to_dict(v) for v in self.verdicts]
+
+    def lines(self) -> list[str]:
+        return [verdict_line(v) for v in self.verdicts]
+
+    def to_logs(self) -> ExportLogsServiceRequest:
+        if self._logs is None:
+            self._logs = verdicts_to_logs(self.verdicts, self._service_name)
+        return self._logs
 
 
 def verdict_span_id(v: Verdict) -> bytes:

@@ -1,0 +1,88 @@
+"""What the asyncio-based receivers share: an event loop on its own thread (connections and streams waiting for
+their client cost a coroutine, not a thread) and a small pool of daemon worker threads for decoding and handing
+requests to the pipelines (blocking work that must not run on the loop, and that must not keep the process
+alive after the drain)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class LoopThread:
+    """An asyncio event loop running on a daemon thread."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def call(self, coro: Awaitable[T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the loop and wait for its result (from another thread)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)  # type: ignore[arg-type]
+
+    def stop(self, timeout: float = 1.0) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout)
+
+
+class Workers:
+    """``size`` daemon threads running blocking calls for coroutines (``await workers.run(fn, ...)``)."""
+
+    def __init__(self, size: int, name: str) -> None:
+        self._q: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], asyncio.Future[Any]] | None] = (
+            queue.SimpleQueue())
+        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(size)]
+        for t in self._threads:
+            t.start()
+
+    def _work(self) -> None:
+        while True:
+            job = self._q.get()
+            if job is None:
+                return
+            fn, args, fut = job
+            try:
+                result = fn(*args)
+            except BaseException as e:  # handed to the awaiting coroutine
+                _settle(fut, None, e)
+            else:
+                _settle(fut, result, None)
+
+    def run(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._q.put((fn, args, fut))
+        return fut
+
+    def stop(self) -> None:
+        for _ in self._threads:
+            self._q.put(None)
+
+
+def _settle(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    def done() -> None:
+        if fut.done():
+            return
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)
+
+    try:
+        fut.get_loop().call_soon_threadsafe(done)
+    except RuntimeError:  # the loop is closed: nobody waits any more
+        pass
