@@ -29,6 +29,7 @@ REJECT_NON_FINITE = "non_finite"
 REJECT_DUPLICATE = "duplicate"
 REJECT_LATE = "late"
 REJECT_OVER_CAP = "over_cap"  # a stage span beyond max_samples_per_step of its (rank, step, stage)
+MAX_DURATION_MS = 86_400_000.0  # one day: a longer stage or step is a broken clock, counted as non_finite
 
 COLLECTOR_SERVICE_NAME = "otel-straggler-collector"
 
@@ -261,21 +262,22 @@ def _device_entries(devs: Sequence[float], n: int) -> Sequence[float | None] | N
 
 
 def _clean_values(values: Sequence[float]) -> bool:
-    """True when a non-empty list holds only finite, non-negative values: its minimum is not negative and
-    its sum is finite (a NaN or an infinity makes the sum NaN or infinite; a NaN can hide from ``min``, never
-    from the sum). An overflowing sum only sends the list down the per-entry path."""
-    return bool(values) and min(values) >= 0.0 and _isfinite(sum(values))
+    """True when a non-empty list holds only plausible durations: its minimum is not negative, its sum is
+    finite (a NaN or an infinity makes the sum NaN or infinite; a NaN can hide from ``min``, never from the
+    sum) and within ``MAX_DURATION_MS``. Anything else goes down the per-entry path."""
+    return bool(values) and min(values) >= 0.0 and _isfinite(total := sum(values)) and total <= MAX_DURATION_MS
 
 
 def _clean(dev: float | None, host: float | None, out: DecodeResult) -> tuple[float | None, float | None]:
-    """Drop (and count) a NaN, infinite or negative duration. A sample left with neither is rejected
+    """Drop (and count) a NaN, infinite, negative or implausible (over ``MAX_DURATION_MS``) duration: a
+    finite but absurd value would overflow the cost arithmetic downstream. A sample left with neither is rejected
     (non_finite) but still handed on, so the window knows the rank reported only unusable values:
     uncertain/non_finite_sample rather than a silent gap."""
     bad = 0
-    if dev is not None and not (_isfinite(dev) and dev >= 0.0):
+    if dev is not None and not (_isfinite(dev) and 0.0 <= dev <= MAX_DURATION_MS):
         dev = None
         bad += 1
-    if host is not None and not (_isfinite(host) and host >= 0.0):
+    if host is not None and not (_isfinite(host) and 0.0 <= host <= MAX_DURATION_MS):
         host = None
         bad += 1
     if bad:

@@ -213,3 +213,17 @@ def test_queued_summaries_settle_into_the_cells_entries_one_by_one_would_give() 
         queued.settle()
         assert _cells(queued) == _cells(direct), case
         assert queued.ranks() == direct.ranks()
+
+
+def test_an_absurd_finite_duration_is_dropped_and_counted() -> None:
+    """1e308 ms is finite but would overflow the cost arithmetic (+Inf on /metrics): the summary's fast path
+    and its per-entry path both drop it as non_finite, and a value at the bound is kept."""
+    from collector_processor.processor.straggler.decode import MAX_DURATION_MS
+
+    res = decode_request(_request((s.SCOPE_STEP_NAME, [_summary_span(
+        ["forward-compute", "backward-compute"], ["forward", "backward"], [1e308, MAX_DURATION_MS], [2.0, 1e308],
+        [1, 1], 30.0)])).resource_spans)
+    by_stage = {x.stage: x for x in _samples(res)}
+    assert by_stage["forward-compute"].device_ms is None and by_stage["forward-compute"].host_ms == 2.0
+    assert by_stage["backward-compute"].device_ms == MAX_DURATION_MS and by_stage["backward-compute"].host_ms is None
+    assert res.non_finite_values == 2
