@@ -219,6 +219,7 @@ class Readout:
                         sequences=b[2],
                         microbatches=b[3],
                         injected=bool(r.injected[i]),
+                        collective=timer.collective,
                     )
                 )
                 c.intervals += 1
