@@ -190,6 +190,7 @@ class Comparison:
     tolerance: float = 0.0  # the deviation beyond which the window is slow
     host_stall: bool = False  # the host comparison of a host_stall group replaced a flat device one
     peers: list[int] | None = None  # the comparable peers (None: every other rank)
+    own: bool = False  # deviation, gap and tolerance are this comparison's own (pair), not the window medians'
 
     @property
     def slow(self) -> bool:
@@ -390,7 +391,8 @@ class Detector:
         tols = self._noise_tolerance(se.per, need=2)
         return pair.observe(name=se.name, per=se.per, cohort=ev.cohort, index=ev.window.index,
                             comparable=ev.uniform, tolerance_of=lambda k: tols.device if k == DEVICE else tols.host,
-                            cohorts=self.cohorts, history=cfg.pair_history_windows, min_history=cfg.pair_min_history)
+                            cohorts=self.cohorts, history=cfg.pair_history_windows, min_history=cfg.pair_min_history,
+                            tolerance=cfg.tolerance, noise_z=cfg.noise_z, window_steps=cfg.window_steps)
 
     def tolerance(self, ev: WindowEvidence, stage: str, kind: str) -> float:
         """The noise tolerance of any stage of the window, of ``kind`` (computed once)."""
@@ -517,18 +519,17 @@ class Judgement:
         return Comparison(kind, value, ref_rank, ref_ms, dev, size, value - ref_ms, tol, peers=peers)
 
     def pair(self, cmp: Comparison) -> tuple[Comparison, bool]:
-        """``pair``: in a 2-rank cohort (``pair.py``) the rank against the other one, with the noise tolerance
-        measured on the two; True when this rank is the slower one and no evidence names it."""
+        """``pair``: in a 2-rank cohort (``pair.py``) the rank against the other one (the deviation and tolerance
+        of ``pair.py``, the gap at that deviation); True when this rank is the slower one and no evidence names
+        it."""
         pw = self.se.pair
         assert pw is not None and cmp.value is not None
         if pw.kind != cmp.measurement or self.rank not in pw.values:
             return cmp, False
         peer = pw.other(self.rank)
         ref = pw.values[peer]
-        dev = relative_deviation(cmp.value, ref)
-        if dev is None:
-            dev = math.inf if cmp.value > 0 else 0.0
-        out = Comparison(cmp.measurement, cmp.value, peer, ref, dev, 2, cmp.value - ref, pw.tolerance)
+        dev = pw.deviation[self.rank]  # per step where both were timed on the same steps (pair.py)
+        out = Comparison(cmp.measurement, cmp.value, peer, ref, dev, 2, ref * dev, pw.tolerance, own=True)
         return out, pw.slow == self.rank and not pw.named
 
     def collective_wait(self, cmp: Comparison) -> bool:
@@ -717,8 +718,8 @@ class Judgement:
     def _attribution(self, cmp: Comparison, per_step: bool = False) -> str:
         """GPU or host (``attribution.py``) of the comparison that convicts: the rank's device time against
         the comparable peers' device times (``per_step``: ``cmp`` itself, the per-step comparison of
-        ``sequential_excess``, with its margin as the tolerance) and its host time against their host times
-        (never their device times)."""
+        ``sequential_excess``, with its margin as the tolerance; likewise a ``pair`` comparison, ``cmp.own``)
+        and its host time against their host times (never their device times)."""
         cfg = self.cfg
         mine = self.mine
         assert mine is not None
@@ -727,7 +728,7 @@ class Judgement:
         tols = self.se.tols
         dev_d = dev_g = host_d = host_g = ref_d = None
         dev_tol = tols.device
-        if per_step:
+        if per_step or cmp.own:
             dev_d, dev_g, ref_d, dev_tol = cmp.deviation, cmp.gap, cmp.ref_ms, cmp.tolerance
         elif mine.dev is not None:
             dev_vals = {p: v for p in peers if (v := per[p].dev) is not None}

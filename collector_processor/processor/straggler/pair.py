@@ -18,25 +18,40 @@ comparison, and the pair is otherwise ``uncertain/pair_ambiguous``:
   levels match neither rank's do not compare (different work). Only cohorts held by the same collector
   instance are seen (sharded by cohort, a pair is judged on its change point alone).
 
-Either names the slower rank unless the other contradicts it. The tolerance is the stage's noise tolerance
-(``noise_tolerance``) measured on the two ranks. Everything kept is bounded: per cohort and stage (``max_stages``
-per cohort) ``pair_history_windows`` windows at par and the latest ``RECENT_WINDOWS`` windows' levels; both go
-with the cohort when it is evicted.
+Either names the slower rank unless the other contradicts it.
+
+How far apart the two are is measured step by step where both timed the same steps on the device (at least
+``MIN_STEPS`` of them in the window): the median over those steps of ``x_a / x_b``, so noise common to both
+ranks' steps (the job's step time jitters with clocks, the network, storage) cancels, and the tolerance is
+``noise_tolerance``'s with the spread of that ratio (robust, within the window, averaged over the pair's last
+``SPREAD_WINDOWS`` windows) in place of one rank's spread: ``max(tolerance, noise_z x 1.2533 x sigma_ratio /
+sqrt(2 window_steps))``, the same number of standard errors as a comparison of two ranks' window medians.
+Otherwise (sparse device timing, host timing) the ratio of the two window statistics, against the stage's
+``noise_tolerance`` measured on the two ranks.
+
+Everything kept is bounded: per cohort and stage (``max_stages`` per cohort) ``pair_history_windows`` windows
+at par, the latest ``RECENT_WINDOWS`` windows' levels and ``SPREAD_WINDOWS`` spreads; all go with the cohort
+when it is evicted.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from collector_processor.processor.straggler.statistics import median
+from collector_processor.processor.straggler.sequential import per_step
+from collector_processor.processor.straggler.statistics import median, pooled_relative_sigma
 from otel_straggler import schema as s
 
 DEVICE = s.MEASUREMENT_DEVICE
 HOST = s.MEASUREMENT_HOST_ONLY
 RECENT_WINDOWS = 3  # levels kept per pair and stage for other cohorts to compare with at the same index
+MIN_STEPS = 3  # steps both ranks timed on the device in a window, for the per-step ratio
+SPREAD_WINDOWS = 16  # per-window spreads of the per-step ratio averaged (as sequential_sigma_windows)
+_MEDIAN_SE = 1.2533  # standard error of the median of n normal samples = 1.2533 sigma / sqrt(n)
 
 EVIDENCE_CHANGE_POINT = "change_point"
 EVIDENCE_OTHER_ROLES = "other_roles"
@@ -50,6 +65,7 @@ class PairTrack:
     par: deque[tuple[str, float, float]]  # (kind, value of ranks[0], of ranks[1]) of the latest windows at par
     recent: deque[tuple[int, str, float, float]] = field(
         default_factory=lambda: deque(maxlen=RECENT_WINDOWS))  # (window index, kind, v0, v1)
+    spreads: deque[float] = field(default_factory=lambda: deque(maxlen=SPREAD_WINDOWS))  # of x_0 / x_1 per step
 
     def at(self, index: int) -> tuple[str, float, float] | None:
         for i, kind, v0, v1 in self.recent:
@@ -65,6 +81,7 @@ class PairWindow:
     kind: str  # DEVICE or HOST: both ranks' statistic of that kind
     values: dict[int, float]
     tolerance: float
+    deviation: dict[int, float]  # each rank's relative excess over the other (negative: faster)
     slow: int | None = None  # the slower rank when the two differ beyond tolerance
     named: bool = False  # the evidence names ``slow`` as the straggler
     evidence: str = ""  # which: EVIDENCE_CHANGE_POINT and/or EVIDENCE_OTHER_ROLES, comma-separated
@@ -75,6 +92,8 @@ class PairWindow:
 
 class _Stat(Protocol):
     dev: float | None
+    dev_samples: list[float]
+    dev_steps: list[int] | None
 
     @property
     def host(self) -> float | None: ...
@@ -86,13 +105,24 @@ class _Cohort(Protocol):
     pairs: dict[str, PairTrack]
 
 
+def step_ratios(a: _Stat, b: _Stat) -> list[float]:
+    """``x_a / x_b`` for every step both ranks timed on the device in the window (several samples of one step
+    averaged); empty without steps (wall-clock windows)."""
+    if not a.dev_samples or not b.dev_samples or not a.dev_steps or not b.dev_steps:
+        return []
+    xa = per_step(a.dev_samples, a.dev_steps)
+    xb = per_step(b.dev_samples, b.dev_steps)
+    return [x / xb[t] for t, x in xa.items() if xb.get(t, 0.0) > 0.0]
+
+
 def observe(*, name: str, per: dict[int, _Stat], cohort: _Cohort, index: int, comparable: bool,
             tolerance_of: Callable[[str], float], cohorts: Iterable[_Cohort], history: int,
-            min_history: int) -> PairWindow | None:
+            min_history: int, tolerance: float, noise_z: float, window_steps: int) -> PairWindow | None:
     """The pair's window of stage ``name`` (None unless the cohort has exactly 2 ranks, both judged here with a
     statistic of the same kind and ``comparable`` work): records the levels, and when the two differ beyond
     tolerance, whether the evidence names the slower one. A window at par becomes part of the baselines after
-    it was judged, never its own baseline."""
+    it was judged, never its own baseline. ``tolerance_of(kind)``: the stage's tolerance on the two window
+    statistics; ``tolerance``, ``noise_z``, ``window_steps``: the configuration's, for the per-step ratio."""
     if len(cohort.ranks) != 2 or len(per) != 2 or not comparable:
         return None
     (a, sa), (b, sb) = sorted(per.items())
@@ -104,18 +134,30 @@ def observe(*, name: str, per: dict[int, _Stat], cohort: _Cohort, index: int, co
         return None
     if va <= 0.0 or vb <= 0.0:
         return None
-    tol = tolerance_of(kind)
     track = cohort.pairs.get(name)
     if track is None or track.ranks != (a, b) or track.par.maxlen != history:
         track = cohort.pairs[name] = PairTrack((a, b), deque(maxlen=history))
     if track.recent and track.recent[-1][0] == index:
         track.recent.pop()
     track.recent.append((index, kind, va, vb))
-    pw = PairWindow(kind, {a: va, b: vb}, tol)
-    if max(va, vb) / min(va, vb) - 1.0 <= tol:
+    ratios = step_ratios(sa, sb) if kind == DEVICE else []
+    if len(ratios) >= MIN_STEPS:
+        ratio = median(ratios)
+        spread = pooled_relative_sigma([ratios], min_groups=1)
+        if spread is not None:
+            track.spreads.append(spread)
+        tol = tolerance
+        if noise_z > 0 and track.spreads:
+            sigma = sum(track.spreads) / len(track.spreads)
+            tol = max(tolerance, noise_z * _MEDIAN_SE * sigma / math.sqrt(2.0 * window_steps))
+    else:
+        ratio = va / vb
+        tol = tolerance_of(kind)
+    pw = PairWindow(kind, {a: va, b: vb}, tol, {a: ratio - 1.0, b: 1.0 / ratio - 1.0})
+    if pw.deviation[a] <= tol and pw.deviation[b] <= tol:
         track.par.append((kind, va, vb))
         return pw
-    slow_i = 0 if va > vb else 1
+    slow_i = 0 if pw.deviation[a] > tol else 1
     pw.slow = (a, b)[slow_i]
     changed = change_point(track, kind, slow_i, (va, vb), tol, min_history)
     roles = other_roles(track, cohort, name, index, slow_i, tol, cohorts)
