@@ -53,9 +53,6 @@ MIN_STEPS = 3  # steps both ranks timed on the device in a window, for the per-s
 SPREAD_WINDOWS = 16  # per-window spreads of the per-step ratio averaged (as sequential_sigma_windows)
 _MEDIAN_SE = 1.2533  # standard error of the median of n normal samples = 1.2533 sigma / sqrt(n)
 
-EVIDENCE_CHANGE_POINT = "change_point"
-EVIDENCE_OTHER_ROLES = "other_roles"
-
 
 @dataclass(slots=True)
 class PairTrack:
@@ -83,8 +80,7 @@ class PairWindow:
     tolerance: float
     deviation: dict[int, float]  # each rank's relative excess over the other (negative: faster)
     slow: int | None = None  # the slower rank when the two differ beyond tolerance
-    named: bool = False  # the evidence names ``slow`` as the straggler
-    evidence: str = ""  # which: EVIDENCE_CHANGE_POINT and/or EVIDENCE_OTHER_ROLES, comma-separated
+    named: bool = False  # the evidence (change point, other roles) names ``slow`` as the straggler
 
     def other(self, rank: int) -> int:
         return next(r for r in self.values if r != rank)
@@ -120,9 +116,10 @@ def observe(*, name: str, per: dict[int, _Stat], cohort: _Cohort, index: int, co
             min_history: int, tolerance: float, noise_z: float, window_steps: int) -> PairWindow | None:
     """The pair's window of stage ``name`` (None unless the cohort has exactly 2 ranks, both judged here with a
     statistic of the same kind and ``comparable`` work): records the levels, and when the two differ beyond
-    tolerance, whether the evidence names the slower one. A window at par becomes part of the baselines after
-    it was judged, never its own baseline. ``tolerance_of(kind)``: the stage's tolerance on the two window
-    statistics; ``tolerance``, ``noise_z``, ``window_steps``: the configuration's, for the per-step ratio."""
+    tolerance, whether the evidence names the slower one. A window at par joins the baselines; a window apart is
+    judged against the earlier ones and never joins them. ``tolerance_of(kind)``: the stage's tolerance on the
+    two window statistics; ``tolerance``, ``noise_z``, ``window_steps``: the configuration's, for the per-step
+    ratio."""
     if len(cohort.ranks) != 2 or len(per) != 2 or not comparable:
         return None
     (a, sa), (b, sb) = sorted(per.items())
@@ -162,8 +159,6 @@ def observe(*, name: str, per: dict[int, _Stat], cohort: _Cohort, index: int, co
     changed = change_point(track, kind, slow_i, (va, vb), tol, min_history)
     roles = other_roles(track, cohort, name, index, slow_i, tol, cohorts)
     pw.named = (changed or roles > 0) and roles >= 0
-    pw.evidence = ",".join(e for e, on in ((EVIDENCE_CHANGE_POINT, changed), (EVIDENCE_OTHER_ROLES, roles > 0))
-                           if on)
     return pw
 
 
