@@ -12,6 +12,17 @@ Target scenario (the issue's wording): a sustained +5 % device slowdown of one r
   python bench/detection.py --quick                  # < 1 minute on 2 cores
   python bench/detection.py --plot bench/results/detection-sensitivity.png --otlp 3
   python bench/detection.py --device-every 4         # sampled device timing (emitter default)
+  python bench/detection.py --quick --pair-ddp-only  # only the DP = 2 and DDP scenarios
+
+DP = 2 and DDP scenarios (``pair`` and ``collective_wait`` in docs/detector.md), their own table and line
+(``pair_ddp: ...``) before the last line, drawn from their own random stream so the scenarios above keep their
+draws: ``dp2:*`` are DP 2 x TP 2 jobs (two 2-rank cohorts) unless ``tp1`` (one cohort); ``from-start`` is slow
+from its first step (no history of the pair at par); ``dp2:healthy`` runs ``--pair-healthy-steps`` steps for the
+false-alarm rate. ``ddp:*`` are DP 8 (``ddp2``: DP 2) jobs under plain PyTorch DDP: the gradient all-reduce,
+and the wait for the slowest rank, inside ``backward-compute``; ``marked`` marks that stage collective.
+Scenarios whose slow rank cannot be told apart (``expect`` False: the rank's slowdown hidden inside the stage
+that holds the wait, or a DP 2 DDP pair without the mark) show their recall as nan; a verdict on any other rank
+is a false alarm there too.
 
 Last line: recall=<target> recall_within_15=<> p95_steps_to_detect=<> false_alarms_per_1e5=<>
 attribution_accuracy=<> ...
@@ -54,6 +65,10 @@ class Run:
     name: str
     fault: Fault | None
     forward_ms: float = 48.0
+    layout: Layout | None = None  # None: the command line's
+    ddp: bool = False  # the gradient all-reduce inside backward-compute (SimConfig.ddp)
+    marked: bool = False  # that stage marked collective
+    steps: int | None = None  # None: the command line's
 
 
 def run_one(cfg: SimConfig, fault: Fault | None, proc_overrides: dict | None = None,
@@ -120,12 +135,47 @@ def scenarios(reps: int, target_reps: int, quick: bool, rng: random.Random, layo
     return out
 
 
+def pair_ddp_scenarios(reps: int, healthy_steps: int, rng: random.Random) -> list[Run]:
+    """DP = 2 (``pair``) and DDP (``collective_wait``, marked collective stages) scenarios."""
+    out: list[Run] = []
+    dp2 = Layout(tp=2, dp=2)
+    dp2_tp1 = Layout(tp=1, dp=2)
+    ddp8 = Layout(tp=1, dp=8)
+
+    def onset() -> int:
+        return rng.randint(40, 60)
+
+    def dev(name: str, layout: Layout, stage: str, size: float, *, start: int | None = None, ddp: bool = False,
+            marked: bool = False, expect: bool | None = None) -> Run:
+        on = start if start is not None else onset()
+        end = None if start is not None else on + 60
+        return Run(name, Fault("device", rng.randrange(layout.world_size), (stage,), size, on, end, expect=expect),
+                   layout=layout, ddp=ddp, marked=marked)
+
+    fwd, bwd = "forward-compute", "backward-compute"
+    for _ in range(reps):
+        for size in (0.05, 0.10, 0.30):
+            out.append(dev(f"dp2:device:fwd-48ms:+{size:.0%}", dp2, fwd, size))
+        out.append(dev("dp2:tp1:device:fwd-48ms:+10%", dp2_tp1, fwd, 0.10))
+        out.append(dev("dp2:from-start:fwd-48ms:+10%", dp2, fwd, 0.10, start=1))
+        out.append(dev("dp2:tp1:from-start:fwd-48ms:+10%", dp2_tp1, fwd, 0.10, start=1, expect=False))
+        out.append(Run("dp2:healthy", None, layout=dp2, steps=healthy_steps))
+        for size in (0.10, 0.30):
+            out.append(dev(f"ddp:device:fwd-48ms:+{size:.0%}", ddp8, fwd, size, ddp=True))
+            out.append(dev(f"ddp:marked:device:fwd-48ms:+{size:.0%}", ddp8, fwd, size, ddp=True, marked=True))
+        out.append(dev("ddp:device:bwd-96ms:+30%", ddp8, bwd, 0.30, ddp=True, expect=False))
+        out.append(dev("ddp2:device:fwd-48ms:+30%", dp2_tp1, fwd, 0.30, ddp=True, expect=False))
+        out.append(dev("ddp2:marked:device:fwd-48ms:+30%", dp2_tp1, fwd, 0.30, ddp=True, marked=True))
+        out.append(Run("ddp:healthy", None, layout=ddp8, ddp=True))
+    return out
+
+
 def sim_config(args: argparse.Namespace, run: Run, seed: int, job: str = "sim-job") -> SimConfig:
-    return SimConfig(layout=Layout(tp=args.tp, dp=args.dp), steps=args.steps,
+    return SimConfig(layout=run.layout or Layout(tp=args.tp, dp=args.dp), steps=run.steps or args.steps,
                      step_model=StepModel.with_forward_ms(run.forward_ms),
                      noise=Noise(jitter=args.jitter, host_jitter=args.host_jitter,
                                  step_jitter=args.step_jitter),
-                     device_every=args.device_every, seed=seed, job=job)
+                     device_every=args.device_every, seed=seed, job=job, ddp=run.ddp, collective_marked=run.marked)
 
 
 def within(r: RunScore) -> bool:
@@ -152,50 +202,49 @@ def main() -> int:
     ap.add_argument("--otlp", type=int, default=0, metavar="N",
                     help="also send N runs through a real collector subprocess over OTLP/gRPC and compare verdicts")
     ap.add_argument("--json-out", default=None)
+    ap.add_argument("--pair-ddp-reps", type=int, default=None,
+                    help="runs per DP = 2 / DDP scenario (default 6, quick 2; 0: none)")
+    ap.add_argument("--pair-healthy-steps", type=int, default=600, help="steps of each dp2:healthy run")
+    ap.add_argument("--pair-ddp-only", action="store_true", help="only the DP = 2 / DDP scenarios")
     args = ap.parse_args()
     reps = args.reps or (4 if args.quick else 12)
     target_reps = args.target_reps or (16 if args.quick else 120)
     overrides = {k: json.loads(v) for k, v in (s.split("=", 1) for s in args.set)}
     rng = random.Random(args.seed)
     layout = Layout(tp=args.tp, dp=args.dp)
-    runs = scenarios(reps, target_reps, args.quick, rng, layout)
+    runs = [] if args.pair_ddp_only else scenarios(reps, target_reps, args.quick, rng, layout)
     seeds = [rng.getrandbits(32) for _ in runs]
+    # the DP = 2 / DDP scenarios draw from a stream of their own: the runs above keep their faults and seeds
+    pair_rng = random.Random(args.seed ^ 0xD9_2DD9)
+    pair_reps = args.pair_ddp_reps if args.pair_ddp_reps is not None else (2 if args.quick else 6)
+    pair_runs = pair_ddp_scenarios(pair_reps, args.pair_healthy_steps, pair_rng)
+    pair_seeds = [pair_rng.getrandbits(32) for _ in pair_runs]
     t0 = time.monotonic()
     results: dict[str, list[RunScore]] = defaultdict(list)
-    for i, (run, seed) in enumerate(zip(runs, seeds, strict=True)):
+    pair_results: dict[str, list[RunScore]] = defaultdict(list)
+    everything = [(r, sd, results) for r, sd in zip(runs, seeds, strict=True)]
+    everything += [(r, sd, pair_results) for r, sd in zip(pair_runs, pair_seeds, strict=True)]
+    for i, (run, seed, into) in enumerate(everything):
         score, _ = run_one(sim_config(args, run, seed), run.fault, overrides)
-        results[run.name].append(score)
-        if (i + 1) % 25 == 0 or i + 1 == len(runs):
-            print(f"  {i + 1}/{len(runs)} runs, {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
+        into[run.name].append(score)
+        if (i + 1) % 25 == 0 or i + 1 == len(everything):
+            print(f"  {i + 1}/{len(everything)} runs, {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
 
     common = f" + {args.step_jitter:.1%} common to a step's ranks" if args.step_jitter else ""
     print(f"\ndevice jitter {args.jitter:.1%}/step{common}, host jitter {args.host_jitter or args.jitter:.1%}, "
           f"device every {args.device_every}, DP {args.dp} x TP {args.tp}, {args.steps} steps, overrides {overrides}")
-    print(f"{'scenario':30} {'runs':>4} {'recall':>6} {'<=15':>6} {'med st':>6} {'p95 st':>6} {'stage':>5} "
-          f"{'attr':>5} {'recov':>5} {'FA':>4}")
-    all_fa = 0
-    healthy_rs = 0
-    attr: list[bool] = []
-    stage_ok: list[bool] = []
-    recov: list[float] = []
-    for key in sorted(results):
-        rs = results[key]
-        all_fa += sum(r.false_alarms for r in rs)
-        healthy_rs += sum(r.healthy_rank_steps for r in rs)
-        expect = rs[0].fault is not None and rs[0].fault.expect_straggler
-        det = [r for r in rs if r.detected]
-        st = [float(r.steps_to_detect) for r in det if r.steps_to_detect is not None]
-        rc = [float(r.recovered_after) for r in det if r.recovered_after is not None]
-        recall = len(det) / len(rs) if expect else float("nan")
-        rec15 = sum(within(r) for r in rs) / len(rs) if expect else float("nan")
-        print(f"{key:30} {len(rs):4d} {recall:6.3f} {rec15:6.3f} {median(st):6.1f} {percentile(st, 0.95):6.1f} "
-              f"{sum(bool(r.stage_correct) for r in det) / max(1, len(det)):5.2f} "
-              f"{sum(bool(r.attribution_correct) for r in det) / max(1, len(det)):5.2f} "
-              f"{median(rc):5.1f} {sum(r.false_alarms for r in rs):4d}")
-        if expect and rs[0].fault is not None and rs[0].fault.size >= 0.05:
-            attr.extend(bool(r.attribution_correct) for r in det)
-            stage_ok.extend(bool(r.stage_correct) for r in det)
-            recov.extend(rc)
+    table = _table(results) if runs else {}
+    if pair_results:
+        print("\nDP = 2 and DDP scenarios (their own layouts, see the module docstring)")
+        pair = _table(pair_results, 34)
+        fa = pair["false_alarms"]
+        print(f"pair_ddp: false_alarms={fa} false_alarms_per_1e5={fa / max(1, pair['healthy']) * 1e5:.2f} "
+              f"healthy_rank_steps={pair['healthy']} recall={pair['recall']} recall_within_15={pair['within']} "
+              f"stage_accuracy={pair['stage']} runs={len(pair_runs)}")
+    if not runs:
+        return 0
+    all_fa, healthy_rs = table["false_alarms"], table["healthy"]
+    attr, stage_ok, recov = table["attr_list"], table["stage_list"], table["recov_list"]
     target = results[TARGET]
     st5 = [float(r.steps_to_detect) for r in target if r.detected and r.steps_to_detect is not None]
     summary: dict[str, object] = {
@@ -226,6 +275,44 @@ def main() -> int:
         Path(args.json_out).write_text(json.dumps(summary, indent=2))
     print(" ".join(f"{k}={v}" for k, v in summary.items()))
     return 0
+
+
+def _table(results: dict[str, list[RunScore]], width: int = 30) -> dict:
+    """Print one row per scenario; return the totals (false alarms, healthy rank-steps, recall over the scenarios
+    that expect a verdict, and the per-run lists behind attribution, stage and recovery for +5 % and more)."""
+    print(f"{'scenario':{width}} {'runs':>4} {'recall':>6} {'<=15':>6} {'med st':>6} {'p95 st':>6} {'stage':>5} "
+          f"{'attr':>5} {'recov':>5} {'FA':>4}")
+    all_fa = 0
+    healthy_rs = 0
+    attr: list[bool] = []
+    stage_ok: list[bool] = []
+    recov: list[float] = []
+    expected: list[RunScore] = []
+    for key in sorted(results):
+        rs = results[key]
+        all_fa += sum(r.false_alarms for r in rs)
+        healthy_rs += sum(r.healthy_rank_steps for r in rs)
+        expect = rs[0].fault is not None and rs[0].fault.expect_straggler
+        det = [r for r in rs if r.detected]
+        st = [float(r.steps_to_detect) for r in det if r.steps_to_detect is not None]
+        rc = [float(r.recovered_after) for r in det if r.recovered_after is not None]
+        recall = len(det) / len(rs) if expect else float("nan")
+        rec15 = sum(within(r) for r in rs) / len(rs) if expect else float("nan")
+        print(f"{key:{width}} {len(rs):4d} {recall:6.3f} {rec15:6.3f} {median(st):6.1f} {percentile(st, 0.95):6.1f} "
+              f"{sum(bool(r.stage_correct) for r in det) / max(1, len(det)):5.2f} "
+              f"{sum(bool(r.attribution_correct) for r in det) / max(1, len(det)):5.2f} "
+              f"{median(rc):5.1f} {sum(r.false_alarms for r in rs):4d}")
+        if expect:
+            expected.extend(rs)
+        if expect and rs[0].fault is not None and rs[0].fault.size >= 0.05:
+            attr.extend(bool(r.attribution_correct) for r in det)
+            stage_ok.extend(bool(r.stage_correct) for r in det)
+            recov.extend(rc)
+    n = max(1, len(expected))
+    return {"false_alarms": all_fa, "healthy": healthy_rs, "attr_list": attr, "stage_list": stage_ok,
+            "recov_list": recov, "recall": round(sum(r.detected for r in expected) / n, 4),
+            "within": round(sum(within(r) for r in expected) / n, 4),
+            "stage": round(sum(stage_ok) / max(1, len(stage_ok)), 4)}
 
 
 # --- through a real collector over OTLP/gRPC ---------------------------------------------------------------------

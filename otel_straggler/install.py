@@ -185,13 +185,20 @@ def step(n: int, tokens: int | None = None, sequences: int | None = None, microb
 
 
 class stage:  # used like a function: ``with stage("forward-compute"):`` / ``@stage("x")``
-    """Time a block or a function as one interval of timer ``name`` on the default Timers."""
+    """Time a block or a function as one interval of timer ``name`` on the default Timers.
 
-    __slots__ = ("_timer", "level", "name")
+    ``collective=True`` marks the timer as holding a wait in a collective (e.g. ``loss.backward()`` under
+    PyTorch DDP, whose gradient all-reduce waits for the slowest rank): its spans carry
+    ``straggler.stage.collective``, and the collector uses the stage as evidence of who waited least instead of
+    judging it (a waiter's stage is long because another rank is slow). The mark stays on the timer name.
+    """
 
-    def __init__(self, name: str, level: int | None = None) -> None:
+    __slots__ = ("_timer", "collective", "level", "name")
+
+    def __init__(self, name: str, level: int | None = None, *, collective: bool = False) -> None:
         self.name = name
         self.level = level
+        self.collective = collective
         self._timer: Any = None
 
     def __enter__(self) -> stage:
@@ -203,6 +210,8 @@ class stage:  # used like a function: ``with stage("forward-compute"):`` / ``@st
                 self._timer = None
                 timers.counters.faults_training += 1
             if self._timer is not None:
+                if self.collective and not getattr(self._timer, "collective", True):
+                    self._timer.collective = True  # a Timer (the shared DummyTimer has no such attribute)
                 self._timer.start()
         return self
 
@@ -212,11 +221,11 @@ class stage:  # used like a function: ``with stage("forward-compute"):`` / ``@st
             t.stop()
 
     def __call__(self, fn: F) -> F:
-        name, level = self.name, self.level
+        name, level, collective = self.name, self.level, self.collective
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with stage(name, level):
+            with stage(name, level, collective=collective):
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]

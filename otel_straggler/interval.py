@@ -27,6 +27,7 @@ class Interval:
     sequences: int | None
     microbatches: int | None
     injected: bool  # the test-only slowdown ran inside this interval
+    collective: bool = False  # the timer is marked as holding a wait in a collective (``stage(..., collective=True)``)
 
 
 class IntervalSink(Protocol):

@@ -208,10 +208,10 @@ class Readout:
                 timer = timer_of[i]
                 b = binding_of[i]
                 # positional: Interval's field order (name, level, group, step, repeat, host start/end, device
-                # ms, degraded, tokens, sequences, microbatches, injected)
+                # ms, degraded, tokens, sequences, microbatches, injected, collective)
                 append(Interval(timer.name, timer._level, timer._group, b[0], repeat_of[i], start_ns_of[i] + off,
                                 end_ns_of[i] + off, device_ms, None if device_ms is not None else reason, b[1], b[2],
-                                b[3], injected_of[i]))
+                                b[3], injected_of[i], timer.collective))
                 if device_ms is None:
                     degraded[reason] = degraded.get(reason, 0) + 1
             except Exception:

@@ -78,12 +78,16 @@ ATTR_WORKLOAD_TOKENS: Final = "straggler.workload.tokens"  # int, tokens this ra
 ATTR_WORKLOAD_SEQUENCES: Final = "straggler.workload.sequences"  # int
 ATTR_WORKLOAD_MICROBATCHES: Final = "straggler.workload.microbatches"  # int
 ATTR_INJECTED: Final = "straggler.injected"  # bool, test-only slowdown was applied inside this interval
+# bool, present and true on a stage span whose interval contains a wait in a collective (stage(..., collective=True))
+ATTR_STAGE_COLLECTIVE: Final = "straggler.stage.collective"
 # Step summary on the rank-step span: one entry per timer of the step, parallel arrays (same length).
 ATTR_SUMMARY_STAGES: Final = "straggler.summary.stages"  # str[], timer names
 ATTR_SUMMARY_GROUPS: Final = "straggler.summary.groups"  # str[], stage groups
 ATTR_SUMMARY_DEVICE_MS: Final = "straggler.summary.device_ms"  # double[], summed device ms; -1 = not measured
 ATTR_SUMMARY_HOST_MS: Final = "straggler.summary.host_ms"  # double[], summed host ms
 ATTR_SUMMARY_COUNTS: Final = "straggler.summary.counts"  # int[], intervals aggregated per entry
+# str[], the summary's timer names marked collective (ATTR_STAGE_COLLECTIVE); absent when none is
+ATTR_SUMMARY_COLLECTIVE: Final = "straggler.summary.collective"
 SUMMARY_NOT_MEASURED: Final = -1.0
 
 MEASUREMENT_DEVICE: Final = "device"
@@ -152,7 +156,7 @@ VERDICTS: Final = (VERDICT_STRAGGLER, VERDICT_RECOVERED, VERDICT_UNCERTAIN)
 
 REASONS: Final = (
     "slower_than_reference",  # straggler: beyond tolerance and floor for N consecutive windows
-    "persistent_excess",  # straggler: per-step excess over the peers' median summed over 2+ windows (rule 11)
+    "persistent_excess",  # straggler: per-step excess over the peers' median summed over 2+ windows
     "within_tolerance",  # recovered: a comparable measurement is back within tolerance
     "below_absolute_floor",  # uncertain: relative gap beyond tolerance but absolute gap under floor
     "workload_incomparable",  # uncertain: the rank's tokens differ from its peers' beyond tolerance
@@ -160,6 +164,8 @@ REASONS: Final = (
     "missing_samples",  # uncertain: the rank has no usable sample in a window its peers filled
     "recovery_evidence_insufficient",  # uncertain: an active straggler's window was unusable
     "non_finite_sample",  # uncertain: only non-finite or negative samples
+    "pair_ambiguous",  # uncertain: a 2-rank cohort differs beyond tolerance and no evidence says which rank is slow
+    "collective_wait",  # uncertain: the rank's excess is matched by its reference's excess in another stage (a wait)
 )
 
 ATTRIBUTION_GPU: Final = "gpu_stream_stall"

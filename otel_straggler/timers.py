@@ -109,6 +109,7 @@ class Timer:
         "_sev",
         "_started",
         "_t0",
+        "collective",
         "name",
     )
 
@@ -145,6 +146,7 @@ class Timer:
         self._c = counters
         self._inject = inject
         self._is_step = is_step
+        self.collective = False  # the interval holds a wait in a collective (``stage(..., collective=True)``)
 
     # ---- hot path -------------------------------------------------------------------------------
     def start(self, barrier: bool = False) -> None:

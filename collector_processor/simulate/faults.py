@@ -22,6 +22,10 @@ class Fault:
       flapping      device slowdown alternating ``period`` steps on / off: expect straggler
       cohort        every DP rank of the cohort slowed together: expect NO rank verdict (no slower peer)
       workload      rank does (1 + size) x the tokens and time: expect NO straggler (workload_incomparable)
+
+    expect: None (by kind, as above), or whether a straggler verdict on ``rank`` is expected (False: the rank
+    cannot be told from its peers, e.g. a DP = 2 pair under DDP without a marked collective stage; a verdict
+    on it is not counted as a false alarm, one on any other rank is).
     """
 
     kind: str
@@ -32,9 +36,12 @@ class Fault:
     end: int | None = None  # first step back at par (None: never)
     duty: float = 0.3
     period: int = 20
+    expect: bool | None = None
 
     @property
     def expect_straggler(self) -> bool:
+        if self.expect is not None:
+            return self.expect
         return self.kind in ("device", "host", "dataloader", "flapping")
 
     @property

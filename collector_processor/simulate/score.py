@@ -37,7 +37,7 @@ def score_run(fault: Fault | None, verdicts: Iterable[Verdict], healthy_rank_ste
             explained = True
             if first_hit is None:
                 first_hit = v
-        if (fault is not None and fault.kind == "intermittent" and v.rank == fault.rank
+        if (fault is not None and (fault.kind == "intermittent" or fault.expect is False) and v.rank == fault.rank
                 and (v.step or 0) >= fault.onset):
             explained = True  # slowness was injected on this rank; detection optional
         if not explained:

@@ -4,7 +4,11 @@ Per rank and step: one stage span per Megatron timer (microbatch repeats aggrega
 default ``step`` detail does), ``forward-backward`` enclosing the compute and the DP grad sync (whose
 wait equalises the cohort, as a real all-reduce does), and a ``rank-step`` span carrying the step summary
 in the step scope, as the emitter sends them (``step_summary=False``: a schema-1 emitter, stage spans only,
-for the collector's stage-span path). Noise: Gaussian jitter,
+for the collector's stage-span path). ``ddp``: plain PyTorch DDP instead, the gradient all-reduce inside
+``backward-compute`` (no grad-sync stage): the wait for the cohort's slowest rank and the all-reduce itself
+land in each rank's backward device time (the compute stream waits for the all-reduce), and
+``collective_marked`` marks that stage collective as ``stage("backward-compute", collective=True)`` does.
+Noise: Gaussian jitter,
 heavy-tail spikes on random ranks, slow warmup with per-rank skew, ranks that start late, missing spans;
 device time present only on sampled steps (``device_every``).
 """
@@ -56,9 +60,12 @@ class SimConfig:
     seed: int = 0
     start_unix_ns: int = 1_800_000_000_000_000_000
     step_summary: bool = True
+    ddp: bool = False  # the DP gradient all-reduce (and the wait for the slowest) inside backward-compute
+    collective_marked: bool = False  # with ddp: backward-compute marked collective (straggler.stage.collective)
 
 
 _kv = key_value
+DDP_STAGE = "backward-compute"  # with SimConfig.ddp: the stage that holds the gradient all-reduce
 
 
 def resource_for(info: RankInfo, cfg: SimConfig) -> Resource:
@@ -102,6 +109,7 @@ class JobStream:
         cfg = self.cfg
         sm = cfg.step_model
         t = cfg.start_unix_ns
+        marked = cfg.ddp and cfg.collective_marked
         faulty = {f.rank for f in self.faults if f.kind not in ("cohort",)}
         cohort_faulty = {self.ranks[f.rank].cohort for f in self.faults if f.kind == "cohort"}
         for step in range(1, cfg.steps + 1):
@@ -161,7 +169,12 @@ class JobStream:
             for info in self.ranks:
                 wait = by_cohort[info.cohort] - arrival[info.rank] + sm.grad_sync_ms * self._factor(step, info.rank)
                 rows = per_rank[info.rank]
-                rows.append(("all-grads-sync", stage_group("all-grads-sync"), 1, wait, wait, 1))
+                if cfg.ddp:
+                    i = next(i for i, row in enumerate(rows) if row[0] == DDP_STAGE)
+                    name, group, level, dev, host, count = rows[i]
+                    rows[i] = (name, group, level, dev + wait, host, count)
+                else:
+                    rows.append(("all-grads-sync", stage_group("all-grads-sync"), 1, wait, wait, 1))
                 fb = arrival[info.rank] + wait
                 rows.append(("forward-backward", stage_group("forward-backward"), 1, fb, fb, 1))
                 total = fb + sum(r[3] for r in rows if r[1] == "optimizer") + sm.step_overhead_ms
@@ -197,6 +210,8 @@ class JobStream:
                              _kv(s.ATTR_ITERATION, step), _kv(s.ATTR_HOST_MS, float(host)),
                              _kv(s.ATTR_COUNT, count), _kv(s.ATTR_DETAIL, s.DETAIL_STEP),
                              _kv(s.ATTR_WORKLOAD_TOKENS, tokens[info.rank])]
+                    if marked and name == DDP_STAGE:
+                        attrs.append(_kv(s.ATTR_STAGE_COLLECTIVE, True))
                     if device_on:
                         attrs += [_kv(s.ATTR_DEVICE_MS, float(dev)), _kv(s.ATTR_MEASUREMENT, s.MEASUREMENT_DEVICE)]
                     else:
@@ -227,5 +242,7 @@ class JobStream:
                         _kv(s.ATTR_SUMMARY_DEVICE_MS, [float(k[2]) for k in kept]),
                         _kv(s.ATTR_SUMMARY_HOST_MS, [float(k[3]) for k in kept]),
                         _kv(s.ATTR_SUMMARY_COUNTS, [k[4] for k in kept])])
+                    if marked and any(k[0] == DDP_STAGE for k in kept):
+                        rsp.attributes.append(_kv(s.ATTR_SUMMARY_COLLECTIVE, [DDP_STAGE]))
             t += int(step_ms * 1e6)
             yield step, request

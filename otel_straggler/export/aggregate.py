@@ -55,6 +55,7 @@ class _TimerAgg:
     all_device: bool
     degraded: str | None  # first degraded reason
     injected: bool
+    collective: bool = False  # the timer holds a wait in a collective
 
 
 @dataclass(slots=True)
@@ -76,9 +77,15 @@ def _workload(attrs: dict[str, Any], iv: Interval) -> None:
 
 
 def _measurement(
-    attrs: dict[str, Any], device_ms: float | None, degraded: str | None, injected: bool, workload: Interval
+    attrs: dict[str, Any],
+    device_ms: float | None,
+    degraded: str | None,
+    injected: bool,
+    workload: Interval,
+    collective: bool = False,
 ) -> None:
-    """The stage span's measurement (device ms, else host-only with its reason), workload and injection."""
+    """The stage span's measurement (device ms, else host-only with its reason), workload, injection and
+    collective marking."""
     if device_ms is not None:
         attrs[schema.ATTR_DEVICE_MS] = device_ms
         attrs[schema.ATTR_MEASUREMENT] = schema.MEASUREMENT_DEVICE
@@ -89,6 +96,8 @@ def _measurement(
     _workload(attrs, workload)
     if injected:
         attrs[schema.ATTR_INJECTED] = True
+    if collective:
+        attrs[schema.ATTR_STAGE_COLLECTIVE] = True
 
 
 class StepAggregator:
@@ -176,6 +185,7 @@ class StepAggregator:
         else:
             t.device_ms += iv.device_ms
         t.injected = t.injected or bool(iv.injected)
+        t.collective = t.collective or iv.collective
 
     def tick(self, now_ns: int, out: list[SpanRecord]) -> None:
         """Close every open step when no interval arrived for ``step_close_s``."""
@@ -215,6 +225,9 @@ class StepAggregator:
                                                    for t in timers]
         rs_attrs[schema.ATTR_SUMMARY_HOST_MS] = [t.host_ms for t in timers]
         rs_attrs[schema.ATTR_SUMMARY_COUNTS] = [t.count for t in timers]
+        collective = [t.name for t in timers if t.collective]
+        if collective:
+            rs_attrs[schema.ATTR_SUMMARY_COLLECTIVE] = collective
         out.append(SpanRecord(KIND_RANK_STEP, schema.SPAN_RANK_STEP, step, agg.start_ns, agg.end_ns, rs_attrs))
         if self.detail == schema.DETAIL_INTERVAL:
             return  # the stage spans went out per interval
@@ -228,7 +241,7 @@ class StepAggregator:
                 schema.ATTR_COUNT: t.count,
                 schema.ATTR_DETAIL: schema.DETAIL_STEP,
             }
-            _measurement(attrs, t.device_ms if t.all_device else None, t.degraded, t.injected, agg.last)
+            _measurement(attrs, t.device_ms if t.all_device else None, t.degraded, t.injected, agg.last, t.collective)
             out.append(SpanRecord(KIND_STAGE, t.name, step, t.start_ns, t.end_ns, attrs))
 
     @staticmethod
@@ -244,5 +257,5 @@ class StepAggregator:
             schema.ATTR_DETAIL: schema.DETAIL_INTERVAL,
         }
         device_ms = float(iv.device_ms) if iv.device_ms is not None else None
-        _measurement(attrs, device_ms, iv.degraded, iv.injected, iv)
+        _measurement(attrs, device_ms, iv.degraded, iv.injected, iv, iv.collective)
         return SpanRecord(KIND_STAGE, iv.name, int(iv.step), iv.host_start_ns, iv.host_end_ns, attrs)

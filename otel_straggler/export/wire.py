@@ -43,6 +43,7 @@ F_TOKENS = 2
 F_SEQUENCES = 4
 F_MICROBATCHES = 8
 F_INJECTED = 16
+F_COLLECTIVE = 32
 
 
 class NameTableFull(Exception):
@@ -100,6 +101,8 @@ class WireEncoder:
                     flags |= F_MICROBATCHES
                 if iv.injected:
                     flags |= F_INJECTED
+                if iv.collective:
+                    flags |= F_COLLECTIVE
                 body += RECORD.pack(
                     self._id(iv.name, out),
                     self._id(iv.group, out),
@@ -186,6 +189,7 @@ class WireDecoder:
                         sequences=seqs if flags & F_SEQUENCES else None,
                         microbatches=mbs if flags & F_MICROBATCHES else None,
                         injected=bool(flags & F_INJECTED),
+                        collective=bool(flags & F_COLLECTIVE),
                     )
                 )
             return (T_INTERVALS, out)

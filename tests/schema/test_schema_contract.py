@@ -97,3 +97,62 @@ def test_cohort_key_excludes_data_parallel_and_includes_epoch() -> None:
     assert s.cohort_key(topology_epoch=0, **base) != s.cohort_key(topology_epoch=1, **base)
     assert "dp" not in s.cohort_key(topology_epoch=0, **base)
     assert s.cohort_key(topology_epoch=0, **base) != s.cohort_key(topology_epoch=0, **{**base, "ep": 2})
+
+
+def _section(title: str) -> str:
+    start = DOC.index(f"\n## {title}\n")
+    end = DOC.find("\n## ", start + 1)
+    return DOC[start:end if end > 0 else None]
+
+
+def test_trace_id_rule_test_vectors_in_the_document() -> None:
+    """The documented hash inputs and test vectors are what both sides compute."""
+    import hashlib
+
+    assert hashlib.sha256(b"otel-straggler/trace/job-1/7").digest()[:16] == s.trace_id_for_step(
+        "job-1", 7).to_bytes(16, "big")
+    vectors = {
+        s.trace_id_for_step("job-1", 7).to_bytes(16, "big").hex(): "trace id",
+        s.job_step_span_id("job-1", 7).to_bytes(8, "big").hex(): "train-step",
+        s.rank_step_span_id("job-1", 7, 3).to_bytes(8, "big").hex(): "rank-step",
+    }
+    for hexid in vectors:
+        assert f"`{hexid}`" in DOC, vectors[hexid]
+    for text in ("`otel-straggler/trace/J/N`", "`otel-straggler/job-step/J/N`", "`otel-straggler/rank-step/J/N/R`"):
+        assert text in DOC
+
+
+def test_stage_group_table_is_the_emitters_mapping() -> None:
+    """Every timer name in the document's stage-group table maps to that group, and every name of the mapping
+    is in the table."""
+    from otel_straggler.stages import STAGE_GROUP_BY_NAME, stage_group
+
+    table: dict[str, str] = {}
+    for names, group in re.findall(r"^\| (`[a-z0-9-]+`(?:, `[a-z0-9-]+`)*) \| `([a-z0-9-]+)` \|$",
+                                   _section("Stage groups"), flags=re.M):
+        for name in re.findall(r"`([a-z0-9-]+)`", names):
+            table[name] = group
+    assert table == STAGE_GROUP_BY_NAME
+    assert all(stage_group(n) == g for n, g in table.items())
+    assert stage_group("startup-time") == "setup" and stage_group("train-data-iterators-setup") == "setup"
+    uses = _section("Stage groups").split("What the collector does")[1]
+    for group in s.STAGE_GROUPS:
+        assert f"`{group}`" in uses, group
+
+
+def test_evidence_fields_are_the_verdict_fields() -> None:
+    """The evidence JSONL fields documented are exactly what ``verdict_to_dict`` writes."""
+    from collector_processor.processor.straggler.events import verdict_to_dict
+    from collector_processor.processor.straggler.model import Verdict
+
+    documented: set[str] = set()
+    for cell in re.findall(r"^\| (`[a-z_]+`(?: / `[a-z_]+`)?) \|", _section("Evidence lines (JSONL from the "
+                                                                           "collector's `file` exporter)"),
+                           flags=re.M):
+        documented.update(re.findall(r"`([a-z_]+)`", cell))
+    v = Verdict(job="j", cohort="c", rank=1, host="h", gpu="g", stage="forward-compute", group="forward",
+                verdict=s.VERDICT_STRAGGLER, reason="persistent_excess", deviation=0.1, value_ms=11.0,
+                reference_rank=None, reference_ms=10.0, measurement=s.MEASUREMENT_DEVICE, window_start=10,
+                window_end=14, step=14, attribution=s.ATTRIBUTION_GPU, step_time_lost_ms=1.0,
+                gpu_seconds_per_hour=2.0, cohort_size=8, collective_evidence="", trace_id=b"\x01" * 16)
+    assert documented == set(verdict_to_dict(v))

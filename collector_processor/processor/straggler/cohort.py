@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+from collector_processor.processor.straggler.pair import PairTrack
 from collector_processor.processor.straggler.window import KIND_STEP, KIND_WALL, WindowSet
 
 NO_INDEX = -(2**62)  # no window index seen yet
@@ -33,6 +34,10 @@ class Cohort:
     wall: WindowSet = field(default_factory=lambda: WindowSet(KIND_WALL))
     # stage -> latest per-window spreads of the per-step excess (sequential evidence; bounded by max_stages)
     seq_sigma: dict[str, deque[float]] = field(default_factory=dict)
+    # stages whose intervals hold a wait in a collective (straggler.stage.collective; bounded by max_stages)
+    collective: set[str] = field(default_factory=set)
+    # stage -> the 2-rank cohort's levels (pair.py; bounded by max_stages)
+    pairs: dict[str, PairTrack] = field(default_factory=dict)
 
 
 class CohortRegistry:

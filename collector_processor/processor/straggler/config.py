@@ -100,6 +100,21 @@ class Config(BaseModel):
     sequential_sigma_floor: float = Field(default=0.002, gt=0)
     # Effective comparable ranks (the rank itself plus usable comparable peers) required to judge.
     min_cohort_size: int = Field(default=3, ge=2)
+    # pair (pair.py): a cohort of exactly 2 ranks (DP = 2) whose ranks differ beyond tolerance names the slower
+    # one only on evidence from outside the window's comparison: its own level rose against its baseline while
+    # its pair's did not (change_point), or every rank of the job's other cohorts sits at its pair's level at the
+    # same steps (other_roles); else uncertain/pair_ambiguous. pair_history_windows: windows at par kept as each
+    # rank's baseline; pair_min_history: windows at par needed before a change point can name a rank.
+    pair: bool = True
+    pair_history_windows: int = Field(default=6, ge=1)
+    pair_min_history: int = Field(default=2, ge=1)
+    # collective_wait (collective.py): a rank slower than its reference in one stage is not convicted when the
+    # reference is slower than the rank in another judged stage of the same window by at least this fraction of
+    # the gap (beyond that stage's tolerance and floor) and, in a cohort of 3 or more, the rank is at par with as
+    # many peers as are below it: its excess is the wait, inside a collective, for the reference's own excess
+    # (DDP's backward holds the gradient all-reduce). uncertain/collective_wait names the reference.
+    collective_wait: bool = True
+    collective_wait_fraction: float = Field(default=0.5, gt=0, le=1)
     # Relative token difference beyond which two ranks do not do comparable work.
     workload_tolerance: float = Field(default=0.05, ge=0)
     # Stage groups judged; collective groups are evidence only (a straggler's peers wait there, so judging

@@ -10,6 +10,9 @@ A span is a stage span iff it carries ``straggler.stage``. Outcomes per stage sp
 reason (``malformed``: no rank/cohort on the resource or no duration at all; ``non_finite``: every duration
 present is NaN, infinite or negative). A non-finite duration next to a finite one is dropped from the sample
 (and counted by the caller through ``DecodeResult.non_finite_values``); it never becomes a reference.
+A stage marked as holding a collective wait (``straggler.stage.collective`` on a stage span, its name in
+``straggler.summary.collective`` on a rank-step) is passed on as such (``collective``); the processor
+records the mark on the cohort.
 """
 
 from __future__ import annotations
@@ -125,6 +128,7 @@ def decode_resource_spans(rs: ResourceSpans, out: DecodeResult, skip_service: st
     k_host = s.ATTR_HOST_MS
     k_count = s.ATTR_COUNT
     k_tokens = s.ATTR_WORKLOAD_TOKENS
+    k_collective = s.ATTR_STAGE_COLLECTIVE
     for ss in rs.scope_spans:
         for span in ss.spans:
             stage = None
@@ -134,6 +138,7 @@ def decode_resource_spans(rs: ResourceSpans, out: DecodeResult, skip_service: st
             host = None
             count = 1
             tokens = None
+            collective = False
             for kv in span.attributes:
                 k = kv.key
                 if k == k_stage:
@@ -157,6 +162,8 @@ def decode_resource_spans(rs: ResourceSpans, out: DecodeResult, skip_service: st
                 elif k == k_tokens:
                     t = kv.value.int_value
                     tokens = t if t > 0 else None
+                elif k == k_collective:
+                    collective = kv.value.bool_value
             if stage is None:
                 continue
             out.stage_spans += 1
@@ -168,7 +175,7 @@ def decode_resource_spans(rs: ResourceSpans, out: DecodeResult, skip_service: st
                 ident.job, ident.cohort, ident.rank, ident.host, ident.gpu, ident.world_size,
                 stage, group, step, dev, host, count if count > 0 else 1, tokens,
                 span.start_time_unix_nano, span.end_time_unix_nano, span.trace_id, span.span_id,
-                ident.dp_size,
+                ident.dp_size, collective,
             ))
 
 
@@ -179,6 +186,7 @@ def _decode_summary(span: object, ident: ResourceIdentity, out: DecodeResult) ->
     host_total = None
     tokens = None
     stages = groups = devs = hosts = counts = None
+    collective: tuple[str, ...] = ()
     for kv in span.attributes:  # type: ignore[attr-defined]
         k = kv.key
         if k == s.ATTR_SUMMARY_DEVICE_MS:
@@ -198,6 +206,8 @@ def _decode_summary(span: object, ident: ResourceIdentity, out: DecodeResult) ->
         elif k == s.ATTR_WORKLOAD_TOKENS:
             t = kv.value.int_value
             tokens = t if t > 0 else None
+        elif k == s.ATTR_SUMMARY_COLLECTIVE:
+            collective = arrays.strings(kv.value.array_value)
     if stages is None:
         return  # the job-level train-step (or a step span without summary): nothing to judge
     n = len(stages)
@@ -244,7 +254,7 @@ def _decode_summary(span: object, ident: ResourceIdentity, out: DecodeResult) ->
     out.summaries.append(StepSummary(
         ident.job, ident.cohort, ident.rank, ident.host, ident.gpu, ident.world_size, ident.dp_size, step, tokens,
         span.start_time_unix_nano, span.end_time_unix_nano, span.trace_id, span.span_id,  # type: ignore[attr-defined]
-        names, grps, dev_out, host_out, cnt))
+        names, grps, dev_out, host_out, cnt, collective))
 
 
 def _device_entries(devs: Sequence[float], n: int) -> Sequence[float | None] | None:

@@ -19,19 +19,21 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from collector_processor.processor.straggler import sequential
-from collector_processor.processor.straggler.attribution import attribute, collective_evidence
+from collector_processor.processor.straggler import collective, pair, sequential
+from collector_processor.processor.straggler.attribution import attribute
 from collector_processor.processor.straggler.cohort import Cohort
 from collector_processor.processor.straggler.config import Config
 from collector_processor.processor.straggler.impact import impact, step_period_ms
 from collector_processor.processor.straggler.model import (
     BELOW_ABSOLUTE_FLOOR,
     COHORT_BELOW_MIN_SIZE,
+    COLLECTIVE_WAIT,
     MISSING_SAMPLES,
     NON_FINITE_SAMPLE,
+    PAIR_AMBIGUOUS,
     PERSISTENT_EXCESS,
     RECOVERY_EVIDENCE_INSUFFICIENT,
     SLOWER_THAN_REFERENCE,
@@ -143,13 +145,15 @@ class WindowEvidence:
     tok_median: float | None  # the cohort's median of rank_tokens
     uniform: bool  # every warm rank's work comparable with every other's
     now_ns: int
+    stats: dict[str, dict[int, RankStat]] = field(default_factory=dict)  # every stage's warm ranks
+    tolerances: dict[str, Tolerances] = field(default_factory=dict)  # stage -> its tolerances, once computed
 
 
 class StageEvidence:
     """One judged stage in the window: every warm rank's statistic, the stage's tolerances, each rank's
     sequential evidence, and the values sorted for references (built once, on first use)."""
 
-    __slots__ = ("_views", "group", "name", "per", "seq", "tols", "uniform")
+    __slots__ = ("_views", "group", "name", "pair", "per", "seq", "tols", "uniform")
 
     def __init__(self, name: str, group: str, per: dict[int, RankStat], uniform: bool, tols: Tolerances) -> None:
         self.name = name
@@ -158,6 +162,7 @@ class StageEvidence:
         self.uniform = uniform  # every rank's work comparable with every other's
         self.tols = tols
         self.seq: dict[int, SeqResult] = {}
+        self.pair: pair.PairWindow | None = None  # a 2-rank cohort's comparison (pair.py)
         self._views: Views | None = None
 
     @property
@@ -185,6 +190,7 @@ class Comparison:
     tolerance: float = 0.0  # the deviation beyond which the window is slow
     host_stall: bool = False  # the host comparison of a host_stall group replaced a flat device one
     peers: list[int] | None = None  # the comparable peers (None: every other rank)
+    own: bool = False  # deviation, gap and tolerance are this comparison's own (pair), not the window medians'
 
     @property
     def slow(self) -> bool:
@@ -193,10 +199,12 @@ class Comparison:
 
 # --- the window -------------------------------------------------------------------------------------------
 class Detector:
-    def __init__(self, config: Config, states: StateStore, counters: dict[str, int]) -> None:
+    def __init__(self, config: Config, states: StateStore, counters: dict[str, int],
+                 cohorts: Iterable[Cohort] = ()) -> None:
         self.cfg = config
         self.states = states
         self.c = counters
+        self.cohorts = cohorts  # every cohort held (pair: the job's other roles)
         self._judged = frozenset(config.judged_groups)
         self.seq_params = SeqParams(
             margin=config.sequential_margin, cap=config.sequential_step_cap,
@@ -210,11 +218,13 @@ class Detector:
         ev, stats = self._evidence(cohort, window, now_ns)
         for stage, per in stats.items():
             group = cohort.stages.get(stage, "other")
-            if group not in self._judged or not per:  # judged_groups
+            if group not in self._judged or not per or stage in cohort.collective:  # judged_groups, marked
                 continue
             self._device_pooling(cohort, stage, window.index, per)
             se = StageEvidence(stage, group, per, ev.uniform, self._noise_tolerance(per))
+            ev.tolerances[stage] = se.tols
             se.seq = self._sequential_excess(ev, se)
+            se.pair = self._pair(ev, se)
             for r in sorted(per):
                 Judgement(self, ev, se, r, self.states.get(self.key(cohort, r, stage))).run()
             for r in cohort.ranks:  # missing_rank
@@ -288,7 +298,7 @@ class Detector:
         step = window.max_step if window.kind == KIND_STEP else None
         trace_id = s.trace_id_for_step(cohort.job, step).to_bytes(16, "big") if step is not None else b""
         ev = WindowEvidence(cohort, window, out, step, trace_id, period, world_size or len(cohort.ranks),
-                            collectives, rank_tokens, tok_median, uniform, now_ns)
+                            collectives, rank_tokens, tok_median, uniform, now_ns, stats)
         return ev, stats
 
     @staticmethod
@@ -315,17 +325,17 @@ class Detector:
                 rs.dev = median(rs.dev_used)
                 rs.fresh = len(rs.dev_samples)
 
-    def _noise_tolerance(self, per: dict[int, RankStat]) -> Tolerances:
+    def _noise_tolerance(self, per: dict[int, RankStat], need: int | None = None) -> Tolerances:
         """Device and host tolerance of this stage in this window: ``tolerance``, raised to ``noise_z`` standard
         errors of a rank's window median when the cohort's step-to-step noise is larger. The per-step sigma is
         estimated robustly within each rank (``pooled_relative_sigma``: spikes and a slow rank do not move
         it); the standard error of a median of k samples is 1.2533 sigma / sqrt(k). A +5 % fault is found
         wherever the measured noise allows it; a noisier timing never convicts on noise
-        (docs/detection-defaults.md)."""
+        (docs/detection-defaults.md). ``need``: the ranks the sigma is measured on (``min_cohort_size``)."""
         cfg = self.cfg
         if cfg.noise_z <= 0:
             return Tolerances(cfg.tolerance, lambda: cfg.tolerance)
-        need = cfg.min_cohort_size
+        need = cfg.min_cohort_size if need is None else need
         scale = cfg.noise_z * _MEDIAN_SE / math.sqrt(cfg.window_steps)
 
         def raised(sigma: float | None) -> float:
@@ -372,6 +382,24 @@ class Detector:
             st = self.states.get(self.key(cohort, r, se.name))
             out[r] = sequential.update(st, window.index, lst, sigma, self.seq_params)
         return out
+
+    def _pair(self, ev: WindowEvidence, se: StageEvidence) -> pair.PairWindow | None:
+        """``pair``: a 2-rank cohort's comparison of this stage (``pair.py``), its noise measured on the two."""
+        cfg = self.cfg
+        if not cfg.pair or len(ev.cohort.ranks) != 2:
+            return None
+        tols = self._noise_tolerance(se.per, need=2)
+        return pair.observe(name=se.name, per=se.per, cohort=ev.cohort, index=ev.window.index,
+                            comparable=ev.uniform, tolerance_of=lambda k: tols.device if k == DEVICE else tols.host,
+                            cohorts=self.cohorts, history=cfg.pair_history_windows, min_history=cfg.pair_min_history,
+                            tolerance=cfg.tolerance, noise_z=cfg.noise_z, window_steps=cfg.window_steps)
+
+    def tolerance(self, ev: WindowEvidence, stage: str, kind: str) -> float:
+        """The noise tolerance of any stage of the window, of ``kind`` (computed once)."""
+        tols = ev.tolerances.get(stage)
+        if tols is None:
+            tols = ev.tolerances[stage] = self._noise_tolerance(ev.stats.get(stage, {}))
+        return tols.device if kind == DEVICE else tols.host
 
     def floor(self, kind: str, ref_ms: float) -> float:
         """Absolute gap floor of one comparison: the host floor, or for a device comparison of a stage of
@@ -423,6 +451,12 @@ class Judgement:
             c["workload_incomparable_windows"] += 1
             return self._unusable(WORKLOAD_INCOMPARABLE, Comparison(meas, value))
         cmp = self.reference(meas, value)
+        if cmp.ref_ms is None and self.se.pair is not None:
+            cmp, ambiguous = self.pair(cmp)
+            if ambiguous:
+                c["pair_ambiguous_windows"] += 1
+                self._record_deviation(cmp)
+                return self._unusable(PAIR_AMBIGUOUS, cmp)
         if cmp.ref_ms is None:  # min_cohort
             c["below_min_cohort_windows"] += 1
             return self._unusable(COHORT_BELOW_MIN_SIZE, Comparison(meas, value, size=cmp.size))
@@ -431,6 +465,9 @@ class Judgement:
         if self.absolute_floor(cmp):
             c["below_floor_windows"] += 1
             return self._unusable(BELOW_ABSOLUTE_FLOOR, cmp)
+        if self.collective_wait(cmp):
+            c["collective_wait_windows"] += 1
+            return self._unusable(COLLECTIVE_WAIT, cmp)
         if cmp.slow:
             return self.window_excess(cmp)
         if self.sequential_excess(cmp) or self.hysteresis(cmp):
@@ -480,6 +517,29 @@ class Judgement:
             dev = math.inf if value > 0 else 0.0
         tol = se.tols.device if kind == DEVICE else se.tols.host
         return Comparison(kind, value, ref_rank, ref_ms, dev, size, value - ref_ms, tol, peers=peers)
+
+    def pair(self, cmp: Comparison) -> tuple[Comparison, bool]:
+        """``pair``: in a 2-rank cohort (``pair.py``) the rank against the other one (the deviation and tolerance
+        of ``pair.py``, the gap at that deviation); True when this rank is the slower one and no evidence names
+        it."""
+        pw = self.se.pair
+        assert pw is not None and cmp.value is not None
+        if pw.kind != cmp.measurement or self.rank not in pw.values:
+            return cmp, False
+        peer = pw.other(self.rank)
+        ref = pw.values[peer]
+        dev = pw.deviation[self.rank]  # per step where both were timed on the same steps (pair.py)
+        out = Comparison(cmp.measurement, cmp.value, peer, ref, dev, 2, ref * dev, pw.tolerance, own=True)
+        return out, pw.slow == self.rank and not pw.named
+
+    def collective_wait(self, cmp: Comparison) -> bool:
+        """``collective_wait`` (``collective.py``): a window that would count against the rank (slow, or
+        ``sequential_excess`` firing) whose excess is the wait for its reference's excess in another stage."""
+        seq = self.seq
+        counts = cmp.slow or (seq is not None and seq.fires and self._sequential_fires())
+        if not counts or not self.cfg.collective_wait:
+            return False
+        return collective.waits(self.det, self.ev, self.se, self.rank, cmp)
 
     def host_stall(self, cmp: Comparison) -> Comparison:
         """``host_stall``: in a ``host_stall_groups`` stage whose device comparison does not fire (flat or
@@ -658,8 +718,8 @@ class Judgement:
     def _attribution(self, cmp: Comparison, per_step: bool = False) -> str:
         """GPU or host (``attribution.py``) of the comparison that convicts: the rank's device time against
         the comparable peers' device times (``per_step``: ``cmp`` itself, the per-step comparison of
-        ``sequential_excess``, with its margin as the tolerance) and its host time against their host times
-        (never their device times)."""
+        ``sequential_excess``, with its margin as the tolerance; likewise a ``pair`` comparison, ``cmp.own``)
+        and its host time against their host times (never their device times)."""
         cfg = self.cfg
         mine = self.mine
         assert mine is not None
@@ -668,7 +728,7 @@ class Judgement:
         tols = self.se.tols
         dev_d = dev_g = host_d = host_g = ref_d = None
         dev_tol = tols.device
-        if per_step:
+        if per_step or cmp.own:
             dev_d, dev_g, ref_d, dev_tol = cmp.deviation, cmp.gap, cmp.ref_ms, cmp.tolerance
         elif mine.dev is not None:
             dev_vals = {p: v for p in peers if (v := per[p].dev) is not None}
@@ -706,7 +766,6 @@ class Judgement:
             measurement=cmp.measurement or DEVICE, window_start=ev.window.start, window_end=ev.window.end,
             step=ev.step, attribution=attribution, step_time_lost_ms=lost,
             gpu_seconds_per_hour=impact(lost, ev.world_size, ev.period_ms), cohort_size=cmp.size,
-            collective_evidence=collective_evidence(self.rank, ev.collectives, self.cfg.tolerance) if straggler
-            else "",
+            collective_evidence=collective.wait_evidence(self.det, ev, self.rank) if straggler else "",
             trace_id=ev.trace_id, emitted_unix_ns=ev.now_ns,
         )

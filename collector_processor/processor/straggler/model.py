@@ -9,6 +9,7 @@ processor turns it into an OTel log record, a verdict span, Prometheus series an
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from otel_straggler import schema as s
@@ -31,6 +32,8 @@ COHORT_BELOW_MIN_SIZE = _reason("cohort_below_min_size")  # uncertain: min_cohor
 MISSING_SAMPLES = _reason("missing_samples")  # uncertain: device_samples_missing
 RECOVERY_EVIDENCE_INSUFFICIENT = _reason("recovery_evidence_insufficient")  # uncertain: hold
 NON_FINITE_SAMPLE = _reason("non_finite_sample")  # uncertain: non_finite
+PAIR_AMBIGUOUS = _reason("pair_ambiguous")  # uncertain: pair
+COLLECTIVE_WAIT = _reason("collective_wait")  # uncertain: collective_wait
 
 
 @dataclass(slots=True)
@@ -53,6 +56,7 @@ class StageSample:
     trace_id: bytes  # 16 bytes
     span_id: bytes  # 8 bytes
     dp_size: int = 0  # dl.data_parallel.size: the ranks the cohort should have (0 = not published)
+    collective: bool = False  # straggler.stage.collective: the stage contains a wait in a collective
 
 
 @dataclass(slots=True)
@@ -75,13 +79,14 @@ class StepSummary:
     device_ms: list[float | None]  # None: not measured or not finite
     host_ms: list[float | None]  # None: not finite (an entry with neither is present but unusable)
     counts: list[int]
+    collective: Sequence[str] = ()  # straggler.summary.collective: timers whose interval holds a collective wait
 
     def samples(self) -> list[StageSample]:
         """One StageSample per entry (the stage-span path's form), e.g. for tests and tools."""
         return [StageSample(self.job, self.cohort, self.rank, self.host, self.gpu, self.world_size, stage,
                             self.groups[i], self.step, self.device_ms[i], self.host_ms[i], self.counts[i],
                             self.tokens, self.start_unix_ns, self.end_unix_ns, self.trace_id,
-                            self.span_id + stage.encode(), self.dp_size)
+                            self.span_id + stage.encode(), self.dp_size, stage in self.collective)
                 for i, stage in enumerate(self.stages)]
 
 

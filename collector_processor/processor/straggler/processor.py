@@ -52,6 +52,7 @@ COUNTERS = (
     "progress_close_deferred",
     "workload_incomparable_windows",
     "below_min_cohort_windows", "below_floor_windows", "recovery_withheld_windows", "uncertain_suppressed",
+    "pair_ambiguous_windows", "collective_wait_windows",
     "verdicts_straggler", "verdicts_recovered", "verdicts_uncertain", "emit_failures",
     "evicted_cohorts", "evicted_windows", "evicted_ranks", "evicted_stages", "evicted_dedup",
     "evicted_states", "verdict_spans_dropped",
@@ -70,7 +71,7 @@ class StragglerProcessor:
         self.c: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self.cohorts = CohortRegistry(config.max_cohorts)
         self.states = StateStore(config.max_states)
-        self.detector = Detector(config, self.states, self.c)
+        self.detector = Detector(config, self.states, self.c, self.cohorts)
         self.metrics = StragglerMetrics(config.metrics, telemetry)
         self._seen: OrderedDict[bytes, None] = OrderedDict()
         self._pending: list[Verdict] = []
@@ -248,6 +249,8 @@ class StragglerProcessor:
             cell.host.append(smp.host_ms)
         if smp.tokens is not None:
             cell.tokens.append(smp.tokens)
+        if smp.collective:
+            cohort.collective.add(smp.stage)
         self._extend(w, smp.step, smp.start_unix_ns, smp.end_unix_ns, now)
         return None
 
@@ -279,6 +282,8 @@ class StragglerProcessor:
             admitted = [self._stage_ok(cohort, stage, groups[i]) for i, stage in enumerate(stages)]
             if not all(admitted):  # over max_stages: the admitted entries one by one
                 return self._add_entries(w, summ, admitted, now)
+        if summ.collective:  # stages marked collective (admitted ones: bounded by max_stages)
+            cohort.collective.update(n for n in summ.collective if n in cohort.stages)
         w.queue_summary(summ.rank, stages, summ.step, summ.tokens, devs, hosts)
         # an entry with neither value (non-finite, already counted by the decoder) is present, not accepted
         accepted = len(stages) if None not in hosts else sum(
