@@ -22,16 +22,19 @@ import time
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
+    from otel_straggler.demo.options import MODELS, DemoOptions
+
+    d = DemoOptions()
     p = argparse.ArgumentParser(prog="otel_straggler.demo.trainer")
     p.add_argument("--steps", type=int, required=True)
-    p.add_argument("--microbatches", type=int, default=4)
-    p.add_argument("--forward-ms", type=float, default=12.0)
-    p.add_argument("--backward-ms", type=float, default=20.0)
-    p.add_argument("--optimizer-ms", type=float, default=6.0)
+    p.add_argument("--microbatches", type=int, default=d.microbatches)
+    p.add_argument("--forward-ms", type=float, default=d.forward_ms)
+    p.add_argument("--backward-ms", type=float, default=d.backward_ms)
+    p.add_argument("--optimizer-ms", type=float, default=d.optimizer_ms)
     p.add_argument("--tokens-per-microbatch", type=int, default=2048)
     p.add_argument("--master-port", type=int, required=True)
     p.add_argument("--progress-every", type=int, default=5)
-    p.add_argument("--model", default="toy",
+    p.add_argument("--model", default=d.model, choices=MODELS,
                    help="toy (CPU, gloo) or megatron:<size> (a real megatron-core GPT on CUDA, independent "
                         "replicas: every rank its own one-process NCCL world, same cohort)")
     p.add_argument("--gpu-turns", action="store_true",
