@@ -311,7 +311,7 @@ def run_collector(tmp: Path) -> Iterator[Collector]:
                 raise AssertionError(f"collector exited with {proc.returncode}:\n{tail(log)}")
             return http_get(col.metrics_url)[0] == 200
 
-        wait_until(ready, 20, what=f"collector /metrics on {col.metrics_url}")
+        wait_until(ready, 120, what=f"collector /metrics on {col.metrics_url}")
         yield col
 
 
