@@ -33,7 +33,7 @@ def _active_stragglers_table_has_one_row(st) -> None:  # type: ignore[no-untyped
     transform joins rows whose label columns are equal, so every query must return the same label set (no
     metric name, no instance) for the straggler: one row, not one per query."""
     panels = dashboard_panels(DASHBOARDS / "straggler-overview.json")
-    (table,) = [p for p in panels if p["title"] == "Active stragglers"]
+    (table,) = [p for p in panels if p["title"] == "Active stragglers" and p["type"] == "table"]
     label_sets = []
     for target in table["targets"]:
         expr = target["expr"].replace('"$job"', '".*"').replace('"$cohort"', '".*"')
