@@ -92,7 +92,11 @@ def main(argv: list[str] | None = None) -> int:
             require_model_runtime(opts.model)
         except OptionError as exc:
             parser.error(str(exc))  # exits 2
-        result = run_demo(opts)
+        try:
+            result = run_demo(opts)
+        except RuntimeError as exc:  # the embedded collector did not start
+            print(f"otel-straggler demo: {exc}", file=sys.stderr)
+            return 1
         return 0 if result.ok else 1
     return 2
 

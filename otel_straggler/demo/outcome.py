@@ -84,16 +84,27 @@ def is_false_alarm(d: Detection, opts: DemoOptions) -> bool:
     return not _is_injected({"rank": d.rank, "stage": d.stage, "step": d.step}, opts)
 
 
+def stage_series(points: Iterable[StagePoint], stage: str, first_step: int = 0) -> dict[int, dict[int, float]]:
+    """rank -> step -> ms of one stage, one kind of time throughout (as the detector never mixes them): device
+    time when most of the stage's samples have it, else host time; steps from ``first_step``."""
+    mine = [p for p in points if p.stage == stage and p.step >= first_step]
+    device = sum(1 for p in mine if p.device_ms is not None) * 2 > len(mine)
+    series: dict[int, dict[int, float]] = defaultdict(dict)
+    for p in mine:
+        value = p.device_ms if device else p.host_ms
+        if value is not None and value > 0:
+            series[p.rank][p.step] = float(value)
+    return series
+
+
 def window_deviations(points: Iterable[StagePoint], stage: str, window_steps: int,
                       first_step: int = 0) -> dict[int, dict[int, float]]:
     """rank -> window index -> deviation of the rank's window median from the fastest other rank's, as the
-    detector compares them (host time, since CPU ranks have no device time); windows from ``first_step``."""
+    detector compares them; windows from ``first_step``."""
     per: dict[int, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for p in points:
-        if p.stage == stage and p.step >= first_step:
-            value = p.device_ms if p.device_ms is not None else p.host_ms
-            if value is not None and value > 0:
-                per[p.rank][p.step // window_steps].append(float(value))
+    for rank, by_step in stage_series(points, stage, first_step).items():
+        for step, value in by_step.items():
+            per[rank][step // window_steps].append(value)
     medians = {r: {w: statistics.median(v) for w, v in ws.items()} for r, ws in per.items()}
     out: dict[int, dict[int, float]] = defaultdict(dict)
     for r, ws in medians.items():
@@ -109,11 +120,9 @@ def relative_step_noise(points: Iterable[StagePoint], stage: str, window_steps: 
     """Typical relative step-to-step spread of the stage within a window (median over ranks and windows of
     the median absolute deviation from the window median, relative, scaled to a standard deviation)."""
     per: dict[tuple[int, int], list[float]] = defaultdict(list)
-    for p in points:
-        if p.stage == stage and p.step >= first_step:
-            value = p.device_ms if p.device_ms is not None else p.host_ms
-            if value is not None and value > 0:
-                per[(p.rank, p.step // window_steps)].append(float(value))
+    for rank, by_step in stage_series(points, stage, first_step).items():
+        for step, value in by_step.items():
+            per[(rank, step // window_steps)].append(value)
     spreads = []
     for vals in per.values():
         if len(vals) >= 3:

@@ -19,24 +19,12 @@ from typing import Any
 
 from otel_straggler import schema as s
 from otel_straggler.demo.options import DemoOptions, Detection, injecting
-from otel_straggler.demo.outcome import explain, is_false_alarm
+from otel_straggler.demo.outcome import explain, is_false_alarm, stage_series
 from otel_straggler.demo.tap import StagePoint
 
 _VERDICT_STYLE = {s.VERDICT_STRAGGLER: ("#d62728", "s", 60), s.VERDICT_RECOVERED: ("#2ca02c", "^", 60),
                   s.VERDICT_UNCERTAIN: ("#999999", ".", 30)}
 _FASTEST_QUANTILE = 0.1  # the detector's default fastest_quantile (docs/detector.md, rule 7)
-
-
-def stage_series(points: list[StagePoint], stage: str) -> dict[int, dict[int, float]]:
-    """rank -> step -> ms (device time where present, else host)."""
-    series: dict[int, dict[int, float]] = defaultdict(dict)
-    for p in points:
-        if p.stage != stage:
-            continue
-        value = p.device_ms if p.device_ms is not None else p.host_ms
-        if value is not None:
-            series[p.rank][p.step] = float(value)
-    return series
 
 
 def reference_value(peers: list[float], quantile: float = _FASTEST_QUANTILE) -> float:

@@ -17,7 +17,14 @@ from otel_straggler.demo.options import (
     default_inject_rank,
     inject_gap_ms,
 )
-from otel_straggler.demo.outcome import REASON_TEXT, explain, problems, summarise, window_deviations
+from otel_straggler.demo.outcome import (
+    REASON_TEXT,
+    explain,
+    problems,
+    stage_series,
+    summarise,
+    window_deviations,
+)
 from otel_straggler.demo.run import collector_config, detector_settings
 from otel_straggler.demo.tap import StagePoint
 
@@ -130,3 +137,12 @@ def test_the_default_slowdown_stands_clear_of_the_floor() -> None:
     with pytest.raises(OptionError, match="absolute floor"):
         check_options(DemoOptions(microbatches=1), absolute_floor_ms=det.absolute_floor_ms,
                       window_steps=det.window_steps, persistence_windows=det.persistence_windows)
+
+
+def test_device_and_host_times_are_never_mixed_in_one_series() -> None:
+    """Device timing sampled on 3 steps of 4: the series is device time, the host-only steps left out."""
+    pts = [StagePoint(0, "forward-compute", "forward", st, 120.0, None if st % 4 == 3 else 100.0)
+           for st in range(8)]
+    assert stage_series(pts, "forward-compute")[0] == {st: 100.0 for st in range(8) if st % 4 != 3}
+    host_only = [StagePoint(0, "forward-compute", "forward", st, 120.0, None) for st in range(4)]
+    assert stage_series(host_only, "forward-compute")[0] == dict.fromkeys(range(4), 120.0)

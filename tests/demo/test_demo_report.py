@@ -15,13 +15,12 @@ pytest.importorskip("matplotlib")
 
 from otel_straggler import schema as s
 from otel_straggler.demo.options import DemoOptions, Detection
-from otel_straggler.demo.outcome import explain
+from otel_straggler.demo.outcome import explain, stage_series
 from otel_straggler.demo.report import (
     build_figure,
     outcome_line,
     reference_value,
     robust_limits,
-    stage_series,
     window_deviation_grid,
     write_report,
 )
