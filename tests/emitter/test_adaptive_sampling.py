@@ -6,6 +6,7 @@ no device). Record micro-costs of 2 us are the driver's record on the H200 (1.6 
 
 from __future__ import annotations
 
+import random
 import time
 
 from otel_straggler.config import EmitterConfig
@@ -72,18 +73,20 @@ def test_the_measured_price_of_a_sampled_step_raises_n() -> None:
     take 2 ms longer than host-only ones (every 16th step is a host-only probe while N = 1): once both
     kinds have been seen, N follows the measured price (2 ms every N-th step within 0.25 % of 10 ms needs
     N >= 80: the cap, 4). Equally long steps leave N at 1: the difference is taken at its lower
-    2-standard-error bound, so sleep jitter on a loaded machine does not move it."""
+    2-standard-error bound, so step jitter does not move it. A fake clock paces the steps (10 ms, 0.3 ms
+    jitter): a loaded machine's sleeps would make the test's outcome depend on its load."""
     def run(extra_s: float) -> tuple[list[int], list[bool]]:
         count = _Count()
+        clock, rng = _Clock(), random.Random(7)
         ctx = StepContext(device_every=0, cuda=True, budget=0.0025, max_every=4, record_cost_s=5e-8,
-                          intervals=count)
+                          intervals=count, clock=clock)
         seen, on = [], []
         for step in range(1, 90):
             ctx.set_step(step)
             seen.append(ctx.device_every)
             on.append(ctx.device_on)
             count.n += 26
-            time.sleep(0.010 + (extra_s if ctx.device_on else 0.0))
+            clock.t += 0.010 + rng.gauss(0.0, 0.0003) + (extra_s if ctx.device_on else 0.0)
         return seen, on
 
     seen, on = run(0.002)
