@@ -40,7 +40,7 @@ class DemoOptions:
     # Toy model: "accelerator time" per microbatch (forward, backward) and per step (optimizer). Sized so
     # the default +10 % stands clear of host jitter on a loaded 2-core machine and of the detector's
     # absolute floor: bench/results/demo-under-load.md.
-    forward_ms: float = 25.0
+    forward_ms: float = 50.0
     backward_ms: float = 25.0
     optimizer_ms: float = 6.0
     inject_rank: int | None = DEFAULT_INJECT_RANK
