@@ -48,6 +48,14 @@ def _wait(ms: float, rng: random.Random) -> None:
     time.sleep(max(0.0, ms * (1.0 + rng.gauss(0.0, 0.01))) / 1000.0)
 
 
+def _leave_collective(rng: random.Random) -> None:
+    """Untimed host work of 0-2 ms after the all-reduce, in a random order across ranks, as ranks on separate
+    hosts leave a collective. Eight ranks on two cores otherwise wake together from every all-reduce and queue
+    for the CPU in much the same order each step, so the same rank starts its next stage late step after step:
+    a host stall of the demo's own making."""
+    time.sleep(rng.uniform(0.0, 0.002))
+
+
 def _megatron_main(args: argparse.Namespace) -> int:
     """Independent megatron-core GPT replicas sharing the machine's GPU(s), timed by the shim."""
     import otel_straggler
@@ -170,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                 p.grad.div_(world)
         timers("all-grads-sync").stop()
         timers("forward-backward").stop()
+        _leave_collective(rng)
         timers("optimizer", log_level=1).start()
         timers("optimizer-inner-step", log_level=1).start()
         opt.step()
