@@ -12,6 +12,7 @@ import logging
 import signal
 import sys
 import threading
+from importlib.metadata import PackageNotFoundError, version
 
 from collector_processor.config.loader import ConfigError, load_files
 from collector_processor.config.validate import CollectorConfig, validate
@@ -25,8 +26,16 @@ def load_config(paths: list[str]) -> CollectorConfig:
     return validate(raw, marks)
 
 
+def package_version() -> str:
+    try:
+        return version("otel-straggler")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="otel-straggler-collector", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     ap.add_argument("--config", action="append", required=True, help="YAML config file (repeatable; later wins)")
     ap.add_argument("--validate", action="store_true", help="check the configuration and exit (0 valid, 2 invalid)")
     ap.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])

@@ -1,63 +1,102 @@
-"""``otel-straggler``: the project's command line (``demo`` runs the end-to-end demo)."""
+"""``otel-straggler``: the project's command line (``demo`` runs the end-to-end demo).
+
+Exit status of ``demo``: 0 when the injected rank was convicted and nobody else was (or, with
+``--endpoint``, when every rank finished), 1 when the run did not show that (the reasons are printed),
+2 for options that cannot work (checked before anything starts).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from importlib.metadata import PackageNotFoundError, version
+
+
+def package_version() -> str:
+    try:
+        return version("otel-straggler")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _demo_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="run N rank processes, slow one, and show the collector finding it",
-                       description="Runs a data-parallel demo job on this machine (CPU, gloo) with the "
-                                   "straggler collector on loopback, then prints what it found.")
-    p.add_argument("--ranks", type=int, default=8, help="rank processes (default 8)")
-    p.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
-    p.add_argument("--microbatches", type=int, default=4, help="microbatches per step (default 4)")
-    p.add_argument("--inject-rank", type=int, default=3, help="rank to slow down (default 3; -1 for none)")
-    p.add_argument("--inject-stage", default="forward-compute", help="Megatron timer to slow (default forward-compute)")
-    p.add_argument("--inject-slowdown", type=float, default=0.10, help="fraction, e.g. 0.10 = +10%% (default)")
-    p.add_argument("--inject-kind", choices=("host", "device"), default="host",
-                   help="host sleep or extra GPU work (device needs CUDA; on CPU it waits on the host)")
-    p.add_argument("--inject-from", type=int, default=50, help="first slowed step (default 50)")
+    from otel_straggler.demo.options import MODELS, TOY, TOY_STAGES, DemoOptions
+
+    d = DemoOptions()
+    p = sub.add_parser(
+        "demo", help="run N rank processes, slow one, and show the collector finding it",
+        description="Runs a data-parallel demo job on this machine with the straggler collector on loopback, "
+                    "slows one rank, then prints what the collector found. Exits 1 when the slowed rank is not "
+                    "convicted or another one is.")
+    p.add_argument("--ranks", type=int, default=d.ranks, help="rank processes (default %(default)s)")
+    p.add_argument("--steps", type=int, default=d.steps, help="training steps (default %(default)s)")
+    p.add_argument("--microbatches", type=int, default=d.microbatches,
+                   help="microbatches per step (default %(default)s)")
+    p.add_argument("--model", default=d.model, choices=MODELS, metavar="MODEL",
+                   help=f"{TOY}: a small model on CPU over gloo, its compute padded to realistic stage times; "
+                        + ", ".join(m for m in MODELS if m != TOY)
+                        + ": a real megatron-core GPT per rank (needs CUDA and megatron-core). Default %(default)s")
+    p.add_argument("--inject-rank", type=int, default=None,
+                   help="rank to slow down (default: 3, or the last rank of a smaller job; -1 for none)")
+    p.add_argument("--inject-stage", default=d.inject_stage,
+                   help=f"Megatron timer to slow ({TOY} model: {', '.join(TOY_STAGES)}; default %(default)s)")
+    p.add_argument("--inject-slowdown", type=float, default=d.inject_slowdown,
+                   help="fraction of the stage's nominal time (default %(default)s = +10%%)")
+    p.add_argument("--inject-ms", type=float, default=None,
+                   help="absolute delay per interval in ms (instead of --inject-slowdown)")
+    p.add_argument("--inject-kind", choices=("host", "device"), default=d.inject_kind,
+                   help="host sleep or extra GPU work (without CUDA: a host sleep; default %(default)s)")
+    p.add_argument("--inject-from", type=int, default=d.inject_from, help="first slowed step (default %(default)s)")
     p.add_argument("--inject-until", type=int, default=None, help="first step back at par (default: never)")
     p.add_argument("--endpoint", default=None,
                    help="external collector OTLP endpoint (default: start one on loopback)")
-    p.add_argument("--protocol", choices=("grpc", "http/protobuf"), default="grpc")
-    p.add_argument("--out", default="otel-straggler-demo", help="output folder (evidence, report, logs)")
-    p.add_argument("--model", default="toy",
-                   help="toy (default: CPU, gloo) or megatron:launch-bound / megatron:gpu-bound (a real "
-                        "megatron-core GPT per rank on CUDA)")
-    p.add_argument("--inject-ms", type=float, default=None,
-                   help="absolute injected delay per interval in ms (overrides --inject-slowdown)")
+    p.add_argument("--protocol", choices=("grpc", "http/protobuf"), default=d.protocol,
+                   help="OTLP protocol of the ranks (default %(default)s)")
+    p.add_argument("--out", default=d.out,
+                   help="output folder: evidence, metrics, stage times, report, logs (default %(default)s)")
+    p.add_argument("--stall-timeout", type=float, default=d.stall_timeout_s,
+                   help="stop and fail when rank 0 makes no progress for this many seconds (default %(default)s)")
     p.add_argument("--json", action="store_true", help="end with one JSON line summarising the run")
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="otel-straggler")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _demo_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "demo":
-        from otel_straggler.demo.run import DemoOptions, run_demo
+        from otel_straggler.demo.options import (
+            DemoOptions,
+            OptionError,
+            check_options,
+            default_inject_rank,
+            require_model_runtime,
+        )
 
-        for name in ("ranks", "steps", "microbatches"):
-            if getattr(args, name) < 1:
-                parser.error(f"--{name} must be >= 1")
-        if args.ranks < 2:
-            parser.error("--ranks must be >= 2: a straggler is slow relative to its peers")
-        if not 0 <= args.inject_slowdown <= 10:
-            parser.error("--inject-slowdown is a fraction between 0 and 10 (0.10 = +10%)")
-        if args.inject_rank is not None and args.inject_rank >= args.ranks:
-            parser.error(f"--inject-rank {args.inject_rank} is not below --ranks {args.ranks}")
+        inject_rank = default_inject_rank(args.ranks) if args.inject_rank is None else args.inject_rank
         opts = DemoOptions(
             ranks=args.ranks, steps=args.steps, microbatches=args.microbatches,
-            inject_rank=None if args.inject_rank is None or args.inject_rank < 0 else args.inject_rank,
+            inject_rank=None if inject_rank < 0 else inject_rank,
             inject_stage=args.inject_stage, inject_slowdown=args.inject_slowdown, inject_kind=args.inject_kind,
             inject_from=args.inject_from, inject_until=args.inject_until, endpoint=args.endpoint,
             protocol=args.protocol, out=args.out, json=args.json, quiet=args.quiet, model=args.model,
-            inject_ms=args.inject_ms)
-        result = run_demo(opts)
+            inject_ms=args.inject_ms, stall_timeout_s=args.stall_timeout)
+        from otel_straggler.demo.run import detector_settings, run_demo
+
+        det = detector_settings(opts.ranks)
+        try:
+            check_options(opts, absolute_floor_ms=det.absolute_floor_ms, window_steps=det.window_steps,
+                          persistence_windows=det.persistence_windows)
+            require_model_runtime(opts.model)
+        except OptionError as exc:
+            parser.error(str(exc))  # exits 2
+        try:
+            result = run_demo(opts)
+        except RuntimeError as exc:  # the embedded collector did not start
+            print(f"otel-straggler demo: {exc}", file=sys.stderr)
+            return 1
         return 0 if result.ok else 1
     return 2
 

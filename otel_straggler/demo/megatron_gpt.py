@@ -27,13 +27,13 @@ class GPTSize:
     vocab: int = 32768
 
 
-# launch-bound: the host's launches are the critical path (~40 ms per step on the H200 VM with 4 microbatches)
+# launch-bound: the host's launches are the critical path (step times: bench/results/gpu-h200.md)
 LAUNCH_BOUND = GPTSize("launch-bound", hidden=256, layers=2, heads=4, seq=128, micro_batch=4, microbatches=4)
 GPU_BOUND = GPTSize("gpu-bound", hidden=2048, layers=8, heads=16, seq=1024, micro_batch=2, microbatches=8)
-# Detection runs: several replicas share one GPU, taking turns step by step. A GPU-bound size (~14 ms of GPU
-# work per layer and microbatch, several times the host's launch time for it) so device intervals measure
-# GPU work, not launch pacing (a launch-bound stage's device time inherits host jitter: 17-30 % measured on
-# the lent VM by bench/gpu/jitter.py); forward-compute ~40 ms per step.
+# Detection runs: several replicas share one GPU, taking turns step by step. A GPU-bound size (GPU work per
+# layer and microbatch several times the host's launch time for it) so device intervals measure GPU work,
+# not launch pacing: a launch-bound stage's device time inherits host jitter (bench/gpu/jitter.py,
+# bench/results/gpu-h200/jitter.log).
 DETECTION = GPTSize("detection", hidden=4096, layers=2, heads=32, seq=1024, micro_batch=4, microbatches=4)
 SIZES = {s.name: s for s in (LAUNCH_BOUND, GPU_BOUND, DETECTION)}
 

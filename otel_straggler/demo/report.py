@@ -1,130 +1,235 @@
-"""The demo's report: one PNG (stage times per rank over steps, deviation heat map, verdict timeline)
-and one self-contained HTML page with the summary, the picture and the verdict table."""
+"""The demo's report: one PNG (stage times per rank over steps, deviation heat map, verdict timeline) and one
+self-contained HTML page with the outcome banner, the picture, and the verdicts with their reasons in plain
+words.
+
+The heat map compares what the detector compares: each rank's median over a window of steps against the
+fastest other rank's (the detector's reference peer; in a cohort of more than 10 peers the one at its
+``fastest_quantile``), so a cell is the deviation a verdict of that window reports.
+"""
 
 from __future__ import annotations
 
 import base64
 import html
+import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from otel_straggler import schema as s
+from otel_straggler.demo.options import DemoOptions, Detection, injecting
+from otel_straggler.demo.outcome import explain, is_false_alarm, stage_series
+from otel_straggler.demo.tap import StagePoint
 
-if TYPE_CHECKING:
-    from otel_straggler.demo.run import DemoOptions, Detection
-    from otel_straggler.demo.tap import StagePoint
-
-_VERDICT_COLOURS = {s.VERDICT_STRAGGLER: "#d62728", s.VERDICT_RECOVERED: "#2ca02c",
-                    s.VERDICT_UNCERTAIN: "#bbbbbb"}
+_VERDICT_STYLE = {s.VERDICT_STRAGGLER: ("#d62728", "s", 60), s.VERDICT_RECOVERED: ("#2ca02c", "^", 60),
+                  s.VERDICT_UNCERTAIN: ("#999999", ".", 30)}
+_FASTEST_QUANTILE = 0.1  # the detector's default fastest_quantile (docs/detector.md, rule 7)
 
 
-def _stage_series(points: list[StagePoint], stage: str) -> dict[int, dict[int, float]]:
-    """rank -> step -> ms (device time where present, else host)."""
-    series: dict[int, dict[int, float]] = defaultdict(dict)
-    for p in points:
-        if p.stage != stage:
-            continue
-        value = p.device_ms if p.device_ms is not None else p.host_ms
-        if value is not None:
-            series[p.rank][p.step] = float(value)
-    return series
+def reference_value(peers: list[float], quantile: float = _FASTEST_QUANTILE) -> float:
+    """The detector's reference among peer values: the fastest, or with more than 10 peers the one at the low
+    quantile (index floor(q * (peers - 1)))."""
+    ordered = sorted(peers)
+    return ordered[math.floor(quantile * (len(ordered) - 1))] if len(ordered) > 10 else ordered[0]
+
+
+def window_deviation_grid(series: dict[int, dict[int, float]], window_steps: int
+                          ) -> tuple[list[int], list[int], list[list[float]]]:
+    """(ranks, window indices, grid[rank][window]) of each rank's window median against the reference of the
+    other ranks' window medians (NaN where the rank or its peers have no sample)."""
+    medians: dict[int, dict[int, float]] = {}
+    for r, by_step in series.items():
+        per: dict[int, list[float]] = defaultdict(list)
+        for step, v in by_step.items():
+            per[step // window_steps].append(v)
+        medians[r] = {w: statistics.median(v) for w, v in per.items()}
+    ranks = sorted(medians)
+    windows = sorted({w for m in medians.values() for w in m})
+    grid = []
+    for r in ranks:
+        row = []
+        for w in windows:
+            mine = medians[r].get(w)
+            peers = [medians[q][w] for q in ranks if q != r and w in medians[q]]
+            ref = reference_value(peers) if peers else 0.0
+            row.append(mine / ref - 1.0 if mine is not None and ref > 0 else float("nan"))
+        grid.append(row)
+    return ranks, windows, grid
+
+
+def robust_limits(values: list[float]) -> tuple[float, float]:
+    """y-axis limits holding the bulk of the values: the 1st to 99th percentile, padded; spikes (warm-up,
+    a descheduled step) fall outside and are counted on the plot instead of flattening it."""
+    if not values:
+        return 0.0, 1.0
+    ordered = sorted(values)
+    lo = ordered[int(0.01 * (len(ordered) - 1))]
+    hi = ordered[int(0.99 * (len(ordered) - 1))]
+    pad = max(hi - lo, 0.05 * max(abs(hi), 1e-9))
+    return max(0.0, lo - 0.5 * pad), hi + 0.5 * pad
+
+
+def outcome_line(opts: DemoOptions, detections: list[Detection], problems: list[str], external: bool) -> str:
+    """One sentence: what the run found (the banner of the page and the picture)."""
+    if external:
+        return (f"Spans went to the external collector {opts.endpoint}: its evidence, metrics and events hold the "
+                "verdicts.")
+    hits = [d for d in detections if not is_false_alarm(d, opts)]
+    if problems:
+        return "FAILED: " + "; ".join(problems)
+    if hits:
+        d = hits[0]
+        return (f"Found: rank {d.rank} {d.stage} {(d.deviation or 0):+.1%} at step {d.step}, {d.steps_to_detect} "
+                f"steps after its slowdown began ({d.attribution}); no false alarms.")
+    return "No straggler injected, none detected."
 
 
 def write_report(out: Path, points: list[StagePoint], verdicts: list[dict[str, Any]], opts: DemoOptions,
-                 detections: list[Detection]) -> tuple[str, str]:
+                 detections: list[Detection], problems: list[str] | None = None, *, window_steps: int = 5,
+                 external: bool = False) -> tuple[str, str]:
+    """report.png and report.html in ``out``; returns their paths."""
+    import matplotlib.pyplot as plt
+
+    problems = problems or []
+    banner = outcome_line(opts, detections, problems, external)
+    fig = build_figure(points, verdicts, opts, detections, banner, failed=bool(problems), window_steps=window_steps)
+    png = out / "report.png"
+    fig.savefig(png, dpi=90)
+    plt.close(fig)
+    page_path = out / "report.html"
+    page_path.write_text(_page(opts, detections, verdicts, problems, banner, png, window_steps), encoding="utf-8")
+    return str(page_path), str(png)
+
+
+def build_figure(points: list[StagePoint], verdicts: list[dict[str, Any]], opts: DemoOptions,
+                 detections: list[Detection], banner: str, *, failed: bool, window_steps: int = 5) -> Any:
+    """The report's picture (a matplotlib Figure): the stage's time per rank and step, the detector's view
+    of it per window, and the verdict timeline."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    stage = detections[0].stage if detections else opts.inject_stage
-    series = _stage_series(points, stage)
+    stage = opts.inject_stage if injecting(opts) else (detections[0].stage if detections else opts.inject_stage)
+    series = stage_series(points, stage)
     ranks = sorted(series)
-    steps = sorted({st for r in ranks for st in series[r]})
-    fig, axes = plt.subplots(3, 1, figsize=(11, 11), gridspec_kw={"height_ratios": [3, 2, 2]})
+    slow = opts.inject_rank if injecting(opts) else None
+    fig, axes = plt.subplots(3, 1, figsize=(12, 12), gridspec_kw={"height_ratios": [3, 2, 2]},
+                             layout="constrained")
+    fig.suptitle(banner if len(banner) < 140 else banner[:137] + "...", fontsize=10,
+                 color="#d62728" if failed else "#2ca02c")
 
+    # 1. the stage's time per step, every rank; the y-axis holds the bulk, spikes are counted
     ax = axes[0]
+    warm = 2 * window_steps  # the detector's warm-up windows
+    bulk = [v for r in ranks for st, v in series[r].items() if st >= warm] or \
+        [v for r in ranks for v in series[r].values()]
+    lo, hi = robust_limits(bulk)
+    clipped = 0
     for r in ranks:
         xs = sorted(series[r])
-        slow = r == opts.inject_rank
-        ax.plot(xs, [series[r][x] for x in xs], lw=2.0 if slow else 0.8, alpha=1.0 if slow else 0.6,
-                color="#d62728" if slow else None, label=f"rank {r}" + (" (injected)" if slow else ""))
-    if opts.inject_rank is not None:
-        ax.axvline(opts.inject_from, color="k", ls="--", lw=0.8)
-        ax.text(opts.inject_from, ax.get_ylim()[1], " slowdown starts", va="top", fontsize=8)
+        ys = [series[r][x] for x in xs]
+        clipped += sum(1 for y in ys if y > hi or y < lo)
+        is_slow = r == slow
+        ax.plot(xs, ys, lw=2.0 if is_slow else 0.8, alpha=1.0 if is_slow else 0.7,
+                color="#d62728" if is_slow else None, label=f"rank {r}" + (" (slowed)" if is_slow else ""),
+                zorder=3 if is_slow else 2)
+    if slow is not None:
+        ax.axvline(opts.inject_from, color="k", ls="--", lw=0.8, label=f"slowdown from step {opts.inject_from}")
         if opts.inject_until:
-            ax.axvline(opts.inject_until, color="k", ls=":", lw=0.8)
-    ax.set_title(f"'{stage}' time per step, every rank (ms)")
+            ax.axvline(opts.inject_until, color="k", ls=":", lw=0.8, label=f"back at par at step {opts.inject_until}")
+    ax.set_ylim(lo, hi)
+    ax.set_xlim(0, opts.steps + 1)
+    ax.set_title(f"'{stage}' time per step, every rank (ms)"
+                 + (f"; {clipped} points outside the axis (warm-up, spikes)" if clipped else ""), fontsize=10)
     ax.set_xlabel("step")
     ax.set_ylabel("ms per step")
-    ax.legend(ncol=4, fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
 
+    # 2. what the detector compares: window medians against the fastest other rank
     ax = axes[1]
-    grid = []
-    for r in ranks:
-        row = []
-        for st in steps:
-            peers = [series[q][st] for q in ranks if q != r and st in series[q]]
-            mine = series[r].get(st)
-            row.append((mine / statistics.median(peers) - 1.0) * 100 if mine and peers else 0.0)
-        grid.append(row)
-    if grid and steps:
-        im = ax.imshow(grid, aspect="auto", cmap="RdBu_r", vmin=-20, vmax=20,
-                       extent=(steps[0], steps[-1], len(ranks) - 0.5, -0.5))
-        fig.colorbar(im, ax=ax, label="% vs peer median")
-    ax.set_yticks(range(len(ranks)), [str(r) for r in ranks])
-    ax.set_title(f"'{stage}' deviation from the median of the other ranks, per step")
+    g_ranks, windows, grid = window_deviation_grid(series, window_steps)
+    finite = [abs(v) for row in grid for v in row if not math.isnan(v)]
+    vmax = max(0.05, 1.5 * opts.inject_slowdown if slow is not None else 0.0,
+               sorted(finite)[int(0.98 * (len(finite) - 1))] if finite else 0.0)
+    vmax = min(vmax, 1.0)
+    if grid and windows:
+        im = ax.imshow(grid, aspect="auto", cmap="RdBu_r", vmin=-vmax, vmax=vmax, interpolation="nearest",
+                       extent=(windows[0] * window_steps, (windows[-1] + 1) * window_steps,
+                               len(g_ranks) - 0.5, -0.5))
+        fig.colorbar(im, ax=ax, label="vs fastest other rank", format=lambda x, _pos: f"{x:+.0%}")
+    ax.set_xlim(0, opts.steps + 1)
+    ax.set_yticks(range(len(g_ranks)), [str(r) for r in g_ranks])
+    ax.set_title(f"'{stage}': each rank's {window_steps}-step median against the fastest other rank's "
+                 "(the detector's reference), per window", fontsize=10)
     ax.set_xlabel("step")
     ax.set_ylabel("rank")
 
+    # 3. verdict timeline: one marker per (step, rank, verdict), whatever the stage
     ax = axes[2]
+    marks: dict[str, set[tuple[int, int]]] = defaultdict(set)
     for v in verdicts:
-        if v.get("step") is None:
-            continue
-        ax.scatter(int(v["step"]), int(v.get("rank", -1)), s=40, marker="s",
-                   color=_VERDICT_COLOURS.get(str(v.get("verdict")), "#888888"))
-    for name, colour in _VERDICT_COLOURS.items():
-        ax.scatter([], [], color=colour, marker="s", label=name)
-    ax.legend(fontsize=8, loc="upper left")
+        if v.get("step") is not None:
+            marks[str(v.get("verdict"))].add((int(v["step"]), int(v.get("rank", -1))))
+    for name, (colour, marker, size) in _VERDICT_STYLE.items():
+        pts = sorted(marks.get(name, ()))
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=size, marker=marker, color=colour,
+                   label=f"{name} ({len(pts)})", zorder=3 if name != s.VERDICT_UNCERTAIN else 2)
+    if slow is not None:
+        ax.axvline(opts.inject_from, color="k", ls="--", lw=0.8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     ax.set_ylim(-0.5, max(opts.ranks - 0.5, 0.5))
     ax.set_yticks(range(opts.ranks))
     ax.set_xlim(0, opts.steps + 1)
-    ax.set_title("verdict timeline (step at which each verdict fired, by rank)")
+    ax.set_title("verdicts by rank and the step where they fired (any stage; reasons in the table)", fontsize=10)
     ax.set_xlabel("step")
     ax.set_ylabel("rank")
-    fig.tight_layout()
-    png = out / "report.png"
-    fig.savefig(png, dpi=90)
-    plt.close(fig)
+    return fig
 
+
+def _page(opts: DemoOptions, detections: list[Detection], verdicts: list[dict[str, Any]], problems: list[str],
+          banner: str, png: Path, window_steps: int) -> str:
+    esc = html.escape
     rows = "".join(
-        f"<tr><td>{d.rank}</td><td>{html.escape(d.stage)}</td><td>{d.verdict}</td>"
-        f"<td>{(d.deviation or 0):+.1%}</td><td>{d.step}</td><td>{d.steps_to_detect}</td>"
-        f"<td>{html.escape(d.attribution)}</td><td>{(d.step_time_lost_ms or 0):.1f}</td>"
+        f"<tr><td>{d.rank}</td><td>{esc(d.stage)}</td><td>{'false alarm' if is_false_alarm(d, opts) else 'slowed'}"
+        f"</td><td>{(d.deviation or 0):+.1%}</td><td>{d.reference_rank if d.reference_rank is not None else ''}"
+        f"</td><td>{d.step}</td><td>{d.steps_to_detect if d.steps_to_detect is not None else ''}</td>"
+        f"<td>{esc(d.attribution)}</td><td>{(d.step_time_lost_ms or 0):.1f}</td>"
         f"<td>{(d.gpu_seconds_per_hour or 0):.0f}</td><td>{d.recovered_step or ''}</td></tr>"
         for d in detections)
+    shown = verdicts[:500]
     vrows = "".join(
-        f"<tr><td>{v.get('step')}</td><td>{v.get('rank')}</td><td>{html.escape(str(v.get('stage')))}</td>"
-        f"<td>{v.get('verdict')}</td><td>{html.escape(str(v.get('reason')))}</td>"
-        f"<td>{float(v.get('deviation') or 0):+.1%}</td><td>{html.escape(str(v.get('attribution')))}</td></tr>"
-        for v in verdicts[:500])
+        f"<tr><td>{v.get('step')}</td><td>{v.get('rank')}</td><td>{esc(str(v.get('stage')))}</td>"
+        f"<td>{v.get('verdict')}</td><td>{esc(str(v.get('reason')))}</td>"
+        f"<td>{float(v.get('deviation') or 0):+.1%}</td><td>{v.get('reference_rank', '')}</td>"
+        f"<td>{esc(str(v.get('attribution')))}</td><td>{esc(explain(str(v.get('reason'))))}</td></tr>"
+        for v in shown)
+    more = f"<p>First {len(shown)} of {len(verdicts)} verdicts.</p>" if len(verdicts) > len(shown) else ""
+    reasons = sorted({str(v.get("reason")) for v in verdicts})
+    legend = "".join(f"<li><code>{esc(r)}</code>: {esc(explain(r))}</li>" for r in reasons)
+    colour = "#fde2e2" if problems else "#e3f5e1"
+    why = "".join(f"<li>{esc(p)}</li>" for p in problems)
+    injected = (f"rank {opts.inject_rank}, stage <code>{esc(opts.inject_stage)}</code>, "
+                + (f"+{opts.inject_ms:g} ms per interval" if opts.inject_ms is not None
+                   else f"+{opts.inject_slowdown:.0%}")
+                + f" ({opts.inject_kind}) from step {opts.inject_from}"
+                + (f" until step {opts.inject_until}" if opts.inject_until else "")) if injecting(opts) else "none"
     img = base64.b64encode(png.read_bytes()).decode()
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>otel-straggler demo</title>
-<style>body{{font-family:sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:3px 8px;font-size:13px}}th{{background:#f4f4f4}}</style></head><body>
-<h1>otel-straggler demo: {opts.ranks} ranks, {opts.steps} steps</h1>
-<p>Injected: rank {opts.inject_rank}, stage <code>{html.escape(opts.inject_stage)}</code>,
-+{opts.inject_slowdown:.0%} ({opts.inject_kind}) from step {opts.inject_from}.</p>
-<h2>Detections</h2><table><tr><th>rank</th><th>stage</th><th>verdict</th><th>deviation</th><th>step</th>
-<th>steps to detect</th><th>attribution</th><th>ms lost/step</th><th>GPU-s/h</th><th>recovered at</th></tr>
-{rows}</table>
-<p>False alarms (straggler verdicts on ranks that were not slowed): {sum(d.rank != opts.inject_rank
-                                                                       for d in detections)}</p>
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>otel-straggler demo</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:1150px}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:3px 8px;font-size:13px}}th{{background:#f4f4f4}}
+.banner{{background:{colour};padding:0.8em 1em;border-radius:4px;font-size:15px}}</style></head><body>
+<h1>otel-straggler demo: {opts.ranks} ranks, {opts.steps} steps ({esc(opts.model)})</h1>
+<div class="banner"><b>{esc(banner)}</b>{f"<ul>{why}</ul>" if why else ""}</div>
+<p>Injected: {injected}.</p>
+<h2>Detections</h2><table><tr><th>rank</th><th>stage</th><th>rank was</th><th>deviation</th><th>vs rank</th>
+<th>step</th><th>steps to detect</th><th>attribution</th><th>ms lost/step</th><th>GPU-s/h</th><th>recovered at</th>
+</tr>{rows}</table>
+<p>Deviation is the rank's statistic against its reference peer, the fastest comparable rank, as in the heat map
+(window medians of {window_steps} steps); a verdict convicted by summed per-step evidence
+(<code>persistent_excess</code>) compares against the peers' per-step median instead and names no rank.</p>
 <img src="data:image/png;base64,{img}" style="max-width:100%">
-<h2>All verdicts</h2><table><tr><th>step</th><th>rank</th><th>stage</th><th>verdict</th><th>reason</th>
-<th>deviation</th><th>attribution</th></tr>{vrows}</table></body></html>"""
-    page_path = out / "report.html"
-    page_path.write_text(page, encoding="utf-8")
-    return str(page_path), str(png)
+<h2>What the reasons mean</h2><ul>{legend}</ul>
+<h2>All verdicts</h2>{more}<table><tr><th>step</th><th>rank</th><th>stage</th><th>verdict</th><th>reason</th>
+<th>deviation</th><th>vs rank</th><th>attribution</th><th>meaning</th></tr>{vrows}</table></body></html>"""

@@ -2,12 +2,14 @@
 
 Everything runs on this machine over loopback: a straggler collector child process (unless
 ``--endpoint`` names an external one), a trace tap standing in for Jaeger/Tempo, and the rank processes.
-It prints progress and verdicts as they arrive, then a summary, and writes the evidence plus an HTML/PNG
-report into ``--out``.
+It prints progress and verdicts as they arrive, then a summary, and writes the evidence, the collector's
+metrics, every rank's stage times and an HTML/PNG report into ``--out``. The run fails (``ok`` false,
+``problems`` saying why) when a rank fails, when the injected rank is not convicted, or on a false alarm.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -18,78 +20,17 @@ import tempfile
 import threading
 import time
 import urllib.request
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from otel_straggler import schema as s
-from otel_straggler.demo.tap import TraceTap
+from otel_straggler.demo.options import DemoOptions, DemoResult, inject_delay_ms, injecting
+from otel_straggler.demo.outcome import problems, summarise
+from otel_straggler.demo.tap import StagePoint, TraceTap
 
-
-@dataclass
-class DemoOptions:
-    ranks: int = 8
-    steps: int = 200
-    microbatches: int = 4
-    forward_ms: float = 12.0
-    backward_ms: float = 20.0
-    optimizer_ms: float = 6.0
-    inject_rank: int | None = 3
-    inject_stage: str = "forward-compute"
-    inject_slowdown: float = 0.10
-    inject_kind: str = "host"  # host | device
-    inject_from: int = 50
-    inject_until: int | None = None  # step where the slowdown stops (None: never)
-    endpoint: str | None = None  # external collector (OTLP gRPC); None = start one here
-    protocol: str = "grpc"  # grpc | http/protobuf
-    out: str = "otel-straggler-demo"
-    json: bool = False
-    quiet: bool = False
-    model: str = "toy"  # toy | megatron:launch-bound | megatron:gpu-bound
-    inject_ms: float | None = None  # absolute delay per interval (overrides slowdown x nominal time)
-    gpu_turns: bool = False  # megatron mode: ranks sharing one GPU take turns (clean device intervals)
-    job_id: str = field(default_factory=lambda: f"demo-{int(time.time())}")
-
-
-@dataclass
-class Detection:
-    rank: int
-    stage: str
-    verdict: str
-    deviation: float | None
-    steps_to_detect: int | None
-    attribution: str
-    step: int | None
-    recovered_step: int | None = None
-    step_time_lost_ms: float | None = None
-    gpu_seconds_per_hour: float | None = None
-    host: str = ""
-    gpu: str = ""
-
-
-@dataclass
-class DemoResult:
-    detected: list[Detection]
-    false_alarms: int
-    verdicts: int
-    injected: dict
-    report_html: str | None
-    report_png: str | None
-    evidence: str | None
-    spans_seen: int
-    elapsed_s: float
-    ok: bool
-
-    def to_json(self) -> str:
-        d = asdict(self)
-        d["detected"] = [
-            {k: v for k, v in asdict(x).items() if k in (
-                "rank", "stage", "verdict", "deviation", "steps_to_detect", "attribution", "recovered_step",
-                "step_time_lost_ms", "gpu_seconds_per_hour")}
-            for x in self.detected
-        ]
-        return json.dumps(d, sort_keys=True)
+__all__ = ["DemoOptions", "DemoResult", "collector_config", "detector_settings", "free_port", "run_demo"]
 
 
 def free_port() -> int:
@@ -110,8 +51,21 @@ class _Console:
                 print(text, file=sys.stderr, flush=True)
 
 
+def straggler_overrides(ranks: int) -> dict[str, Any]:
+    """The demo's only departure from the shipped straggler settings: with 2 ranks each one is compared with
+    its single peer (``min_cohort_size`` 2 instead of 3)."""
+    return {"min_cohort_size": 2} if ranks == 2 else {}
+
+
+def detector_settings(ranks: int = 8) -> Any:
+    """The straggler processor's settings in the collector the demo starts (defaults + overrides)."""
+    from collector_processor.processor.straggler.config import Config
+
+    return Config(**straggler_overrides(ranks))
+
+
 def collector_config(*, grpc_port: int, http_port: int, metrics_port: int, tap_port: int,
-                     evidence: Path) -> dict:
+                     evidence: Path, ranks: int = 8) -> dict:
     """The embedded collector's configuration (the shipped configs/collector.yaml, on free ports)."""
     return {
         "receivers": {"otlp": {"protocols": {
@@ -119,7 +73,7 @@ def collector_config(*, grpc_port: int, http_port: int, metrics_port: int, tap_p
             "http": {"endpoint": f"127.0.0.1:{http_port}"},
         }}},
         "processors": {"memory_limiter": {"limit_mib": 1024, "spike_limit_mib": 256},
-                       "straggler": {}},
+                       "straggler": straggler_overrides(ranks)},
         "exporters": {
             "otlp_grpc/tap": {"endpoint": f"127.0.0.1:{tap_port}", "tls": {"insecure": True}},
             "prometheus": {"endpoint": f"127.0.0.1:{metrics_port}"},
@@ -132,6 +86,11 @@ def collector_config(*, grpc_port: int, http_port: int, metrics_port: int, tap_p
             "metrics": {"receivers": ["otlp"], "exporters": ["prometheus"]},
         }},
     }
+
+
+def _yield_cpu() -> None:
+    """In a child before exec: lower its priority (niceness +10) so that it yields to the rank processes."""
+    os.nice(10)
 
 
 def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> bool:
@@ -149,6 +108,14 @@ def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None)
     return False
 
 
+def _scrape(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=10.0) as resp:
+            return resp.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+
+
 def _read_verdicts(path: Path) -> list[dict]:
     out: list[dict] = []
     if not path.exists():
@@ -164,30 +131,14 @@ def _read_verdicts(path: Path) -> list[dict]:
     return out
 
 
-def summarise(verdicts: list[dict], opts: DemoOptions) -> tuple[list[Detection], int]:
-    """First straggler verdict per (rank, stage); false alarms are straggler verdicts on other ranks."""
-    first: dict[tuple[int, str], Detection] = {}
-    recovered: dict[tuple[int, str], int] = {}
-    for v in verdicts:
-        key = (int(v.get("rank", -1)), str(v.get("stage", "")))
-        if v.get("verdict") == s.VERDICT_STRAGGLER and key not in first:
-            step = v.get("step")
-            steps_to_detect = None
-            if opts.inject_rank is not None and key[0] == opts.inject_rank and step is not None:
-                steps_to_detect = int(step) - opts.inject_from
-            first[key] = Detection(
-                rank=key[0], stage=key[1], verdict=s.VERDICT_STRAGGLER, deviation=v.get("deviation"),
-                steps_to_detect=steps_to_detect, attribution=str(v.get("attribution", "")),
-                step=step, step_time_lost_ms=v.get("step_time_lost_ms"),
-                gpu_seconds_per_hour=v.get("gpu_seconds_per_hour"), host=str(v.get("host", "")),
-                gpu=str(v.get("gpu", "")))
-        elif v.get("verdict") == s.VERDICT_RECOVERED and key in first and key not in recovered:
-            recovered[key] = int(v.get("step") or 0)
-    for key, det in first.items():
-        det.recovered_step = recovered.get(key)
-    detections = sorted(first.values(), key=lambda d: (d.rank != opts.inject_rank, d.step or 0))
-    false_alarms = sum(1 for d in detections if d.rank != opts.inject_rank)
-    return detections, false_alarms
+def write_stage_times(path: Path, points: list[StagePoint]) -> None:
+    """Every stage time the collector passed on: one row per rank, step and stage."""
+    with path.open("w", encoding="utf-8", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["rank", "step", "stage", "group", "host_ms", "device_ms"])
+        for p in sorted(points, key=lambda p: (p.rank, p.step, p.stage)):
+            w.writerow([p.rank, p.step, p.stage, p.group, "" if p.host_ms is None else f"{p.host_ms:.4f}",
+                        "" if p.device_ms is None else f"{p.device_ms:.4f}"])
 
 
 def _rank_env(opts: DemoOptions, rank: int, endpoint: str) -> dict[str, str]:
@@ -203,30 +154,91 @@ def _rank_env(opts: DemoOptions, rank: int, endpoint: str) -> dict[str, str]:
         "OTEL_METRIC_EXPORT_INTERVAL": env.get("OTEL_METRIC_EXPORT_INTERVAL", "2000"),
         "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
     })
-    if opts.inject_rank is not None and opts.inject_slowdown > 0:
-        per_interval = {"forward-compute": opts.forward_ms, "backward-compute": opts.backward_ms,
-                        "optimizer-inner-step": opts.optimizer_ms}.get(opts.inject_stage, opts.forward_ms)
-        delay_ms = opts.inject_ms if opts.inject_ms is not None else per_interval * opts.inject_slowdown
+    if injecting(opts):
         env.update({
             "OTEL_STRAGGLER_INJECT_RANK": str(opts.inject_rank),
             "OTEL_STRAGGLER_INJECT_STAGE": opts.inject_stage,
             "OTEL_STRAGGLER_INJECT_FROM_STEP": str(opts.inject_from),
             ("OTEL_STRAGGLER_INJECT_DEVICE_MS" if opts.inject_kind == "device"
-             else "OTEL_STRAGGLER_INJECT_HOST_MS"): f"{delay_ms:.3f}",
+             else "OTEL_STRAGGLER_INJECT_HOST_MS"): f"{inject_delay_ms(opts):.3f}",
         })
-        if opts.inject_until is not None:
-            env["OTEL_STRAGGLER_INJECT_UNTIL_STEP"] = str(opts.inject_until)
+        if opts.inject_until is not None:  # the knob's last slowed step is inclusive
+            env["OTEL_STRAGGLER_INJECT_UNTIL_STEP"] = str(opts.inject_until - 1)
     return env
+
+
+class _Ranks:
+    """The rank processes, rank 0's progress lines, and the run's end: all ranks exited, one failed (the others
+    are stopped at once: they would wait for it in the next collective), or no progress for a long time."""
+
+    def __init__(self, opts: DemoOptions, out: Path, endpoint: str, con: _Console, t0: float) -> None:
+        self.opts, self.con, self.t0 = opts, con, t0
+        self.last_progress = time.monotonic()
+        self.progress = 0
+        master_port = free_port()
+        self.procs: list[subprocess.Popen] = []
+        self.logs = []
+        for rank in range(opts.ranks):
+            log = (out / f"rank{rank}.log").open("w", encoding="utf-8")
+            self.logs.append(log)
+            cmd = [sys.executable, "-m", "otel_straggler.demo.trainer", "--steps", str(opts.steps),
+                   "--microbatches", str(opts.microbatches), "--forward-ms", str(opts.forward_ms),
+                   "--backward-ms", str(opts.backward_ms), "--optimizer-ms", str(opts.optimizer_ms),
+                   "--master-port", str(master_port), "--model", opts.model]
+            cmd += ["--gpu-turns"] if opts.gpu_turns else []
+            self.procs.append(subprocess.Popen(cmd, env=_rank_env(opts, rank, endpoint),
+                                               stdout=subprocess.PIPE if rank == 0 else log, stderr=log, text=True))
+        self.watcher = threading.Thread(target=self._watch_progress, daemon=True)
+        self.watcher.start()
+
+    def _watch_progress(self) -> None:
+        assert self.procs[0].stdout is not None
+        for line in self.procs[0].stdout:
+            self.logs[0].write(line)
+            try:
+                msg = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if "progress" in msg:
+                self.last_progress = time.monotonic()
+                done, total = msg["progress"], msg["steps"]
+                self.progress = done
+                bar = "#" * int(30 * done / total)
+                self.con.say(f"  step {done:>5}/{total} [{bar:<30}] {time.monotonic() - self.t0:6.1f}s")
+
+    def running(self) -> bool:
+        return any(p.poll() is None for p in self.procs)
+
+    def failed(self) -> list[int]:
+        return [i for i, p in enumerate(self.procs) if p.poll() not in (None, 0)]
+
+    def stalled(self) -> bool:
+        return time.monotonic() - self.last_progress > self.opts.stall_timeout_s
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        self.watcher.join(timeout=5.0)
+        for log in self.logs:
+            log.close()
 
 
 def run_demo(opts: DemoOptions) -> DemoResult:
     t0 = time.monotonic()
     con = _Console(opts.quiet)
+    det = detector_settings(opts.ranks)
     out = Path(opts.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     evidence = out / "verdicts.jsonl"
-    if evidence.exists():
-        evidence.unlink()
+    for stale in (evidence, out / "metrics.prom", out / "stage-times.csv"):
+        if stale.exists():
+            stale.unlink()
     tap = TraceTap()
     tap_port = free_port()
     tap.start(tap_port)
@@ -238,12 +250,14 @@ def run_demo(opts: DemoOptions) -> DemoResult:
         cfg_path = out / "collector.yaml"
         cfg_path.write_text(yaml.safe_dump(collector_config(
             grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port, tap_port=tap_port,
-            evidence=evidence)), encoding="utf-8")
+            evidence=evidence, ranks=opts.ranks)), encoding="utf-8")
         log_fh = collector_log.open("w", encoding="utf-8")
+        # niced: beside a real job the collector has its own host; here it must not take the ranks' cores
         collector = subprocess.Popen([sys.executable, "-m", "collector_processor", "--config", str(cfg_path)],
-                                     stdout=log_fh, stderr=subprocess.STDOUT, start_new_session=True)
+                                     stdout=log_fh, stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=_yield_cpu)
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-        if not _wait_http(f"http://127.0.0.1:{metrics_port}/healthz", 60.0, collector):
+        if not _wait_http(f"http://127.0.0.1:{metrics_port}/healthz", 300.0, collector):
             collector.kill()
             tap.stop()
             raise RuntimeError(f"the collector did not start; see {collector_log}")
@@ -251,49 +265,29 @@ def run_demo(opts: DemoOptions) -> DemoResult:
                     else f"http://127.0.0.1:{http_port}")
         con.say(f"collector up: OTLP gRPC 127.0.0.1:{grpc_port}, HTTP 127.0.0.1:{http_port}, "
                 f"metrics {metrics_url}")
+        if straggler_overrides(opts.ranks):
+            con.say("2 ranks: each rank is compared with its one peer (min_cohort_size 2; 3 by default)")
     else:
         endpoint = opts.endpoint
         con.say(f"exporting to external collector {endpoint}")
 
-    inj = (f"rank {opts.inject_rank} {opts.inject_stage} +{opts.inject_slowdown:.0%} ({opts.inject_kind}) "
-           f"from step {opts.inject_from}" + (f" to {opts.inject_until}" if opts.inject_until else "")
-           if opts.inject_rank is not None else "none")
-    con.say(f"starting {opts.ranks} ranks x {opts.steps} steps; injected slowdown: {inj}")
-    master_port = free_port()
-    procs: list[subprocess.Popen] = []
-    logs = []
-    for rank in range(opts.ranks):
-        log = (out / f"rank{rank}.log").open("w", encoding="utf-8")
-        logs.append(log)
-        cmd = [sys.executable, "-m", "otel_straggler.demo.trainer", "--steps", str(opts.steps),
-               "--microbatches", str(opts.microbatches), "--forward-ms", str(opts.forward_ms),
-               "--backward-ms", str(opts.backward_ms), "--optimizer-ms", str(opts.optimizer_ms),
-               "--master-port", str(master_port), "--model", opts.model] + (["--gpu-turns"] if opts.gpu_turns else [])
-        procs.append(subprocess.Popen(cmd, env=_rank_env(opts, rank, endpoint),
-                                      stdout=subprocess.PIPE if rank == 0 else log,
-                                      stderr=log, text=True))
-
+    inj = (f"rank {opts.inject_rank} {opts.inject_stage} "
+           + (f"+{opts.inject_ms:g} ms per interval" if opts.inject_ms is not None
+              else f"+{opts.inject_slowdown:.0%}")
+           + f" ({opts.inject_kind}) from step {opts.inject_from}"
+           + (f" until step {opts.inject_until}" if opts.inject_until else "")
+           if injecting(opts) else "none")
+    con.say(f"starting {opts.ranks} ranks x {opts.steps} steps ({opts.model}); injected slowdown: {inj}")
+    ranks = _Ranks(opts, out, endpoint, con, t0)
     seen_verdicts = 0
-
-    def _watch_progress() -> None:
-        assert procs[0].stdout is not None
-        for line in procs[0].stdout:
-            logs[0].write(line)
-            try:
-                msg = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if "progress" in msg:
-                done, total = msg["progress"], msg["steps"]
-                bar = "#" * int(30 * done / total)
-                con.say(f"  step {done:>5}/{total} [{bar:<30}] {time.monotonic() - t0:6.1f}s")
-
-    watcher = threading.Thread(target=_watch_progress, daemon=True)
-    watcher.start()
-    step_budget_s = (opts.microbatches * (opts.forward_ms + opts.backward_ms) + opts.optimizer_ms) / 1000
-    deadline = time.monotonic() + 120 + opts.steps * step_budget_s * 4
-    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+    stalled = False
+    while ranks.running():
         time.sleep(0.5)
+        if ranks.failed():
+            break  # the others would wait for the failed rank in the next collective
+        if ranks.stalled():
+            stalled = True
+            break
         current = _read_verdicts(evidence)
         for v in current[seen_verdicts:]:
             if v.get("verdict") in (s.VERDICT_STRAGGLER, s.VERDICT_RECOVERED):
@@ -301,41 +295,55 @@ def run_demo(opts: DemoOptions) -> DemoResult:
                         f"deviation {float(v.get('deviation') or 0):+.1%} at step {v.get('step')} "
                         f"({v.get('attribution')})")
         seen_verdicts = len(current)
-    failed = [i for i, p in enumerate(procs) if p.poll() not in (0,)]
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-    watcher.join(timeout=2.0)
-    for log in logs:
-        log.close()
+    failed = ranks.failed()
+    ranks.stop()
+    metrics_text = None
     if collector is not None:
         time.sleep(1.5)  # last batches from the ranks' exporters
+        metrics_text = _scrape(metrics_url) if metrics_url else None
         collector.send_signal(signal.SIGTERM)
         try:
-            collector.wait(timeout=30)
+            collector.wait(timeout=60)
         except subprocess.TimeoutExpired:
             collector.kill()
     tap.stop()
 
+    points = tap.snapshot()
     verdicts = _read_verdicts(evidence)
     detections, false_alarms = summarise(verdicts, opts)
+    issues: list[str] = []
+    if failed:
+        issues.append(f"rank(s) {failed} exited with an error; see {out}/rank<N>.log")
+    if stalled:
+        issues.append(f"no progress from rank 0 for {opts.stall_timeout_s:.0f} s (at step {ranks.progress}); "
+                      "the ranks were stopped")
+    if opts.endpoint is None and not failed and not stalled:
+        issues += problems(verdicts, detections, opts, points, window_steps=det.window_steps,
+                           absolute_floor_ms=det.absolute_floor_ms, tolerance=det.tolerance)
+    stage_times = out / "stage-times.csv"
+    write_stage_times(stage_times, points)
+    metrics_path = None
+    if metrics_text is not None:
+        metrics_path = out / "metrics.prom"
+        metrics_path.write_text(metrics_text, encoding="utf-8")
     html = png = None
     try:
         from otel_straggler.demo.report import write_report
 
-        html, png = write_report(out, tap.snapshot(), verdicts, opts, detections)
+        html, png = write_report(out, points, verdicts, opts, detections, issues, window_steps=det.window_steps,
+                                 external=opts.endpoint is not None)
     except Exception as exc:
         con.say(f"report not written: {exc!r}")
-    ok = not failed
-    if failed:
-        con.say(f"ranks {failed} failed; see {out}/rank<N>.log")
     result = DemoResult(detected=detections, false_alarms=false_alarms, verdicts=len(verdicts),
-                        injected={"rank": opts.inject_rank, "stage": opts.inject_stage,
-                                  "slowdown": opts.inject_slowdown, "kind": opts.inject_kind,
+                        injected={"rank": opts.inject_rank if injecting(opts) else None,
+                                  "stage": opts.inject_stage, "slowdown": opts.inject_slowdown,
+                                  "inject_ms": opts.inject_ms, "kind": opts.inject_kind,
                                   "from_step": opts.inject_from, "until_step": opts.inject_until},
                         report_html=html, report_png=png,
                         evidence=str(evidence) if evidence.exists() else None,
-                        spans_seen=tap.spans, elapsed_s=round(time.monotonic() - t0, 1), ok=ok)
+                        spans_seen=tap.spans, elapsed_s=round(time.monotonic() - t0, 1), ok=not issues,
+                        problems=issues, metrics=str(metrics_path) if metrics_path else None,
+                        stage_times=str(stage_times))
     _print_summary(result, opts, con)
     if opts.json:
         print(result.to_json(), flush=True)
@@ -352,19 +360,25 @@ def _print_summary(result: DemoResult, opts: DemoOptions, con: _Console) -> None
     elif not result.detected:
         con.say("no straggler detected")
     for d in result.detected:
-        who = "INJECTED" if d.rank == opts.inject_rank else "FALSE ALARM"
+        hit = d.steps_to_detect is not None
+        who = "INJECTED" if hit else "FALSE ALARM"
         cost = ""
         if d.step_time_lost_ms is not None:
             cost = f", costs ~{d.step_time_lost_ms:.1f} ms/step, {d.gpu_seconds_per_hour or 0:.0f} GPU-s/h"
         rec = f", recovered at step {d.recovered_step}" if d.recovered_step else ""
-        std = f" after {d.steps_to_detect} steps" if d.steps_to_detect is not None else ""
+        std = f" after {d.steps_to_detect} steps" if hit else ""
         con.say(f"[{who}] rank {d.rank} ({d.host} {d.gpu}) stage {d.stage}: {d.verdict} "
                 f"{(d.deviation or 0):+.1%} at step {d.step}{std}, {d.attribution}{cost}{rec}")
-    con.say(f"false alarms: {result.false_alarms}")
+    if opts.endpoint is None:
+        con.say(f"false alarms: {result.false_alarms}")
     if result.report_html:
         con.say(f"report: {result.report_html}")
     if result.evidence:
         con.say(f"evidence: {result.evidence}")
+    if result.problems:  # printed in --quiet mode too: it is why the exit status is not 0
+        print("\nFAILED:\n" + "\n".join(f"  - {line}" for line in result.problems), file=sys.stderr, flush=True)
+    elif opts.endpoint is None and injecting(opts):
+        con.say("OK: the injected rank was found, and nobody else")
 
 
 def default_out_dir() -> str:

@@ -22,16 +22,19 @@ import time
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
+    from otel_straggler.demo.options import MODELS, DemoOptions
+
+    d = DemoOptions()
     p = argparse.ArgumentParser(prog="otel_straggler.demo.trainer")
     p.add_argument("--steps", type=int, required=True)
-    p.add_argument("--microbatches", type=int, default=4)
-    p.add_argument("--forward-ms", type=float, default=12.0)
-    p.add_argument("--backward-ms", type=float, default=20.0)
-    p.add_argument("--optimizer-ms", type=float, default=6.0)
+    p.add_argument("--microbatches", type=int, default=d.microbatches)
+    p.add_argument("--forward-ms", type=float, default=d.forward_ms)
+    p.add_argument("--backward-ms", type=float, default=d.backward_ms)
+    p.add_argument("--optimizer-ms", type=float, default=d.optimizer_ms)
     p.add_argument("--tokens-per-microbatch", type=int, default=2048)
     p.add_argument("--master-port", type=int, required=True)
     p.add_argument("--progress-every", type=int, default=5)
-    p.add_argument("--model", default="toy",
+    p.add_argument("--model", default=d.model, choices=MODELS,
                    help="toy (CPU, gloo) or megatron:<size> (a real megatron-core GPT on CUDA, independent "
                         "replicas: every rank its own one-process NCCL world, same cohort)")
     p.add_argument("--gpu-turns", action="store_true",
@@ -43,6 +46,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def _wait(ms: float, rng: random.Random) -> None:
     """Stand-in for accelerator time: a fixed duration with 1 % Gaussian jitter."""
     time.sleep(max(0.0, ms * (1.0 + rng.gauss(0.0, 0.01))) / 1000.0)
+
+
+def _leave_collective(rng: random.Random) -> None:
+    """Untimed host work of 0-2 ms after the all-reduce, in a random order across ranks, as ranks on separate
+    hosts leave a collective. Eight ranks on two cores otherwise wake together from every all-reduce and queue
+    for the CPU in much the same order each step, so the same rank starts its next stage late step after step:
+    a host stall of the demo's own making."""
+    time.sleep(rng.uniform(0.0, 0.002))
 
 
 def _megatron_main(args: argparse.Namespace) -> int:
@@ -167,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                 p.grad.div_(world)
         timers("all-grads-sync").stop()
         timers("forward-backward").stop()
+        _leave_collective(rng)
         timers("optimizer", log_level=1).start()
         timers("optimizer-inner-step", log_level=1).start()
         opt.step()

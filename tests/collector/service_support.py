@@ -165,7 +165,7 @@ def scrape(url: str, headers: dict[str, str] | None = None) -> dict[str, float]:
     return out
 
 
-def wait_for(pred: Callable[[], object], timeout: float = 5.0, interval: float = 0.02) -> bool:
+def wait_for(pred: Callable[[], object], timeout: float = 60.0, interval: float = 0.02) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if pred():

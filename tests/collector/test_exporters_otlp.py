@@ -101,6 +101,6 @@ service:
     exp.shutdown()
     assert wait_for(lambda: len(http_sink.posts) >= 2, timeout=3)
     http_sink.status = 200
-    assert wait_for(lambda: run.svc.exporters["otlp_http/b"].sent == 1, timeout=5)
+    assert wait_for(lambda: run.svc.exporters["otlp_http/b"].sent == 1, timeout=60)
     assert run.sample("otel_straggler_collector_export_failures_total", exporter="otlp_http/b") == 0
     assert "Content-Encoding" not in http_sink.posts[0][1]

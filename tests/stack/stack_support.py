@@ -280,27 +280,31 @@ class Collector:
         return body.decode()
 
 
-def collector_config(grpc_port: int, http_port: int, metrics_port: int, evidence: Path) -> dict[str, Any]:
-    """configs/collector-compose.yaml on loopback ports, evidence in ``evidence``, and short windows so a
-    straggler is judged within a few steps (window of 2 steps, no warm-up, one window of persistence)."""
+QUICK_STRAGGLER = {"window_steps": 2, "warmup_windows": 0, "persistence_windows": 1, "grace_s": 0.5,
+                   "tolerance": 0.05, "absolute_floor_ms": 1.0, "min_cohort_size": 3}
+
+
+def collector_config(grpc_port: int, http_port: int, metrics_port: int, evidence: Path,
+                     straggler: dict[str, Any] | None = None) -> dict[str, Any]:
+    """configs/collector-compose.yaml on loopback ports, evidence in ``evidence``, and by default short windows
+    so a straggler is judged within a few steps (window of 2 steps, no warm-up, one window of persistence);
+    ``straggler`` replaces those processor settings (``{}``: the shipped defaults)."""
     cfg = load_yaml(CONFIGS / "collector-compose.yaml")
     cfg["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"] = f"127.0.0.1:{grpc_port}"
     cfg["receivers"]["otlp"]["protocols"]["http"]["endpoint"] = f"127.0.0.1:{http_port}"
-    cfg["processors"]["straggler"] = {"window_steps": 2, "warmup_windows": 0, "persistence_windows": 1,
-                                      "grace_s": 0.5, "tolerance": 0.05, "absolute_floor_ms": 1.0,
-                                      "min_cohort_size": 3}
+    cfg["processors"]["straggler"] = dict(QUICK_STRAGGLER if straggler is None else straggler)
     cfg["exporters"]["prometheus"]["endpoint"] = f"127.0.0.1:{metrics_port}"
     cfg["exporters"]["file/evidence"]["path"] = str(evidence)
     return cfg
 
 
 @contextlib.contextmanager
-def run_collector(tmp: Path) -> Iterator[Collector]:
+def run_collector(tmp: Path, straggler: dict[str, Any] | None = None) -> Iterator[Collector]:
     argv = require_collector()
     grpc_port, http_port, metrics_port = free_ports(3)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}  # ${env:...} defaults apply
     cfg_path = tmp / "collector.yaml"
-    cfg = collector_config(grpc_port, http_port, metrics_port, tmp / "evidence" / "verdicts.jsonl")
+    cfg = collector_config(grpc_port, http_port, metrics_port, tmp / "evidence" / "verdicts.jsonl", straggler)
     cfg_path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
     log = tmp / "collector.log"
     with process([*argv, "--config", str(cfg_path)], log, env=env) as proc:
@@ -311,7 +315,7 @@ def run_collector(tmp: Path) -> Iterator[Collector]:
                 raise AssertionError(f"collector exited with {proc.returncode}:\n{tail(log)}")
             return http_get(col.metrics_url)[0] == 200
 
-        wait_until(ready, 20, what=f"collector /metrics on {col.metrics_url}")
+        wait_until(ready, 120, what=f"collector /metrics on {col.metrics_url}")
         yield col
 
 

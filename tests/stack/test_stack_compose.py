@@ -13,6 +13,7 @@ import yaml
 from stack_support import CONFIGS, REPO, load_yaml
 
 COMPOSE = REPO / "docker-compose.yml"
+GRAFANA_ALERTING = REPO / "docker-compose.grafana-alerting.yml"
 SCHEMA = Path(__file__).parent / "data" / "compose-spec.json"
 
 
@@ -115,13 +116,38 @@ def test_configs_mounted_where_each_service_reads_them(compose: dict) -> None:
     dash_provider = load_yaml(CONFIGS / "grafana/provisioning/dashboards/dashboards.yaml")
     dash_path = dash_provider["providers"][0]["options"]["path"]
     assert mounts[("grafana", dash_path)] == "./configs/grafana/dashboards"
-    for sub in ("datasources", "dashboards", "alerting"):
+    for sub in ("datasources", "dashboards"):
         assert mounts[("grafana", f"/etc/grafana/provisioning/{sub}")] == f"./configs/grafana/provisioning/{sub}"
     env = services["grafana"]["environment"]
     assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "true" and env["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
     assert "ALERT_WEBHOOK_URL" in env
     home = env["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
     assert home.startswith(dash_path + "/") and (CONFIGS / "grafana/dashboards" / Path(home).name).exists()
+
+
+def test_one_alert_path_by_default_and_the_override_switches_it(compose: dict) -> None:
+    """By default Prometheus evaluates the rules and Alertmanager notifies; Grafana has no alert rules. The
+    override file gives Grafana its rules and contact point and Alertmanager a receiver that delivers nowhere:
+    each alert is notified once either way."""
+    mounts = {(n, t): s for n, s, t in _bind_mounts(compose)}
+    assert ("grafana", "/etc/grafana/provisioning/alerting") not in mounts
+    assert mounts[("alertmanager", "/etc/alertmanager/alertmanager.yml")] == "./configs/alertmanager/alertmanager.yml"
+    hooks = load_yaml(CONFIGS / "alertmanager/alertmanager.yml")["receivers"][0]["webhook_configs"]
+    assert hooks and load_yaml(CONFIGS / "prometheus/prometheus.yml")["alerting"]["alertmanagers"]
+
+    override = load_yaml(GRAFANA_ALERTING)
+    assert set(override["services"]) == {"grafana", "alertmanager"}
+    over = {(n, t): s for n, s, t in _bind_mounts(override)}
+    assert over[("grafana", "/etc/grafana/provisioning/alerting")] == "./configs/grafana/provisioning/alerting"
+    silent = over[("alertmanager", "/etc/alertmanager/alertmanager.yml")]
+    cfg = load_yaml(REPO / silent)
+    (receiver,) = cfg["receivers"]
+    assert cfg["route"]["receiver"] == receiver["name"] and set(receiver) == {"name"}, "delivers nowhere"
+    for _name, source, _target in _bind_mounts(override):
+        assert (REPO / source).exists() and (REPO / source).resolve().is_relative_to(CONFIGS), source
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
+    assert not list(jsonschema.Draft7Validator(schema).iter_errors(override))
 
 
 def test_alertmanager_runs_without_clustering(compose: dict) -> None:

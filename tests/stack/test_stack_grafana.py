@@ -97,6 +97,9 @@ def test_overview_heatmap_table_and_verdict_timeline() -> None:
                    "otel_straggler_gpu_seconds_lost_per_hour"):
         assert any(metric in e and "otel_straggler_active" in e for e in exprs), metric
     assert all(t["instant"] and t["format"] == "table" for t in table["targets"])
+    # one row per straggler: every query is aggregated to the straggler's labels before the merge joins them
+    labels = "max by (job, cohort, rank, host, gpu, stage, attribution) ("
+    assert all(t["expr"].startswith(labels) for t in table["targets"]), [t["expr"] for t in table["targets"]]
     assert table["transformations"][0]["id"] == "merge"
     rank_links = [link for o in table["fieldConfig"]["overrides"] if o["matcher"]["options"] == "rank"
                   for prop in o["properties"] for link in prop["value"]]

@@ -65,6 +65,13 @@ def test_amtool_check_config() -> None:
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_amtool_check_config_of_the_silent_alertmanager() -> None:
+    """The Alertmanager config mounted when Grafana-managed alerting notifies instead."""
+    amtool = require_binary("amtool")
+    r = _run([amtool, "check-config", str(CONFIGS / "alertmanager" / "alertmanager-silent.yml")])
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_amtool_rejects_a_route_to_an_unknown_receiver(tmp_path: Path) -> None:
     amtool = require_binary("amtool")
     cfg = load_yaml(ALERTMANAGER_YML)
