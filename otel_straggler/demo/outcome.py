@@ -26,9 +26,12 @@ REASON_TEXT = {
     "missing_samples": "it sent no usable timing in a window its peers filled",
     "recovery_evidence_insufficient": "a flagged straggler whose latest window could not be judged (gap under "
                                       "the floor, or no usable timing): the alert is held, not cleared",
-    "non_finite_sample": "it sent only invalid timings (NaN, infinite or negative)",
+    "non_finite_sample": "it sent only invalid or implausible timings (NaN, infinite, negative, over a day)",
+    "pair_ambiguous": "one of only two comparable ranks is slower, but nothing says which one changed: neither "
+                      "its own history nor the job's other parallel roles",
+    "collective_wait": "its stage is longer because it waits in a collective for a slower rank (the one named "
+                       "as reference), not because it is slow itself",
 }
-assert set(REASON_TEXT) == set(s.REASONS)
 
 
 def explain(reason: str) -> str:

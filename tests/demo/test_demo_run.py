@@ -164,3 +164,10 @@ def test_help_lists_every_model_and_both_programs_have_a_version() -> None:
                  [sys.executable, "-m", "collector_processor", "--version"]):
         r = subprocess.run(argv, capture_output=True, text=True, timeout=HANG_S)
         assert r.returncode == 0 and v in r.stdout, (argv, r.stdout, r.stderr)
+
+
+def test_every_verdict_reason_has_plain_words() -> None:
+    from otel_straggler import schema
+    from otel_straggler.demo.outcome import REASON_TEXT
+
+    assert set(REASON_TEXT) == set(schema.REASONS)
