@@ -12,10 +12,10 @@ bound, ``MAX_*`` below) is warned about once (``logging``), replaced by the defa
 | OTEL_STRAGGLER_DEVICE_EVERY | device_every | auto (0) | events on every N-th step; ``auto`` adapts N |
 | OTEL_STRAGGLER_DEVICE_BUDGET | device_budget | 0.0025 | auto: event cost allowed, as a fraction of step time |
 | OTEL_STRAGGLER_DEVICE_EVERY_MAX | device_every_max | 4 | auto: largest N (>= 1 device sample per window) |
-| OTEL_STRAGGLER_POOL_SIZE | pool_size | 1024 | pre-created CUDA events (two per interval awaiting readout) |
+| OTEL_STRAGGLER_POOL_SIZE | pool_size | 4096 | pre-created CUDA events (two per interval awaiting readout) |
 | OTEL_STRAGGLER_RECORD_API | record_api | auto | ``auto``/``driver``: cuEventRecord (checked), ``torch`` |
 | OTEL_STRAGGLER_RING_SIZE | ring_size | 8192 | interval ring slots (rounded up to a power of two) |
-| OTEL_STRAGGLER_READOUT_INTERVAL_MS | readout_interval_ms | 100 | readout thread poll period |
+| OTEL_STRAGGLER_READOUT_INTERVAL_MS | readout_interval_ms | 500 | readout thread poll period |
 | OTEL_STRAGGLER_READOUT_TIMEOUT_S | readout_timeout_s | 30 | an unfinished end event older than this -> host-only |
 | OTEL_STRAGGLER_EXPORT_MODE | export_mode | process | ``process``, ``thread`` or ``off`` (export side) |
 | OTEL_STRAGGLER_EXPORT_NICE | export_nice | 10 | niceness the export child adds to itself (0: none) |
@@ -40,8 +40,14 @@ through torch); on a step of a second events cost < 0.1 %. Auto sampling picks t
 until the measured difference between device-sampled and host-only step periods resolves the budget
 (``step_context.py``): N = 4 launch-bound, N = 1 for long steps. The other steps are timed on the host
 (``sampled_out``). A fixed N >= 1 disables the adaptation.
-The readout thread wakes every 100 ms (each wake takes the GIL from the training thread; 20 ms cost a
-launch-bound step ~0.8 % more, ``bench/results/gpu-h200.md`` section 3) and the export child runs at
+The readout thread wakes every 500 ms: each wake takes the GIL from the training thread and hands it back, and
+on a launch-bound step those hand-offs, not the drain's work, were most of what the readout cost
+(``bench/results/gpu-h200.md`` section 3: 20 ms cost ~0.8 % more than 100 ms; ``bench/results/cpu-gil-handoff.md``).
+500 ms keeps the collector's allowances (``export/batch_delay.py``): the delivery spread between ranks, a readout
+period plus the batch delay (at least 200 ms), stays inside its ``max_open_windows`` x ``window_steps`` steps
+down to ~18 ms steps (inside half of them from 35 ms). The pool holds what a period leaves in flight with device
+time on every step: 26 intervals per 20 ms step for 500 ms and the step still running are ~1,400 events, a
+third of the 4096 (fewer events: ``pool_exhausted``, host-only and counted). The export child runs at
 ``export_nice`` (+10) so it yields to training processes on shared cores.
 """
 
@@ -141,14 +147,15 @@ class EmitterConfig:
     device_every: int = 0  # 0 = auto
     device_budget: float = 0.0025
     device_every_max: int = 4
-    pool_size: int = 1024
+    pool_size: int = 4096  # events in flight over a readout period (module docstring)
     # auto: the CUDA driver's cuEventRecord on raw handles when it passes the install check (a fraction of
     # torch's Event.record cost on the training thread), else torch's; torch: always torch's
     record_api: str = "auto"
     ring_size: int = 8192
-    # 100 ms: every wake of the readout thread takes the GIL from a launch-bound training thread (a forced
-    # switch plus the drain); fewer, larger drains cost it less (bench/results/gpu-h200.md section 3)
-    readout_interval_ms: float = 100.0
+    # 500 ms: every wake of the readout thread takes the GIL from a launch-bound training thread and hands it
+    # back; fewer, larger drains cost it less (bench/results/gpu-h200.md section 3,
+    # bench/results/cpu-gil-handoff.md), within the collector's allowances (module docstring)
+    readout_interval_ms: float = 500.0
     readout_timeout_s: float = 30.0
     export_mode: str = "process"
     # the export child lowers its own CPU priority so that, on a node whose cores it shares, it yields to

@@ -10,22 +10,24 @@ An event that was recorded is returned to the free list only after its ``query()
 shutdown): a recorded-but-unfinished event is never re-recorded.
 
 ``pool.record(ev)`` records an event on the current stream; ``pool.elapsed(start, end)`` (readout thread)
-gives the device ms between two, or None while unfinished. With ``record_api`` ``auto`` (the default) they
-are the CUDA driver's ``cuEventRecord`` and ``cuEventElapsedTime`` called through ``ctypes`` on the events'
-raw handles (kept in each pool event's ``handle`` once created) and the device's current raw stream: the
-same operations as torch's ``Event.record()``, ``query()`` and ``elapsed_time()`` without their Python layers
-(``torch.cuda.current_stream()`` builds a ``Stream`` object per record, then a device guard); the readout
-makes one call per interval instead of two (``bench/results/gpu-h200.md`` section 2). Both calls keep the
-GIL (``ctypes.PyDLL``): neither blocks, and a call that released it would be a point where the other
-thread takes the GIL, so a drain and the training thread's records would hand it back and forth, each
-hand-off a context switch on the training thread (``bench/results/gpu-h200.md`` section 3). They are
-checked once at install against torch's on a short GPU sleep; if the check fails, or ``record_api`` is
-``torch``, torch's methods are used. A driver record that fails later (e.g. on a thread with no current
-CUDA context) falls back to torch's record for that call, which makes the context current.
+gives the device ms between two, or None while unfinished; ``pool.query(ev)`` (readout thread) says whether a
+lone event (an interval that lost its end event, a quarantined one) completed. With ``record_api`` ``auto``
+(the default) they are the CUDA driver's ``cuEventRecord``, ``cuEventElapsedTime`` and ``cuEventQuery`` called
+through ``ctypes`` on the events' raw handles (kept in each pool event's ``handle`` once created) and the
+device's current raw stream: the same operations as torch's ``Event.record()``, ``query()`` and
+``elapsed_time()`` without their Python layers (``torch.cuda.current_stream()`` builds a ``Stream`` object per
+record, then a device guard); the readout makes one call per interval instead of two
+(``bench/results/gpu-h200.md`` section 2). Every driver call keeps the GIL (``ctypes.PyDLL``): none blocks,
+and a call that released it would be a point where the other thread takes the GIL, so a drain and the training
+thread's records would hand it back and forth, each hand-off a context switch on the training thread
+(``bench/results/gpu-h200.md`` section 3). They are checked once at install against torch's on a short GPU
+sleep; if the check fails, or ``record_api`` is ``torch``, torch's methods are used. A driver record that
+fails later (e.g. on a thread with no current CUDA context) falls back to torch's record for that call, which
+makes the context current.
 
 ``HostOnlyPool``: no CUDA (torch missing, no device, init error) -> every interval is host-only with
 reason ``no_cuda``. A pool built with a ``factory`` uses its events' own ``record``, ``query`` and
-``elapsed_time`` (the CPU tests drive device timing through such a factory).
+``elapsed_time`` (the CPU tests and ``bench/gil_handoff.py`` drive device timing through such a factory).
 """
 
 from __future__ import annotations
@@ -85,6 +87,22 @@ def driver_elapsed(hold_gil: bool = True) -> Callable[[Any, Any], float | None]:
     return elapsed
 
 
+def driver_query(hold_gil: bool = True) -> Callable[[Any], bool]:
+    """``query(ev)``: ``cuEventQuery`` through ctypes on the event's ``handle``: True once it completed, False
+    while it has not, raises on any other error."""
+    fn = _driver_call("cuEventQuery", ctypes.c_void_p, hold_gil=hold_gil)
+
+    def query(ev: Any) -> bool:
+        rc = fn(ev.handle)
+        if rc == 0:
+            return True
+        if rc == CUDA_ERROR_NOT_READY:
+            return False
+        raise RuntimeError(f"cuEventQuery failed ({rc})")
+
+    return query
+
+
 def driver_recorder(device_index: int, hold_gil: bool = True) -> Callable[[Any], None]:
     """``record(ev)``: ``cuEventRecord(ev.handle, current raw stream of device_index)`` through ctypes; on a
     non-zero result, torch's ``ev.record()`` (raises if that fails too)."""
@@ -100,21 +118,26 @@ def driver_recorder(device_index: int, hold_gil: bool = True) -> Callable[[Any],
     return record
 
 
-def _check_driver(record: Callable[[Any], None], elapsed: Callable[[Any, Any], float | None], a: Any,
-                  b: Any) -> None:
+def _check_driver(record: Callable[[Any], None], elapsed: Callable[[Any, Any], float | None],
+                  query: Callable[[Any], bool], a: Any, b: Any) -> None:
     """``b`` recorded by ``record`` after a GPU sleep that follows torch's record of ``a`` on the same stream:
-    ``elapsed`` answers None while the sleep runs (when it still does), then the same time as torch's
-    ``elapsed_time`` once ``b`` completed, and that time covers the sleep; raises otherwise."""
+    ``elapsed`` answers None and ``query`` False while the sleep runs (when it still does), then the same time
+    as torch's ``elapsed_time`` and True once ``b`` completed, and that time covers the sleep; raises
+    otherwise."""
     import torch
 
     a.record()
     torch.cuda._sleep(_DRIVER_CHECK_CYCLES)
     record(b)
     early = elapsed(a, b)
+    early_done = query(b)
+    ref_done = b.query()  # asked after the driver: completion is monotonic, so it must agree when that said done
     b.synchronize()
     ms, ref = elapsed(a, b), a.elapsed_time(b)
-    if early is not None and b.query() is False:
-        raise RuntimeError("cuEventElapsedTime answered before the event completed")
+    if (early is not None or early_done) and not ref_done:
+        raise RuntimeError("the driver answered before the event completed")
+    if not query(b):
+        raise RuntimeError("cuEventQuery says a completed event is unfinished")
     if ms is None or not (ref > 0.0 and abs(ms - ref) <= 1e-3 * max(1.0, ref)):
         raise RuntimeError(f"driver events disagree with torch's ({ms} ms vs {ref} ms)")
 
@@ -122,7 +145,7 @@ def _check_driver(record: Callable[[Any], None], elapsed: Callable[[Any, Any], f
 class EventPool:
     """``factory()`` makes one event (default: ``torch.cuda.Event(enable_timing=True)``)."""
 
-    __slots__ = ("capacity", "cuda", "elapsed", "free", "orphans", "reason", "record", "record_api",
+    __slots__ = ("capacity", "cuda", "elapsed", "free", "orphans", "query", "reason", "record", "record_api",
                  "record_cost_s", "warm_error")
 
     def __init__(
@@ -137,6 +160,8 @@ class EventPool:
         self.record: Callable[[Any], None] = operator.methodcaller("record")
         # device ms between two recorded events, None while unfinished (readout thread only)
         self.elapsed: Callable[[Any, Any], float | None] = query_then_elapsed
+        # whether a recorded event completed (readout thread only)
+        self.query: Callable[[Any], bool] = operator.methodcaller("query")
         self.record_api = "event"
         torch_events = factory is None
         if factory is None:
@@ -166,8 +191,9 @@ class EventPool:
         self.free: deque[Any] = deque(events)
 
     def _choose_record(self, record_api: str, events: list[Any]) -> None:
-        """The driver's record and elapsed time when ``record_api`` allows them and they pass ``_check_driver``
-        on two of the (warm, complete) events; else torch's ``Event.record``, ``query`` and ``elapsed_time``."""
+        """The driver's record, elapsed time and query when ``record_api`` allows them and they pass
+        ``_check_driver`` on two of the (warm, complete) events; else torch's ``Event.record``, ``query`` and
+        ``elapsed_time``."""
         import torch
 
         self.record = torch.cuda.Event.record
@@ -179,7 +205,8 @@ class EventPool:
                 ev.handle = ev.cuda_event  # created by the warm record; a plain attribute for the driver calls
             record = driver_recorder(torch.cuda.current_device())
             elapsed = driver_elapsed()
-            _check_driver(record, elapsed, events[0], events[1])
+            query = driver_query()
+            _check_driver(record, elapsed, query, events[0], events[1])
         except Exception as exc:
             level = logging.WARNING if record_api == "driver" else logging.INFO
             _log.log(level, "otel-straggler: driver event calls unavailable (%s: %s); using torch's",
@@ -187,19 +214,21 @@ class EventPool:
             return
         self.record = record
         self.elapsed = elapsed
+        self.query = query
         self.record_api = "driver"
 
 
 class HostOnlyPool:
     """No device timing at all: the timers read ``cuda`` False and never touch ``free``."""
 
-    __slots__ = ("capacity", "cuda", "elapsed", "free", "orphans", "reason", "record", "record_api",
+    __slots__ = ("capacity", "cuda", "elapsed", "free", "orphans", "query", "reason", "record", "record_api",
                  "record_cost_s", "warm_error")
 
     def __init__(self, reason: str = NO_CUDA, warm_error: str | None = None) -> None:
         self.cuda = False
         self.record: Callable[[Any], None] = operator.methodcaller("record")  # never called: no events
         self.elapsed: Callable[[Any, Any], float | None] = query_then_elapsed
+        self.query: Callable[[Any], bool] = operator.methodcaller("query")
         self.record_api = "none"
         self.record_cost_s = 0.0
         self.reason = reason

@@ -1,20 +1,26 @@
 """Readout thread: turns ring slots into ``Interval``s and hands them to the sink in batches.
 
 The only consumer of the ring (see ``ring.py``). Every ``readout_interval_ms`` (pure polling: the
-training thread never signals it, since setting a ``threading.Event`` takes a lock) it drains the ring
-in order:
+training thread never signals it, since setting a ``threading.Event`` takes a lock) it wakes once and drains
+the ring in order:
 
 * a slot with CUDA events waits for its last event: ``pool.elapsed(start, end)`` (one driver call, or torch's
-  ``query()`` then ``elapsed_time()``) is None, or for a lone event ``query()`` False, while it is
+  ``query()`` then ``elapsed_time()``) is None, or for a lone event ``pool.query(event)`` False, while it is
   unfinished; the drain then STOPS
   at that slot (head-of-line: completion order is preserved, nothing blocks on an unfinished event)
   unless the slot is older than ``readout_timeout_s``: then the interval goes out host-only
   (``readout_timeout``) and its events move to a bounded quarantine; they return to the pool only once
-  ``query()`` is True (or at shutdown), so a recorded-but-unfinished event is never re-recorded;
+  ``pool.query`` is True (or at shutdown), so a recorded-but-unfinished event is never re-recorded;
 * device time is that elapsed time; any CUDA exception makes the interval host-only (``cuda_error``) and
   quarantines its events;
 * the batch goes to ``sink.submit``; about once a second ``sink.publish_stats(counters.snapshot())``.
   Sink exceptions are caught and counted.
+
+One wake is one hold of the GIL: nothing in it releases the GIL (the pool's driver calls keep it, the
+process sink writes the pipe without releasing it), so a wake costs the training thread one hand-off of the
+GIL and back, and the drain's own work. The hand-offs, not the work, were most of what the readout cost a
+launch-bound step (``bench/results/gpu-h200.md`` section 3, ``bench/results/cpu-gil-handoff.md``): the period
+is long (``readout_interval_ms``, config.py) and the pool and ring are sized for what a period holds.
 
 ``flush`` asks the thread to drain now (bounded); ``stop`` flushes, stops the thread and, once it has
 exited, drains the rest in the caller (unfinished events then count as ``readout_timeout``).
@@ -57,7 +63,7 @@ class Readout:
         self.timeout_ns = int(float(timeout_s) * 1e9)
         wall0, mono0 = wall_anchor if wall_anchor is not None else (time.time_ns(), _clock())
         self._wall_offset = wall0 - mono0
-        self.quarantine: list[tuple[Any, ...]] = []  # (event, ...) groups waiting for query() True
+        self.quarantine: list[tuple[Any, ...]] = []  # (event, ...) groups waiting for pool.query True
         self.quarantine_cap = max(16, 2 * int(getattr(pool, "capacity", 0)))
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
@@ -85,20 +91,25 @@ class Readout:
         while not self._stop_req:
             self._wake.wait(self.interval_s)
             self._wake.clear()
-            try:
+            self.wake()
+
+    def wake(self) -> None:
+        """One wake's work (the readout thread's, or a benchmark's stand-in for it): a flush request, else one
+        drain; then the stats when due."""
+        try:
+            with self._cond:
+                req, deadline = self._flush_req, self._flush_deadline
+            if req != self._flush_done:
+                ok = self._drain_until(deadline)
                 with self._cond:
-                    req, deadline = self._flush_req, self._flush_deadline
-                if req != self._flush_done:
-                    ok = self._drain_until(deadline)
-                    with self._cond:
-                        self._flush_result = ok
-                        self._flush_done = req
-                        self._cond.notify_all()
-                else:
-                    self.drain()
-                self._maybe_publish()
-            except Exception:
-                self.counters.faults_readout += 1
+                    self._flush_result = ok
+                    self._flush_done = req
+                    self._cond.notify_all()
+            else:
+                self.drain()
+            self._maybe_publish()
+        except Exception:
+            self.counters.faults_readout += 1
 
     def flush(self, timeout_s: float) -> bool:
         """Drain everything now (bounded). True when the ring was emptied."""
@@ -164,6 +175,7 @@ class Readout:
         timeout_ns = self.timeout_ns
         free = self.pool.free
         elapsed = self.pool.elapsed
+        query = self.pool.query
         off = self._wall_offset
         timer_of, start_ns_of, end_ns_of = r.timer, r.start_ns, r.end_ns
         start_ev_of, end_ev_of, reason_of = r.start_ev, r.end_ev, r.reason
@@ -186,7 +198,7 @@ class Readout:
                             device_ms = elapsed(sev, eev)  # None while unfinished
                             done: bool | None = device_ms is not None
                         else:
-                            done = bool((eev if eev is not None else sev).query())
+                            done = bool(query(eev if eev is not None else sev))
                     except Exception:
                         done = None
                     if done is None:
@@ -254,11 +266,12 @@ class Readout:
             return
         keep: list[tuple[Any, ...]] = []
         free = self.pool.free
+        query = self.pool.query
         for group in self.quarantine:
             done = force
             if not done:
                 try:
-                    done = all(bool(e.query()) for e in group)
+                    done = all(bool(query(e)) for e in group)
                 except Exception:
                     done = False
             if done:

@@ -8,12 +8,13 @@ reported with a bootstrap 95 % interval over rounds; the median of the per-block
 per-step medians are printed beside it. On a host whose step time drifts over seconds (the lent H200 VM:
 lag-1 autocorrelation of step times 0.86, 20-step block means +-12 %), block means of different arms differ
 by the drift, not the arm: ``--steps 1 --warmup 0 --gate`` then interleaves the arms step by step (adjacent
-steps share the drift) and still charges every shim its own background work: its readout drains only
-inside its own steps, once per readout interval of its own step time, so a drain and the GIL hand-offs
-around it fall in the steps of the arm that caused them, as often as in a run of that arm alone; the value
-is again the ratio of mean step times. Unpinned by default (``--pin`` puts the training thread alone on
-one core and everything else on the others). Two model sizes: launch-bound (~30-40 ms steps: the host's
-launches are the critical path) and GPU-bound (>= 150 ms). Arms (``--arms``):
+steps share the drift) and still charges every shim its own background work: its readout thread wakes only
+when the bench wakes it (its own timer is off), at the start of one of its own steps once per readout period
+of its own step time, so a wake, its drain and the GIL hand-offs around it fall in the steps of the arm that
+caused them, as often as in a run of that arm alone; the value is again the ratio of mean step times.
+Unpinned by default (``--pin`` puts the training thread alone on one core and everything else on the others).
+Two model sizes: launch-bound (~30-40 ms steps: the host's launches are the critical path) and GPU-bound
+(>= 150 ms). Arms (``--arms``):
 
   off      config.timers = None
   native   megatron.core.timers.Timers(2, "minmax")   (syncs the device at every start/stop)
@@ -173,16 +174,19 @@ def _shim(name: str, every: int | None = None) -> Any:
 
 class DrainLog:
     """Wraps one readout's ``drain``: (start ns, end ns, intervals) of every drain, perf_counter_ns clock.
-    With ``gate`` the drain first waits until the gate is open (the bench opens it during its arm's steps)."""
+    ``gated``: the readout thread's own timer is off (an hour); the bench wakes it (``wake``) in its arm's
+    steps, once per ``period_s`` (the configured readout period) of the arm's own step time."""
 
-    def __init__(self, readout: Any, gate: threading.Event | None = None) -> None:
+    def __init__(self, readout: Any, gated: bool = False) -> None:
         self.rows: list[tuple[int, int, int]] = []
-        self.gate = gate
+        self.readout = readout
+        self.period_s = readout.interval_s
+        self.gated = gated
+        if gated:
+            readout.interval_s = 3600.0  # from its next wait on; the first (at install) ends within a period
         inner = readout.drain
 
         def drain(force: bool = False) -> int:
-            if gate is not None:
-                gate.wait()
             t0 = time.perf_counter_ns()
             n = inner(force)
             t1 = time.perf_counter_ns()
@@ -191,6 +195,10 @@ class DrainLog:
             return n
 
         readout.drain = drain
+
+    def wake(self) -> None:
+        """Wake the readout thread now (one wake: a drain, then the stats when due)."""
+        self.readout._wake.set()
 
 
 def run_size(size_name: str, arm_names: list[str], rounds: int, steps: int, warmup: int, seconds: float,
@@ -228,7 +236,7 @@ def run_size(size_name: str, arm_names: list[str], rounds: int, steps: int, warm
         else:
             arms[name] = _shim(name, every)
             if arms[name].readout is not None:
-                drains[name] = DrainLog(arms[name].readout, threading.Event() if gate else None)
+                drains[name] = DrainLog(arms[name].readout, gated=gate)
     if train_cpu is not None:  # the shims' threads and children started on the other cores
         os.sched_setaffinity(0, [train_cpu])
     probe = ThreadProbe()
@@ -246,27 +254,23 @@ def run_size(size_name: str, arm_names: list[str], rounds: int, steps: int, warm
         timers = arms[arm]
         ctx = getattr(timers, "ctx", None)
         rec = steps_of[arm]
-        # gated: the arm's readout drains only inside its own step windows (the gate opens after t0 and closes
-        # after t1, so neither a drain nor its GIL hand-offs fall between the clock reads), and only once the
-        # arm's OWN time since its last drain reaches the readout interval: drains as often and as large as
-        # in a run of this arm alone
-        gate = drains[arm].gate if arm in drains else None
+        # gated: the arm's readout thread wakes only inside its own steps (woken after t0; a wake's drain takes a
+        # few ms of a 30-40 ms step), and only once the arm's OWN time since its last wake reaches the readout
+        # period: wakes as often and drains as large as in a run of this arm alone
+        dlog = drains[arm] if arm in drains and drains[arm].gated else None
         walls = []
         for _ in range(n):
             cpid = child_pid(arm) if keep else None
             c0 = proc_cpu(cpid) if cpid else None
             p0 = probe.read()
             t0 = time.perf_counter_ns()
-            opened = gate is not None and own_ns[arm] >= timers.readout.interval_s * 1e9
-            if opened:
+            if dlog is not None and own_ns[arm] >= dlog.period_s * 1e9:
                 own_ns[arm] = 0
-                gate.set()
+                dlog.wake()
             model.train_step()
             p1 = probe.read()
             torch.cuda.synchronize()
             t1 = time.perf_counter_ns()
-            if opened:
-                gate.clear()
             own_ns[arm] += t1 - t0
             if not keep:
                 continue
@@ -304,9 +308,6 @@ def run_size(size_name: str, arm_names: list[str], rounds: int, steps: int, warm
             print(f"  {size_name} round {done}: "
                   + " ".join(f"{a}={statistics.fmean(steps_of[a]['wall']):.2f}ms" for a in names), flush=True)
     model.set_timers(None)
-    for d in drains.values():
-        if d.gate is not None:
-            d.gate.set()  # shutdown drains from here on
     res: dict[str, Any] = {"size": size_name, "rounds": done, "steps_per_block": steps, "warmup_per_block": warmup,
                            "arms": names, "pinned": train_cpu is not None, "collector_pid": collector_pid,
                            "gated": gate}
@@ -314,6 +315,8 @@ def run_size(size_name: str, arm_names: list[str], rounds: int, steps: int, warm
         if name in SHIM_ARMS:
             res[f"{name}_device_every"] = t.ctx.device_every
             res[f"{name}_record_api"] = t.pool.record_api
+            res[f"{name}_readout_period_s"] = drains[name].period_s if name in drains else t.readout.interval_s
+            res[f"{name}_pool_size"] = t.pool.capacity
             res[f"{name}_counters"] = t.counters.snapshot()
             res[f"{name}_child_affinity"] = _affinity(child_pid(name))
     for name in arm_names:
@@ -469,9 +472,9 @@ def main() -> int:
     ap.add_argument("--seconds", default="300", help="time budget per size, or one per size (comma-separated)")
     ap.add_argument("--pin", action="store_true", help="training thread alone on one core, the rest elsewhere")
     ap.add_argument("--gate", action="store_true",
-                    help="a shim's readout drains only inside its own arm's steps, once per readout interval of "
-                         "the arm's own time (for short blocks: each arm's drains, and so their GIL time, land in "
-                         "its own steps, as often as in a run of that arm alone)")
+                    help="a shim's readout thread wakes only inside its own arm's steps, once per readout period "
+                         "of the arm's own time (for short blocks: each arm's wakes, and so their GIL time, land "
+                         "in its own steps, as often as in a run of that arm alone)")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
     arm_names = args.arms.split(",")
@@ -522,6 +525,7 @@ def main() -> int:
                 c = res[f"{arm}_counters"]
                 dropped = sum(v for k, v in c.items() if k.startswith("dropped"))
                 print(f"  {res['size']} {arm}: N={res[f'{arm}_device_every']} record_api={res[f'{arm}_record_api']} "
+                      f"readout={1000 * res[f'{arm}_readout_period_s']:.0f}ms pool={res[f'{arm}_pool_size']} "
                       f"intervals={c.get('intervals')} dropped={dropped} "
                       f"faults={c.get('faults')} child affinity={res.get(f'{arm}_child_affinity')}")
     by = {a["size"]: a for a in analyses}

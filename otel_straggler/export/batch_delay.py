@@ -17,7 +17,9 @@ period, the delivery spread between ranks (at most delay + ``r``) may use half o
 
     delay = clamp(min(2.5 s + s, 20 s) - r, 200 ms, 5000 ms)
 
-70 ms steps: 1.3 s; 20 ms: 0.3 s; 125 ms: 2.4 s; 1 s: 3.4 s; 2.6 s and longer: the SDK's 5 s. Until a step
+With the default 500 ms readout period: 70 ms steps 0.9 s; 125 ms: 2.0 s; 1 s: 3.0 s; 3 s and longer: the SDK's
+5 s. Below 35 ms steps the delay is at its 200 ms minimum and the spread (0.7 s) takes more than half of the
+open windows, all of them below ~18 ms steps (``readout_interval_ms`` lower then). Until a step
 period is measured (the first ``FIRST_FIT_STEPS`` steps) the delay is the minimum; it is fitted then, and
 again every ``REFIT_STEPS`` closed steps when the fit moved by more than ``HYSTERESIS`` either way.
 """

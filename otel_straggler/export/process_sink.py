@@ -1,7 +1,12 @@
 """``ProcessSink``: packs intervals onto a pipe to one export child per training process.
 
-The readout thread pays a ``struct.pack`` per interval and one non-blocking ``write``; the child
-(``sidecar``) does aggregation, span building, encoding and OTLP. The child is spawned lazily on the first
+The readout thread pays a ``struct.pack`` per interval and one non-blocking ``write`` per batch, which
+carries the latest stats too (``publish_stats`` keeps them for the next batch's write, and writes them itself
+only when no batch went out since the previous publish); the child (``sidecar``) does aggregation, span
+building, encoding and OTLP. Nothing on the readout thread's path releases the GIL: the pipe is written with
+``write(2)`` called through ``ctypes.PyDLL`` (``os.write`` releases the GIL, and the training thread would take
+it at every write and hand it back), and the child's liveness comes from the write itself (``EPIPE``), not from
+polling the child (``waitpid`` releases the GIL too). The child is spawned lazily on the first
 ``submit``/``publish_stats`` (after torchrun or multiprocessing created the rank, never at import). It runs
 niced (``export_nice``) and, with ``export_affinity="auto"``, on the process's allowed CPUs other than the
 core the training thread (the thread that built the sink) runs on when the child starts.
@@ -9,10 +14,10 @@ core the training thread (the thread that built the sink) runs on when the child
 Failure handling (all fail open, all counted):
 * pipe full -> the batch is dropped (``dropped_pipe_full``); a partially written frame is kept and
   finished first on the next call, so the stream never loses framing;
-* child dead -> ``sidecar_deaths`` and a warning with its exit status and the error it reported (an error
-  exit also counts ``faults_sidecar_fatal``; the child's traceback is on the shared stderr); restarted up to
-  ``sidecar_max_restarts`` times with exponential backoff (``sidecar_restarts``); intervals meanwhile and
-  after are dropped (``dropped_sidecar_down``);
+* child dead (a write fails with ``EPIPE``, or ``flush`` finds it gone) -> ``sidecar_deaths`` and a warning
+  with its exit status and the error it reported (an error exit also counts ``faults_sidecar_fatal``; the
+  child's traceback is on the shared stderr); restarted up to ``sidecar_max_restarts`` times with exponential
+  backoff (``sidecar_restarts``); intervals meanwhile and after are dropped (``dropped_sidecar_down``);
 * a forked copy of the process (DataLoader worker) is inert: pid check on every call, and the
   fork hook (``lifecycle``) closes its copy of the pipe so the child still sees EOF when the trainer dies.
 """
@@ -20,6 +25,8 @@ Failure handling (all fail open, all counted):
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import fcntl
 import json
 import logging
@@ -44,6 +51,36 @@ PIPE_BYTES = 1 << 20
 FATAL_PREFIX = b"X "  # the child's last line on the ack channel when it dies of an error (sidecar.py)
 
 _log = logging.getLogger(__name__)
+
+
+def _gil_keeping_write() -> Any:
+    """``write(2)`` of the C library through ``ctypes.PyDLL`` (the GIL kept during the call; errno kept by
+    ctypes), or None where it cannot be had. Only for a non-blocking descriptor: it never waits."""
+    try:
+        fn = ctypes.PyDLL(None, use_errno=True).write
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t)
+    fn.restype = ctypes.c_ssize_t
+    return fn
+
+
+_WRITE = _gil_keeping_write()
+
+
+def write_nonblocking(fd: int, data: bytes) -> int:
+    """``os.write(fd, data)`` for a non-blocking ``fd`` without releasing the GIL: the bytes written; raises
+    ``BlockingIOError`` when the pipe is full and ``OSError`` (``BrokenPipeError``: the reader is gone) like
+    ``os.write``."""
+    if _WRITE is None:
+        return os.write(fd, data)
+    while True:
+        n = int(_WRITE(fd, data, len(data)))
+        if n >= 0:
+            return n
+        err = ctypes.get_errno()
+        if err != errno.EINTR:
+            raise OSError(err, os.strerror(err))  # OSError picks the subclass (BlockingIOError, BrokenPipeError)
 
 
 class ProcessSink(ForkGuarded):
@@ -90,6 +127,8 @@ class ProcessSink(ForkGuarded):
         self._next_start = 0.0
         self._stats: dict[str, Any] = {}
         self._stats_sent: dict[str, Any] | None = None
+        self._stats_waiting = False  # published stats not yet carried by a batch's write
+        self._write_fn = os.write  # write_nonblocking once the pipe is known to be non-blocking
         self._flush_seq = 0
         self.child_counters: dict[str, int] = {}  # the export child's counters, as of the last flush ack
 
@@ -148,6 +187,8 @@ class ProcessSink(ForkGuarded):
             return False
         os.set_blocking(fd, False)
         os.set_blocking(proc.stdout.fileno(), False)
+        # a write that keeps the GIL must never wait: only on a descriptor that is non-blocking
+        self._write_fn = os.write if os.get_blocking(fd) else write_nonblocking
         self._proc, self._fd = proc, fd
         self._pending = b""
         self._encoder.reset()
@@ -211,7 +252,9 @@ class ProcessSink(ForkGuarded):
             self._ack_lock.release()
 
     def _ensure_child(self) -> bool:
-        if self._proc is not None and self._child_alive():
+        """A child to write to: the running one (a dead one shows as ``EPIPE`` on the next write), else a new
+        one when the restart budget and backoff allow."""
+        if self._proc is not None:
             return True
         if self._starts > self.max_restarts or time.monotonic() < self._next_start:
             return False
@@ -219,21 +262,23 @@ class ProcessSink(ForkGuarded):
 
     # --- writing ---------------------------------------------------------------------------------
     def _write(self, data: bytes) -> bool:
-        """Non-blocking; True when ``data`` was accepted (maybe partially, remainder kept)."""
+        """One non-blocking write of what is left of a partly written frame and ``data``; True when ``data``
+        was accepted (maybe partially, the remainder kept and written first next time)."""
+        pending = self._pending
+        buf = pending + data if pending else data
+        if not buf:
+            return True
         try:
-            if self._pending:
-                n = os.write(self._fd, self._pending)
-                self._pending = self._pending[n:]
-                if self._pending:
-                    return False
-            n = os.write(self._fd, data)
+            n = self._write_fn(self._fd, buf)
         except BlockingIOError:
             return False
         except OSError:  # EPIPE: the child is gone
             self._on_child_death()
             return False
-        if n < len(data):
-            self._pending = data[n:]
+        if n < len(pending):  # not even the old frame went out: ``data`` was not accepted
+            self._pending = pending[n:]
+            return False
+        self._pending = buf[n:]
         return True
 
     # --- IntervalSink ----------------------------------------------------------------------------
@@ -252,18 +297,25 @@ class ProcessSink(ForkGuarded):
                 except wire.NameTableFull:
                     self.counters.add("dropped_overflow", len(intervals))
                     return
+                merged = self._merged_stats()
+                if merged is not None:
+                    data += wire.encode_stats(merged)  # the stats ride in the batch's one write
                 if self._write(data):
                     self._encoder.commit()
+                    if merged is not None:
+                        self._stats_sent = merged
+                    self._stats_waiting = False
                 else:
                     self._encoder.rollback()
                     key = "dropped_pipe_full" if self._proc is not None else "dropped_sidecar_down"
                     self.counters.add(key, len(intervals))
-                    return
-                self._send_stats_locked()
             except Exception:
                 self.counters.add("faults_process_sink")
 
     def publish_stats(self, stats: dict[str, int]) -> None:
+        """Keep ``stats`` for the next batch's write; write them now only when the previous stats are still
+        waiting (no batch went out since: training is idle or the ring is held), so they are at most one
+        publish period late."""
         if not self._usable():
             return
         with self._lock:
@@ -271,16 +323,24 @@ class ProcessSink(ForkGuarded):
                 return
             try:
                 self._stats = dict(stats)
-                if self._ensure_child():
+                if self._stats_waiting and self._ensure_child():
                     self._send_stats_locked()
+                    self._stats_waiting = False
+                else:
+                    self._stats_waiting = True
             except Exception:
                 self.counters.add("faults_process_sink")
 
-    def _send_stats_locked(self) -> None:
+    def _merged_stats(self) -> dict[str, Any] | None:
+        """The published stats plus this sink's own counters, None when the child already has them."""
         merged: dict[str, Any] = dict(self._stats)
         for key, value in self.counters.snapshot().items():
             merged[key] = merged.get(key, 0) + value
-        if merged == self._stats_sent or self._proc is None:
+        return None if merged == self._stats_sent else merged
+
+    def _send_stats_locked(self) -> None:
+        merged = self._merged_stats()
+        if merged is None or self._proc is None:
             return
         if self._write(wire.encode_stats(merged)):
             self._stats_sent = merged

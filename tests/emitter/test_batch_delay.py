@@ -41,6 +41,19 @@ def test_delivery_spread_stays_inside_half_of_each_collector_allowance(step_s: f
         assert spread_s <= c.max_open_windows / 2 * c.window_steps * step_s + 1e-9
 
 
+@pytest.mark.parametrize("step_s", [0.018, 0.025, 0.035, 0.070, 0.3, 1.0, 5.0])
+def test_the_default_readout_period_keeps_the_spread_inside_the_collector_allowances(step_s: float) -> None:
+    """With the default readout period (config.py) the delivery spread (fitted delay + period) stays inside the
+    grace and inside all of the collector's open windows down to 18 ms steps, inside half of them from 35 ms."""
+    r = DEFAULTS.readout_interval_ms / 1000
+    spread_s = bd.fitted_delay_ms(step_s, r) / 1000 + r
+    c = Config()
+    assert spread_s <= c.grace_s / 2 + step_s + 1e-9
+    assert spread_s <= c.max_open_windows * c.window_steps * step_s + 1e-9
+    if step_s >= 0.035:
+        assert spread_s <= c.max_open_windows / 2 * c.window_steps * step_s + 1e-9
+
+
 def _closing(fit: bd.DelayFit, first: int, n: int, period_s: float, t0_ns: int) -> list[int | None]:
     """Close ``n`` steps ``period_s`` apart; every proposed change is applied."""
     out = []

@@ -19,9 +19,9 @@ from otel_straggler.timers import Timers
 
 def test_config_defaults_env_and_overrides() -> None:
     c = EmitterConfig.from_env({})
-    assert (c.enabled, c.device_every, c.pool_size, c.ring_size, c.detail) == (False, 0, 1024, 8192, "step")
+    assert (c.enabled, c.device_every, c.pool_size, c.ring_size, c.detail) == (False, 0, 4096, 8192, "step")
     assert (c.readout_interval_ms, c.readout_timeout_s, c.export_mode, c.step_timer, c.export_nice) == (
-        100.0,
+        500.0,
         30.0,
         "process",
         "forward-backward",

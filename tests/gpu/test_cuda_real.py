@@ -107,6 +107,13 @@ def test_pool_records_through_the_driver_on_the_current_stream() -> None:
     d.synchronize()
     assert a.elapsed_time(b) > 3.0, a.elapsed_time(b)
     assert c.elapsed_time(d) > 3.0, c.elapsed_time(d)
+    # a lone event's completion through the driver (cuEventQuery), as torch's query() answers it
+    e = pool.free.popleft()
+    _gpu_sleep_ms(50.0)
+    pool.record(e)
+    early = pool.query(e)
+    e.synchronize()
+    assert early is False and pool.query(e) is True and e.query() is True
 
 
 def _voluntary_switches() -> int:
@@ -118,7 +125,7 @@ def _voluntary_switches() -> int:
 
 
 def test_driver_calls_keep_the_gil_and_use_the_cached_handles() -> None:
-    """The pool's driver record and elapsed time are ``ctypes.PyDLL`` calls on each event's cached ``handle``:
+    """The pool's driver record, elapsed time and query are ``ctypes.PyDLL`` calls on each event's cached ``handle``:
     they never release the GIL, so a busy Python thread cannot take it between the training thread's records
     (each such hand-off blocks the training thread: a voluntary context switch). With the GIL kept, a loop of
     records gives it up only when the other thread forces a switch, once per switch interval."""
@@ -129,7 +136,7 @@ def test_driver_calls_keep_the_gil_and_use_the_cached_handles() -> None:
 
     pool = create_pool(16)
     assert pool.record_api == "driver"
-    for fn in (pool.record, pool.elapsed):
+    for fn in (pool.record, pool.elapsed, pool.query):
         calls = [c.cell_contents for c in fn.__closure__ or () if isinstance(c.cell_contents, ctypes._CFuncPtr)]
         assert calls and all(c._flags_ & ctypes._FUNCFLAG_PYTHONAPI for c in calls)
     a, b = pool.free.popleft(), pool.free.popleft()
