@@ -98,7 +98,7 @@ service:
     dropped.add(4, {s.SM_REASON_ATTR: "ring_full"})
     dropped.add(1, {s.SM_REASON_ATTR: "late"})
     meter.create_counter(s.SM_INTERVALS).add(100)
-    meter.create_gauge(s.SM_READOUT_LAG).set(2.5)
+    meter.create_gauge(s.SM_READOUT_LAG, unit=s.UNIT_SECONDS).set(2.5)
     meter.create_counter("unrelated.metric").add(1)
     mp.force_flush(5000)
     dropped.add(2, {s.SM_REASON_ATTR: "ring_full"})
@@ -119,7 +119,10 @@ service:
         assert resp.status == 200 and resp.read() == b"ok\n"
 
 
-def test_emitter_gauge_exported_without_total(start_service) -> None:  # type: ignore[no-untyped-def]
+def test_emitter_metrics_take_prometheus_names_by_unit_and_kind(start_service) -> None:  # type: ignore[no-untyped-def]
+    """Real SDK exports of the emitter's instruments with their units: a gauge in ``s`` gets ``_seconds``, a gauge
+    of unit ``1`` no suffix, a counter ``_total``; a name already ending in its unit is not suffixed twice; the
+    instrument's description is the HELP text."""
     text = BASE_RECEIVER + """
 exporters:
   prometheus: {endpoint: 127.0.0.1:0}
@@ -132,10 +135,45 @@ service:
                                            export_interval_millis=60_000)
     mp = MeterProvider(metric_readers=[reader], shutdown_on_exit=False,
                        resource=Resource.create({s.RES_JOB_ID: "j", s.RES_RANK: 0}))
-    mp.get_meter("x").create_gauge(s.SM_POOL_HIGH_WATER).set(17)
+    meter = mp.get_meter("x")
+    meter.create_gauge(s.SM_POOL_HIGH_WATER, unit=s.UNIT_COUNT).set(17)
+    meter.create_gauge(s.SM_READOUT_LAG, unit=s.UNIT_SECONDS, description="Stop to readout").set(0.25)
+    meter.create_counter(s.SM_INTERVALS, unit=s.UNIT_COUNT).add(3)
+    meter.create_counter("otel_straggler.emitter.spill.bytes", unit="By").add(4096)
+    meter.create_up_down_counter("otel_straggler.emitter.wait_seconds", unit="s").add(2)  # not monotonic: gauge
     mp.shutdown()
-    m = scrape(f"http://127.0.0.1:{run.svc.exporters['prometheus'].port}/metrics")
+    url = f"http://127.0.0.1:{run.svc.exporters['prometheus'].port}/metrics"
+    m = scrape(url)
     assert m["otel_straggler_emitter_pool_high_water{job=j,rank=0,reason=}"] == 17
+    assert m["otel_straggler_emitter_readout_lag_seconds{job=j,rank=0,reason=}"] == 0.25
+    assert m["otel_straggler_emitter_intervals_total{job=j,rank=0,reason=}"] == 3
+    assert m["otel_straggler_emitter_spill_bytes_total{job=j,rank=0,reason=}"] == 4096
+    assert m["otel_straggler_emitter_wait_seconds{job=j,rank=0,reason=}"] == 2
+    assert not [k for k in m if k.startswith("otel_straggler_emitter_readout_lag{")]
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        page = resp.read().decode()
+    assert "# HELP otel_straggler_emitter_readout_lag_seconds Stop to readout\n" in page
+    assert "# TYPE otel_straggler_emitter_readout_lag_seconds gauge\n" in page
+    assert "# HELP otel_straggler_emitter_pool_high_water Emitter self-metric re-exported from OTLP\n" in page
+
+
+@pytest.mark.parametrize(("name", "unit", "counter", "expected"), [
+    ("otel_straggler.emitter.readout.lag", "s", False, "otel_straggler_emitter_readout_lag_seconds"),
+    ("otel_straggler.emitter.dropped", "1", True, "otel_straggler_emitter_dropped_total"),
+    ("otel_straggler.emitter.pool.high_water", "1", False, "otel_straggler_emitter_pool_high_water"),
+    ("system.filesystem.usage", "By", False, "system_filesystem_usage_bytes"),
+    ("net.io", "By/s", False, "net_io_bytes_per_second"),
+    ("system.network.dropped", "{packets}", True, "system_network_dropped_total"),
+    ("queue.wait_seconds", "s", False, "queue_wait_seconds"),
+    ("requests_total", "1", True, "requests_total"),
+    ("x.latency", "ms", False, "x_latency_milliseconds"),
+    ("(lambda).function.executions(#)", "", True, "lambda_function_executions_total"),
+    ("rows", "widgets", False, "rows_widgets"),
+])
+def test_otel_to_prometheus_names(name: str, unit: str, counter: bool, expected: str) -> None:
+    from collector_processor.exporter.prometheus_names import prometheus_name
+
+    assert prometheus_name(name, unit, counter) == expected
 
 
 def test_debug_prints_one_line_per_verdict(start_service, capsys) -> None:  # type: ignore[no-untyped-def]

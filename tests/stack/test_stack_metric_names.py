@@ -58,7 +58,8 @@ def test_known_names_follow_the_schema() -> None:
     known = exported_metric_names()
     assert s.M_STRAGGLER_ACTIVE in known and s.M_PROCESSING_SECONDS + "_bucket" in known
     assert s.M_EMITTER_PREFIX + "dropped_total" in emitter_metric_names()
-    assert s.M_EMITTER_PREFIX + "pool_high_water" in emitter_metric_names()  # a gauge: no _total
+    assert s.M_EMITTER_PREFIX + "pool_high_water" in emitter_metric_names()  # a gauge of unit 1: no suffix
+    assert s.M_EMITTER_PREFIX + "readout_lag_seconds" in emitter_metric_names()  # unit s: _seconds
 
 
 def test_every_queried_metric_is_exported_per_the_schema() -> None:
