@@ -130,6 +130,7 @@ class MetricsHTTPServer:
         self.t = telemetry
         self.healthy = healthy
         self.label = label
+        telemetry.unauthenticated.labels(label)  # at 0 from the start
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 

@@ -157,6 +157,42 @@ service:
     assert "# HELP otel_straggler_emitter_pool_high_water Emitter self-metric re-exported from OTLP\n" in page
 
 
+def test_every_counter_exists_at_zero_before_any_traffic(start_service, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The shipped configs/collector.yaml, scraped before any request: each collector counter is on /metrics at 0
+    with every reason and outcome of the schema and the id of every configured component it counts for, so a
+    ``rate()`` sees the first event; no series is made up for a component that is not configured."""
+    from collector_processor.processor.straggler.processor import EVICTED_STRUCTURES
+
+    text = (Path(__file__).resolve().parents[2] / "configs" / "collector.yaml").read_text(encoding="utf-8")
+    run = start_service(text, env={
+        "OTEL_STRAGGLER_OTLP_GRPC_ENDPOINT": "127.0.0.1:0", "OTEL_STRAGGLER_OTLP_HTTP_ENDPOINT": "127.0.0.1:0",
+        "OTEL_STRAGGLER_METRICS_ENDPOINT": "127.0.0.1:0", "OTEL_STRAGGLER_EVIDENCE_PATH": str(tmp_path / "v.jsonl")})
+    m = scrape(f"http://127.0.0.1:{run.svc.exporters['prometheus'].port}/metrics")
+    receivers = ("otlp/grpc", "otlp/http")
+    expected = {
+        s.M_SPANS_DROPPED: [{"reason": r} for r in s.COLLECTOR_DROPPED_REASONS],
+        s.M_SPANS_REJECTED: [{"reason": r} for r in s.COLLECTOR_REJECTED_REASONS],
+        s.M_SPANS_RECEIVED: [{"receiver": r} for r in receivers],
+        s.M_REQUESTS: [{"receiver": r, "outcome": o} for r in receivers for o in s.COLLECTOR_REQUEST_OUTCOMES],
+        s.M_UNAUTHENTICATED: [{"endpoint": e} for e in (*receivers, "prometheus")],
+        s.M_EXPORT_FAILURES: [{"exporter": e} for e in ("otlp_grpc/traces", "file/evidence", "debug",
+                                                         "otlp_http/events", "prometheus")],
+        s.M_COMPONENT_ERRORS: [{"component": c} for c in ("memory_limiter", "straggler", "file/evidence")],
+        s.M_EVICTIONS: [{"structure": x} for x in (*EVICTED_STRUCTURES, "metric_series", "evidence_buffer",
+                                                   "queue:traces", "queue:logs/verdicts", "queue:metrics")],
+        s.M_SPANS_ACCEPTED: [{}], s.M_WINDOWS_CLOSED: [{}], s.M_EVIDENCE_LINES: [{}],
+    }
+    for name, label_sets in expected.items():
+        for labels in label_sets:
+            key = name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())) + "}" if labels else "")
+            assert m.get(key) == 0, key
+        present = [k for k in m if k == name or k.startswith(name + "{")]
+        assert len(present) == len(label_sets), (name, sorted(present))  # nothing beyond the configuration
+    counters = {v for k, v in vars(s).items() if k.startswith("M_") and isinstance(v, str)
+                and v.startswith("otel_straggler_collector_") and v.endswith("_total")}
+    assert counters <= set(expected)
+
+
 @pytest.mark.parametrize(("name", "unit", "counter", "expected"), [
     ("otel_straggler.emitter.readout.lag", "s", False, "otel_straggler_emitter_readout_lag_seconds"),
     ("otel_straggler.emitter.dropped", "1", True, "otel_straggler_emitter_dropped_total"),

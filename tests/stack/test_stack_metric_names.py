@@ -113,6 +113,7 @@ def test_live_collector_exports_every_queried_metric(tmp_path: Path) -> None:
     missing = sorted(set(_queried()) - scraped)
     assert not missing, f"queried but absent from the live /metrics: {missing}"
     # The compose config's disabled forwarder never fails, and its evidence exporter wrote the verdict.
-    assert not [ln for ln in text.splitlines() if ln.startswith(s.M_EXPORT_FAILURES)]
+    failures = [ln for ln in text.splitlines() if ln.startswith(s.M_EXPORT_FAILURES + "{")]
+    assert failures and all(ln.endswith(" 0.0") for ln in failures), failures  # there from the start, at 0
     verdicts = [json.loads(ln) for ln in col.evidence.read_text(encoding="utf-8").splitlines()]
     assert any(v["rank"] == SLOW_RANK and v["verdict"] == s.VERDICT_STRAGGLER for v in verdicts)
