@@ -104,6 +104,12 @@ class Pipeline:
         self._thread = threading.Thread(target=self._run, name=f"pipeline-{pid}", daemon=True)
         self._depth = telemetry.queue_depth.labels(pid)
         self._last_tick = 0.0
+        # the counters this pipeline increments, at 0 from the start
+        for st in processors:
+            telemetry.component_errors.labels(st.id)
+        for eid, _ in exporters:
+            telemetry.export_failures.labels(eid)
+        telemetry.evictions.labels(f"queue:{pid}")
 
     # ---- producer side (receiver threads) -----------------------------------------------------------------
     def _offer(self, item: _Item) -> bool:

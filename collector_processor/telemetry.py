@@ -2,6 +2,13 @@
 
 Names come from ``otel_straggler.schema`` (the contract); components increment these instruments and
 the ``prometheus`` exporter serves the registry on ``/metrics``.
+
+Every counter exists at 0 from the start with each label value known in advance, so a ``rate()`` or
+``increase()`` sees the first event: the schema's reason lists here, and each component's own id where it is built
+(receivers: ``spans_received``, ``requests`` by outcome, ``unauthenticated``; ``/metrics`` servers:
+``unauthenticated``; pipelines: ``export_failures`` of their exporters, ``component_errors`` of their processors,
+their queue's ``evictions``; components: the structures they evict from). Nothing else is pre-created, so the
+series stay bounded by the configuration.
 """
 
 from __future__ import annotations
@@ -40,3 +47,14 @@ class Telemetry:
         self.memory_bytes = Gauge(s.M_MEMORY_BYTES, "Process RSS seen by the memory limiter", registry=r)
         self.component_errors = Counter(_base(s.M_COMPONENT_ERRORS), "Exceptions caught in components",
                                         ["component"], registry=r)
+        for reason in s.COLLECTOR_DROPPED_REASONS:
+            self.spans_dropped.labels(reason)
+        for reason in s.COLLECTOR_REJECTED_REASONS:
+            self.spans_rejected.labels(reason)
+
+    def receiver(self, label: str) -> None:
+        """The series of one receiver endpoint (``otlp/grpc``), at 0."""
+        self.spans_received.labels(label)
+        for outcome in s.COLLECTOR_REQUEST_OUTCOMES:
+            self.requests.labels(label, outcome)
+        self.unauthenticated.labels(label)

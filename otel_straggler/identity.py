@@ -14,7 +14,10 @@ Resolved once at install (never on the hot path), every probe guarded and failin
 * parallel position from ``megatron.core.parallel_state`` getters when the program imported it and model
   parallel is initialised (keyword arguments override single dimensions); otherwise keyword arguments, else env
   ``OTEL_STRAGGLER_{TP,PP,VPP,CP,EP,ETP,DP}_{RANK,SIZE}`` and
-  ``OTEL_STRAGGLER_MODEL_CHUNK``; defaults rank 0 / size 1;
+  ``OTEL_STRAGGLER_MODEL_CHUNK``; defaults rank 0 / size 1, except data parallel in a plain
+  ``torch.distributed`` (DDP) job: without parallel state, without a DP rank or size given, and with TP, PP, CP and
+  EP of size 1, every rank is a data-parallel replica, so the DP rank / size are the rank / world size above
+  (source ``world``);
 * cohort key: ``schema.cohort_key`` (DP excluded; topology epoch and stage schema included).
 """
 
@@ -370,6 +373,10 @@ def resolve_identity(
                         pos[key] = v
                         if source == "default":
                             source = "env"
+        if ("dp_rank" not in pos and "dp_size" not in pos and int(w) > 1
+                and all(pos.get(f"{dim}_size", 1) == 1 for dim in ("tp", "pp", "cp", "ep"))):
+            pos["dp_rank"], pos["dp_size"] = int(r), int(w)  # plain DDP: every rank is a DP replica
+            source = "world" if source == "default" else source
     chunk = model_chunk if model_chunk is not None else _env_int(env, "OTEL_STRAGGLER_MODEL_CHUNK")
     if chunk is None:
         chunk = pos.get("vpp_rank", 0) if pos.get("vpp_size", 1) > 1 else 0

@@ -46,6 +46,8 @@ class EvidenceExporter:
         self._thread = threading.Thread(target=self._run, name=f"evidence-{eid}", daemon=True)
         self._f = None
         self._size = 0
+        telemetry.component_errors.labels(eid)  # at 0 from the start
+        telemetry.evictions.labels("evidence_buffer")
 
     def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

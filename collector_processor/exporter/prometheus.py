@@ -1,17 +1,18 @@
 """``prometheus`` exporter: ``/metrics`` and ``/healthz`` over HTTP.
 
 ``/metrics`` serves the collector's shared registry (self-telemetry and the straggler processor's series) plus the
-emitter self-metrics that ranks send over OTLP metrics, re-exported as ``otel_straggler_emitter_<name>_total
-{job,rank,reason}`` (counters) or ``otel_straggler_emitter_<name>{job,rank,reason}`` (gauges). ``<name>`` is the OTel
-instrument name after ``otel_straggler.emitter.`` with dots as underscores; ``reason`` is the data point's
-``reason`` attribute (or ``where`` for faults), empty when absent. New series past ``max_series`` are not created
-and are counted in ``evictions_total{structure="metric_series"}``.
+emitter self-metrics that ranks send over OTLP metrics, re-exported with labels ``{job,rank,reason}`` under their
+Prometheus names (``prometheus_names``: the OTel instrument name with dots as underscores, the unit as a suffix,
+``_total`` on counters): ``otel_straggler.emitter.dropped`` (unit ``1``) is ``otel_straggler_emitter_dropped_total``,
+the gauge ``otel_straggler.emitter.readout.lag`` (unit ``s``) is ``otel_straggler_emitter_readout_lag_seconds``.
+``reason`` is the data point's ``reason`` attribute (or ``where`` for faults), empty when absent; the instrument's
+description is the HELP text. New series past ``max_series`` are not created and are counted in
+``evictions_total{structure="metric_series"}``.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,6 +26,7 @@ from pydantic import Field
 
 from collector_processor.component import Endpoint
 from collector_processor.config.types import Strict, split_host_port
+from collector_processor.exporter.prometheus_names import prometheus_name
 from collector_processor.receiver.auth import AuthConfig, BearerAuth
 from collector_processor.registry import BuildContext, Factory
 from collector_processor.telemetry import Telemetry
@@ -32,8 +34,8 @@ from otel_straggler import schema as s
 
 log = logging.getLogger(__name__)
 OTEL_PREFIX = "otel_straggler.emitter."
-_BAD = re.compile(r"[^a-zA-Z0-9_]")
 LABELS = ("job", "rank", "reason")
+DEFAULT_HELP = "Emitter self-metric re-exported from OTLP"
 
 
 class Config(Strict):
@@ -64,6 +66,7 @@ class EmitterMetrics(Collector):
         self.max_series = max_series
         self._lock = threading.Lock()
         self._series: dict[tuple[str, str, str, str, str], float] = {}  # (kind, name, job, rank, reason)
+        self._help: dict[tuple[str, str], str] = {}  # (kind, name) -> HELP, for families with a series
 
     def update(self, req: ExportMetricsServiceRequest) -> None:
         with self._lock:
@@ -76,7 +79,6 @@ class EmitterMetrics(Collector):
                             self._metric(m, job, rank)
 
     def _metric(self, m: metrics_pb2.Metric, job: str, rank: str) -> None:
-        name = s.M_EMITTER_PREFIX + _BAD.sub("_", m.name[len(OTEL_PREFIX):].replace(".", "_"))
         kind = m.WhichOneof("data")
         if kind == "sum":
             monotonic = m.sum.is_monotonic
@@ -86,27 +88,32 @@ class EmitterMetrics(Collector):
             pts, prom_kind, delta = m.gauge.data_points, "gauge", False
         else:
             return  # histograms are not part of the emitter's self-metrics
+        name = prometheus_name(m.name, m.unit, counter=prom_kind == "counter")
         for dp in pts:
             a = _attrs(dp.attributes)
             reason = a.get(s.SM_REASON_ATTR) or a.get("where", "")
-            key = (prom_kind, name.removesuffix("_total"), job, rank, reason)
+            key = (prom_kind, name, job, rank, reason)
             if key not in self._series and len(self._series) >= self.max_series:
                 self.t.evictions.labels("metric_series").inc()
                 continue
             v = _num(dp)
             self._series[key] = self._series.get(key, 0.0) + v if delta else v
+            if m.description or (prom_kind, name) not in self._help:
+                self._help[(prom_kind, name)] = m.description or DEFAULT_HELP
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             items = sorted(self._series.items())
+            helps = dict(self._help)
         fams: dict[tuple[str, str], Metric] = {}
         for (kind, name, job, rank, reason), v in items:
             fam = fams.get((kind, name))
             if fam is None:
+                doc = helps.get((kind, name), DEFAULT_HELP)
                 if kind == "counter":
-                    fam = CounterMetricFamily(name, "Emitter self-metric re-exported from OTLP", labels=LABELS)
+                    fam = CounterMetricFamily(name, doc, labels=LABELS)  # name ends in _total: kept once
                 else:
-                    fam = GaugeMetricFamily(name, "Emitter self-metric re-exported from OTLP", labels=LABELS)
+                    fam = GaugeMetricFamily(name, doc, labels=LABELS)
                 fams[(kind, name)] = fam
             fam.add_metric([job, rank, reason], v)
         yield from fams.values()
@@ -123,6 +130,7 @@ class MetricsHTTPServer:
         self.t = telemetry
         self.healthy = healthy
         self.label = label
+        telemetry.unauthenticated.labels(label)  # at 0 from the start
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 

@@ -92,6 +92,7 @@ class Dispatcher:
                 gates.extend(g for g in p.admission if all(g is not x for x in gates))
             self._gates[sig] = gates
         self._aborted_logged = threading.Event()
+        telemetry.receiver(label)
 
     def has(self, signal: str) -> bool:
         return bool(self.pipelines.get(signal))

@@ -85,13 +85,23 @@ class SelfMetrics:
             return [Observation(float(self._snapshot().get("readout_lag_ms", 0)) / 1000.0)]
 
         count = schema.UNIT_COUNT
-        meter.create_observable_counter(schema.SM_INTERVALS, [intervals], unit=count)
-        meter.create_observable_counter(schema.SM_SPANS_EXPORTED, [scalar("spans_exported")], unit=count)
-        meter.create_observable_counter(schema.SM_DROPPED, [dropped], unit=count)
-        meter.create_observable_counter(schema.SM_DEGRADED, [degraded], unit=count)
-        meter.create_observable_counter(schema.SM_BARRIERS_SKIPPED, [scalar("barriers_skipped")], unit=count)
-        meter.create_observable_counter(schema.SM_FAULTS, [faults], unit=count)
-        meter.create_observable_counter(schema.SM_STEPS_EVICTED, [scalar("steps_evicted")], unit=count)
-        meter.create_observable_counter(schema.SM_SIDECAR_RESTARTS, [scalar("sidecar_restarts")], unit=count)
-        meter.create_observable_gauge(schema.SM_POOL_HIGH_WATER, [scalar("pool_high_water")], unit=count)
-        meter.create_observable_gauge(schema.SM_READOUT_LAG, [readout_lag_s], unit=schema.UNIT_SECONDS)
+        meter.create_observable_counter(schema.SM_INTERVALS, [intervals], unit=count,
+                                        description="Start/stop intervals completed")
+        meter.create_observable_counter(schema.SM_SPANS_EXPORTED, [scalar("spans_exported")], unit=count,
+                                        description="Spans handed to the OTLP exporter and exported")
+        meter.create_observable_counter(schema.SM_DROPPED, [dropped], unit=count,
+                                        description="Intervals or spans dropped, by reason")
+        meter.create_observable_counter(schema.SM_DEGRADED, [degraded], unit=count,
+                                        description="Intervals timed on the host only, by reason")
+        meter.create_observable_counter(schema.SM_BARRIERS_SKIPPED, [scalar("barriers_skipped")], unit=count,
+                                        description="barrier=True calls accepted and not executed")
+        meter.create_observable_counter(schema.SM_FAULTS, [faults], unit=count,
+                                        description="Exceptions caught inside the package, by where")
+        meter.create_observable_counter(schema.SM_STEPS_EVICTED, [scalar("steps_evicted")], unit=count,
+                                        description="Step aggregates closed early at the open-steps cap")
+        meter.create_observable_counter(schema.SM_SIDECAR_RESTARTS, [scalar("sidecar_restarts")], unit=count,
+                                        description="Export child process restarts")
+        meter.create_observable_gauge(schema.SM_POOL_HIGH_WATER, [scalar("pool_high_water")], unit=count,
+                                      description="Most CUDA events in flight at once")
+        meter.create_observable_gauge(schema.SM_READOUT_LAG, [readout_lag_s], unit=schema.UNIT_SECONDS,
+                                      description="Delay from stop to readout of the latest interval")

@@ -63,3 +63,17 @@ def test_hostile_bench_tiny() -> None:
     assert list(f) == ["peak_rss_mb", "valid_client_success", "windows_leaked"]
     assert float(f["peak_rss_mb"]) > 10 and 0.0 <= float(f["valid_client_success"]) <= 1.0
     assert int(f["windows_leaked"]) >= 0
+
+
+def test_collector_faults_bench_tiny() -> None:
+    """Every arm runs the real Timers against its collector; the accepting one really receives the spans."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "collector_faults.py"), "--rounds", "1", "--steps",
+                          "10", "--warmup", "3"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    f = dict(kv.split("=", 1) for kv in lines[-1].split())
+    assert list(f) == ["worst_mean_ratio", "worst_arm", "worst_step_ms", "rounds", "steps"]
+    assert float(f["worst_mean_ratio"]) > 0 and (f["rounds"], f["steps"]) == ("1", "10")
+    rows = {ln.split()[0]: ln.split() for ln in lines[2:-1]}
+    assert list(rows) == ["off", "ok", "absent", "stall", "unavailable", "invalid_argument", "http_400"]
+    assert int(rows["ok"][-1]) > 0 and int(rows["absent"][-1]) == 0  # spans exported

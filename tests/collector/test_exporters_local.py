@@ -98,7 +98,7 @@ service:
     dropped.add(4, {s.SM_REASON_ATTR: "ring_full"})
     dropped.add(1, {s.SM_REASON_ATTR: "late"})
     meter.create_counter(s.SM_INTERVALS).add(100)
-    meter.create_gauge(s.SM_READOUT_LAG).set(2.5)
+    meter.create_gauge(s.SM_READOUT_LAG, unit=s.UNIT_SECONDS).set(2.5)
     meter.create_counter("unrelated.metric").add(1)
     mp.force_flush(5000)
     dropped.add(2, {s.SM_REASON_ATTR: "ring_full"})
@@ -119,7 +119,10 @@ service:
         assert resp.status == 200 and resp.read() == b"ok\n"
 
 
-def test_emitter_gauge_exported_without_total(start_service) -> None:  # type: ignore[no-untyped-def]
+def test_emitter_metrics_take_prometheus_names_by_unit_and_kind(start_service) -> None:  # type: ignore[no-untyped-def]
+    """Real SDK exports of the emitter's instruments with their units: a gauge in ``s`` gets ``_seconds``, a gauge
+    of unit ``1`` no suffix, a counter ``_total``; a name already ending in its unit is not suffixed twice; the
+    instrument's description is the HELP text."""
     text = BASE_RECEIVER + """
 exporters:
   prometheus: {endpoint: 127.0.0.1:0}
@@ -132,10 +135,81 @@ service:
                                            export_interval_millis=60_000)
     mp = MeterProvider(metric_readers=[reader], shutdown_on_exit=False,
                        resource=Resource.create({s.RES_JOB_ID: "j", s.RES_RANK: 0}))
-    mp.get_meter("x").create_gauge(s.SM_POOL_HIGH_WATER).set(17)
+    meter = mp.get_meter("x")
+    meter.create_gauge(s.SM_POOL_HIGH_WATER, unit=s.UNIT_COUNT).set(17)
+    meter.create_gauge(s.SM_READOUT_LAG, unit=s.UNIT_SECONDS, description="Stop to readout").set(0.25)
+    meter.create_counter(s.SM_INTERVALS, unit=s.UNIT_COUNT).add(3)
+    meter.create_counter("otel_straggler.emitter.spill.bytes", unit="By").add(4096)
+    meter.create_up_down_counter("otel_straggler.emitter.wait_seconds", unit="s").add(2)  # not monotonic: gauge
     mp.shutdown()
-    m = scrape(f"http://127.0.0.1:{run.svc.exporters['prometheus'].port}/metrics")
+    url = f"http://127.0.0.1:{run.svc.exporters['prometheus'].port}/metrics"
+    m = scrape(url)
     assert m["otel_straggler_emitter_pool_high_water{job=j,rank=0,reason=}"] == 17
+    assert m["otel_straggler_emitter_readout_lag_seconds{job=j,rank=0,reason=}"] == 0.25
+    assert m["otel_straggler_emitter_intervals_total{job=j,rank=0,reason=}"] == 3
+    assert m["otel_straggler_emitter_spill_bytes_total{job=j,rank=0,reason=}"] == 4096
+    assert m["otel_straggler_emitter_wait_seconds{job=j,rank=0,reason=}"] == 2
+    assert not [k for k in m if k.startswith("otel_straggler_emitter_readout_lag{")]
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        page = resp.read().decode()
+    assert "# HELP otel_straggler_emitter_readout_lag_seconds Stop to readout\n" in page
+    assert "# TYPE otel_straggler_emitter_readout_lag_seconds gauge\n" in page
+    assert "# HELP otel_straggler_emitter_pool_high_water Emitter self-metric re-exported from OTLP\n" in page
+
+
+def test_every_counter_exists_at_zero_before_any_traffic(start_service, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The shipped configs/collector.yaml, scraped before any request: each collector counter is on /metrics at 0
+    with every reason and outcome of the schema and the id of every configured component it counts for, so a
+    ``rate()`` sees the first event; no series is made up for a component that is not configured."""
+    from collector_processor.processor.straggler.processor import EVICTED_STRUCTURES
+
+    text = (Path(__file__).resolve().parents[2] / "configs" / "collector.yaml").read_text(encoding="utf-8")
+    run = start_service(text, env={
+        "OTEL_STRAGGLER_OTLP_GRPC_ENDPOINT": "127.0.0.1:0", "OTEL_STRAGGLER_OTLP_HTTP_ENDPOINT": "127.0.0.1:0",
+        "OTEL_STRAGGLER_METRICS_ENDPOINT": "127.0.0.1:0", "OTEL_STRAGGLER_EVIDENCE_PATH": str(tmp_path / "v.jsonl")})
+    m = scrape(f"http://127.0.0.1:{run.svc.exporters['prometheus'].port}/metrics")
+    receivers = ("otlp/grpc", "otlp/http")
+    expected = {
+        s.M_SPANS_DROPPED: [{"reason": r} for r in s.COLLECTOR_DROPPED_REASONS],
+        s.M_SPANS_REJECTED: [{"reason": r} for r in s.COLLECTOR_REJECTED_REASONS],
+        s.M_SPANS_RECEIVED: [{"receiver": r} for r in receivers],
+        s.M_REQUESTS: [{"receiver": r, "outcome": o} for r in receivers for o in s.COLLECTOR_REQUEST_OUTCOMES],
+        s.M_UNAUTHENTICATED: [{"endpoint": e} for e in (*receivers, "prometheus")],
+        s.M_EXPORT_FAILURES: [{"exporter": e} for e in ("otlp_grpc/traces", "file/evidence", "debug",
+                                                         "otlp_http/events", "prometheus")],
+        s.M_COMPONENT_ERRORS: [{"component": c} for c in ("memory_limiter", "straggler", "file/evidence")],
+        s.M_EVICTIONS: [{"structure": x} for x in (*EVICTED_STRUCTURES, "metric_series", "evidence_buffer",
+                                                   "queue:traces", "queue:logs/verdicts", "queue:metrics")],
+        s.M_SPANS_ACCEPTED: [{}], s.M_WINDOWS_CLOSED: [{}], s.M_EVIDENCE_LINES: [{}],
+    }
+    for name, label_sets in expected.items():
+        for labels in label_sets:
+            key = name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())) + "}" if labels else "")
+            assert m.get(key) == 0, key
+        present = [k for k in m if k == name or k.startswith(name + "{")]
+        assert len(present) == len(label_sets), (name, sorted(present))  # nothing beyond the configuration
+    counters = {v for k, v in vars(s).items() if k.startswith("M_") and isinstance(v, str)
+                and v.startswith("otel_straggler_collector_") and v.endswith("_total")}
+    assert counters <= set(expected)
+
+
+@pytest.mark.parametrize(("name", "unit", "counter", "expected"), [
+    ("otel_straggler.emitter.readout.lag", "s", False, "otel_straggler_emitter_readout_lag_seconds"),
+    ("otel_straggler.emitter.dropped", "1", True, "otel_straggler_emitter_dropped_total"),
+    ("otel_straggler.emitter.pool.high_water", "1", False, "otel_straggler_emitter_pool_high_water"),
+    ("system.filesystem.usage", "By", False, "system_filesystem_usage_bytes"),
+    ("net.io", "By/s", False, "net_io_bytes_per_second"),
+    ("system.network.dropped", "{packets}", True, "system_network_dropped_total"),
+    ("queue.wait_seconds", "s", False, "queue_wait_seconds"),
+    ("requests_total", "1", True, "requests_total"),
+    ("x.latency", "ms", False, "x_latency_milliseconds"),
+    ("(lambda).function.executions(#)", "", True, "lambda_function_executions_total"),
+    ("rows", "widgets", False, "rows_widgets"),
+])
+def test_otel_to_prometheus_names(name: str, unit: str, counter: bool, expected: str) -> None:
+    from collector_processor.exporter.prometheus_names import prometheus_name
+
+    assert prometheus_name(name, unit, counter) == expected
 
 
 def test_debug_prints_one_line_per_verdict(start_service, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -59,6 +59,40 @@ def test_args_win_over_env_and_defaults() -> None:
     assert ident.tp_rank == 0  # bad env value: default, no raise
 
 
+def test_plain_ddp_takes_the_data_parallel_position_from_the_world() -> None:
+    """torchrun + DDP: no Megatron parallel state, no DP position given, every other dimension of size 1. Every
+    rank is a data-parallel replica, so it publishes its rank and the world size as its DP position (the real DP
+    size the collector expects in the cohort); all ranks share one cohort."""
+    idents = [resolve_identity(env={"RANK": str(r), "WORLD_SIZE": "4"}, use_parallel_state=False) for r in range(4)]
+    assert [(i.dp_rank, i.dp_size) for i in idents] == [(r, 4) for r in range(4)]
+    assert all((i.tp_size, i.pp_size, i.cp_size, i.ep_size) == (1, 1, 1, 1) for i in idents)
+    assert len({i.cohort_key for i in idents}) == 1 and all(i.source == "world" for i in idents)
+    attrs = idents[3].resource_attributes()
+    assert (attrs[schema.RES_DP_RANK], attrs[schema.RES_DP_SIZE]) == (3, 4)
+    ident = resolve_identity(env={}, rank=1, world_size=2, use_parallel_state=False)  # the keywords' world
+    assert (ident.dp_rank, ident.dp_size) == (1, 2)
+    ident = resolve_identity(env={"OTEL_STRAGGLER_TP_SIZE": "1"}, rank=1, world_size=2, use_parallel_state=False)
+    assert (ident.dp_rank, ident.dp_size, ident.source) == (1, 2, "env")  # a size-1 dimension changes nothing
+    single = resolve_identity(env={}, use_parallel_state=False)
+    assert (single.dp_rank, single.dp_size, single.source) == (0, 1, "default")
+
+
+@pytest.mark.parametrize(("env", "kwargs", "expected"), [
+    ({"OTEL_STRAGGLER_DP_RANK": "1", "OTEL_STRAGGLER_DP_SIZE": "2"}, {}, (1, 2)),  # given: it wins
+    ({}, {"dp_rank": 0, "dp_size": 2}, (0, 2)),
+    ({"OTEL_STRAGGLER_DP_SIZE": "8"}, {}, (0, 8)),  # half given: nothing guessed for the rest
+    ({"OTEL_STRAGGLER_TP_SIZE": "2"}, {}, (0, 1)),  # model parallel: the DP size is not the world size
+    ({}, {"pp_size": 2}, (0, 1)),
+    ({"OTEL_STRAGGLER_CP_SIZE": "2"}, {}, (0, 1)),
+    ({"OTEL_STRAGGLER_EP_SIZE": "4"}, {}, (0, 1)),
+])
+def test_the_world_is_not_the_data_parallel_position_when_something_says_otherwise(
+        env: dict[str, str], kwargs: dict[str, int], expected: tuple[int, int]) -> None:
+    ident = resolve_identity(env={"RANK": "5", "WORLD_SIZE": "8", **env}, use_parallel_state=False, **kwargs)
+    assert (ident.dp_rank, ident.dp_size) == expected
+    assert ident.source in ("env", "args")
+
+
 @pytest.mark.parametrize(
     ("env", "expected"),
     [
@@ -155,6 +189,9 @@ def test_two_torchrun_launches_get_two_ids_and_ranks_agree() -> None:
         spans = rank_steps()
         assert {(s.r(schema.RES_JOB_ID), s.r(schema.RES_RANK)) for s in spans} == {
             (j, r) for j in launches for r in (0, 1)}
+        # no DP position given: torchrun's RANK / WORLD_SIZE are the data-parallel position of a plain DDP job
+        assert {(s.r(schema.RES_RANK), s.r(schema.RES_DP_RANK), s.r(schema.RES_DP_SIZE)) for s in spans} == {
+            (0, 0, 2), (1, 1, 2)}
         ids = [s.span_id for s in spans]
         assert len(ids) == len(set(ids)) == 12
     finally:
@@ -191,8 +228,8 @@ def test_parallel_state_when_initialised(monkeypatch: pytest.MonkeyPatch) -> Non
         raise RuntimeError("expert groups not initialised")
 
     monkeypatch.setattr(ps, "get_expert_model_parallel_rank", broken)
-    ident = resolve_identity(env={"OTEL_STRAGGLER_TP_RANK": "0"})
-    assert ident.source == "parallel_state"
+    ident = resolve_identity(env={"OTEL_STRAGGLER_TP_RANK": "0", "RANK": "29", "WORLD_SIZE": "48"})
+    assert ident.source == "parallel_state"  # and its DP position, not the world's
     assert (ident.tp_rank, ident.tp_size, ident.pp_rank, ident.pp_size) == (1, 2, 3, 4)
     assert (ident.vpp_rank, ident.vpp_size, ident.dp_rank, ident.dp_size) == (0, 1, 5, 6)
     assert ident.ep_rank == 0  # guarded getter failed open

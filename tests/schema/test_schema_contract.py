@@ -54,8 +54,26 @@ def test_every_documented_attribute_is_a_constant() -> None:
 
 def test_enumerations_are_documented() -> None:
     for value in (*s.VERDICTS, *s.REASONS, *s.ATTRIBUTIONS, *s.DEGRADED_REASONS, *s.STAGE_GROUPS,
-                  *s.SM_DROPPED_REASONS, *s.SM_FAULT_WHERES):
+                  *s.SM_DROPPED_REASONS, *s.SM_FAULT_WHERES, *s.COLLECTOR_DROPPED_REASONS,
+                  *s.COLLECTOR_REJECTED_REASONS, *s.COLLECTOR_REQUEST_OUTCOMES):
         assert f"`{value}`" in DOC, value
+
+
+def test_collector_counter_label_lists_are_the_documented_and_counted_values() -> None:
+    """The reasons and outcomes the collector reports at 0 from the start are exactly those its table row lists,
+    and the rejection reasons are the ones the straggler processor counts."""
+    from collector_processor.processor.straggler import decode
+
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(otel_straggler_collector_[a-z_]+)` \|[^|]*\|[^|]*\|"
+                                                        r"([^\n]*)\|$", DOC, flags=re.M)}
+
+    def listed(metric: str) -> list[str]:
+        return re.findall(r"`([a-z_]+)`", rows[metric].split(";")[0])
+
+    assert listed(s.M_SPANS_DROPPED) == list(s.COLLECTOR_DROPPED_REASONS)
+    assert listed(s.M_SPANS_REJECTED) == list(s.COLLECTOR_REJECTED_REASONS)
+    assert listed(s.M_REQUESTS) == list(s.COLLECTOR_REQUEST_OUTCOMES)
+    assert {v for k, v in vars(decode).items() if k.startswith("REJECT_")} == set(s.COLLECTOR_REJECTED_REASONS)
 
 
 def test_emitter_self_metrics_use_base_units_and_no_unit_in_the_name() -> None:

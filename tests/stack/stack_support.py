@@ -90,23 +90,28 @@ def promql_metric_names(expr: str) -> set[str]:
 _EMITTER_PREFIX = "otel_straggler.emitter."
 
 
-def _emitter_instruments() -> dict[str, str]:
-    """Every emitter self-metric instrument (``SM_`` constants) and its kind, from the contract table in
-    docs/schema.md (counter where the table does not say)."""
+def _emitter_instruments() -> dict[str, tuple[str, str]]:
+    """Every emitter self-metric instrument (``SM_`` constants) with its kind and unit, from the contract table in
+    docs/schema.md."""
     text = (REPO / "docs" / "schema.md").read_text(encoding="utf-8")
-    kinds = {}
-    for m in re.finditer(r"^\|\s*`(otel_straggler\.emitter\.[a-z0-9_.]+)`\s*\|\s*(counter|gauge)\s*\|", text, re.M):
-        kinds[m.group(1)] = m.group(2)
-    return {value: kinds.get(value, "counter") for attr in dir(s)
-            if attr.startswith("SM_") and isinstance(value := getattr(s, attr), str)
-            and value.startswith(_EMITTER_PREFIX)}
+    rows = {m.group(1): (m.group(2), m.group(3)) for m in re.finditer(
+        r"^\|\s*`(otel_straggler\.emitter\.[a-z0-9_.]+)`\s*\|\s*(counter|gauge)\s*\|\s*`([^`]+)`\s*\|", text, re.M)}
+    names = {value for attr in dir(s) if attr.startswith("SM_") and isinstance(value := getattr(s, attr), str)
+             and value.startswith(_EMITTER_PREFIX)}
+    assert names <= set(rows), f"emitter instruments without a row in docs/schema.md: {sorted(names - set(rows))}"
+    return {name: rows[name] for name in names}
+
+
+# Prometheus suffix of each unit the emitter uses (OTel -> Prometheus naming: unit words, counters _total)
+_UNIT_SUFFIX = {"1": "", "s": "_seconds"}
 
 
 def emitter_metric_names() -> set[str]:
-    """Prometheus names of the emitter self-metrics re-exported by the collector (counters get ``_total``)."""
+    """Prometheus names of the emitter self-metrics re-exported by the collector: the unit as a suffix
+    (``s`` -> ``_seconds``, ``1`` none), counters end in ``_total``."""
     names = set()
-    for name, kind in _emitter_instruments().items():
-        base = s.M_EMITTER_PREFIX + name[len(_EMITTER_PREFIX):].replace(".", "_")
+    for name, (kind, unit) in _emitter_instruments().items():
+        base = s.M_EMITTER_PREFIX + name[len(_EMITTER_PREFIX):].replace(".", "_") + _UNIT_SUFFIX[unit]
         names.add(base + "_total" if kind == "counter" else base)
     return names
 
@@ -441,10 +446,10 @@ def send_emitter_metrics(grpc_port: int, rank: int = 0) -> None:
     mp = MeterProvider(resource=Resource.create({s.RES_JOB_ID: JOB_ID, s.RES_RANK: rank}),
                        metric_readers=[reader], shutdown_on_exit=False)
     meter = mp.get_meter(s.SCOPE_NAME)
-    for name, kind in _emitter_instruments().items():
+    for name, (kind, unit) in _emitter_instruments().items():
         if kind == "counter":
-            meter.create_counter(name).add(2, {s.SM_REASON_ATTR: "queue_full"})
+            meter.create_counter(name, unit=unit).add(2, {s.SM_REASON_ATTR: "queue_full"})
         else:
-            meter.create_gauge(name).set(3.0)
+            meter.create_gauge(name, unit=unit).set(3.0)
     assert mp.force_flush(10_000), "emitter metrics were not exported"
     mp.shutdown()

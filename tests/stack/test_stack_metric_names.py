@@ -58,7 +58,8 @@ def test_known_names_follow_the_schema() -> None:
     known = exported_metric_names()
     assert s.M_STRAGGLER_ACTIVE in known and s.M_PROCESSING_SECONDS + "_bucket" in known
     assert s.M_EMITTER_PREFIX + "dropped_total" in emitter_metric_names()
-    assert s.M_EMITTER_PREFIX + "pool_high_water" in emitter_metric_names()  # a gauge: no _total
+    assert s.M_EMITTER_PREFIX + "pool_high_water" in emitter_metric_names()  # a gauge of unit 1: no suffix
+    assert s.M_EMITTER_PREFIX + "readout_lag_seconds" in emitter_metric_names()  # unit s: _seconds
 
 
 def test_every_queried_metric_is_exported_per_the_schema() -> None:
@@ -112,6 +113,7 @@ def test_live_collector_exports_every_queried_metric(tmp_path: Path) -> None:
     missing = sorted(set(_queried()) - scraped)
     assert not missing, f"queried but absent from the live /metrics: {missing}"
     # The compose config's disabled forwarder never fails, and its evidence exporter wrote the verdict.
-    assert not [ln for ln in text.splitlines() if ln.startswith(s.M_EXPORT_FAILURES)]
+    failures = [ln for ln in text.splitlines() if ln.startswith(s.M_EXPORT_FAILURES + "{")]
+    assert failures and all(ln.endswith(" 0.0") for ln in failures), failures  # there from the start, at 0
     verdicts = [json.loads(ln) for ln in col.evidence.read_text(encoding="utf-8").splitlines()]
     assert any(v["rank"] == SLOW_RANK and v["verdict"] == s.VERDICT_STRAGGLER for v in verdicts)

@@ -58,6 +58,9 @@ COUNTERS = (
     "evicted_states", "verdict_spans_dropped",
 )
 
+# evictions_total{structure} values this processor counts (metric_series: StragglerMetrics)
+EVICTED_STRUCTURES = ("cohorts", "windows", "dedup", "cohort_ranks", "stages", "open_windows", "detector_states")
+
 
 class StragglerProcessor:
     def __init__(self, config: Config, telemetry: Telemetry, emit_verdicts: Callable[[list[Verdict]], None],
@@ -82,6 +85,8 @@ class StragglerProcessor:
         # (job, rank) -> [when its last duplicate line was logged, duplicates since]
         self._duplicate_log: OrderedDict[tuple[str, int], list[float]] = OrderedDict()
         self.last_rejected = 0
+        for structure in EVICTED_STRUCTURES:  # at 0 from the start
+            telemetry.evictions.labels(structure=structure)
 
     # --- component ----------------------------------------------------------------------------------
     def start(self) -> None:
