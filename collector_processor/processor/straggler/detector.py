@@ -23,7 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from collector_processor.processor.straggler import sequential
-from collector_processor.processor.straggler.attribution import attribute, collective_evidence
+from collector_processor.processor.straggler.attribution import (
+    attribute,
+    collective_evidence,
+    unexplained_host_excess,
+)
 from collector_processor.processor.straggler.cohort import Cohort
 from collector_processor.processor.straggler.config import Config
 from collector_processor.processor.straggler.impact import impact, step_period_ms
@@ -183,7 +187,7 @@ class Comparison:
     size: int = 0  # effective cohort: the rank and its comparable peers with a sample of this kind
     gap: float = 0.0  # value - reference, ms
     tolerance: float = 0.0  # the deviation beyond which the window is slow
-    host_stall: bool = False  # the host comparison of a host_stall group replaced a flat device one
+    host_stall: bool = False  # the host comparison replaced the device one (host_stall)
     peers: list[int] | None = None  # the comparable peers (None: every other rank)
 
     @property
@@ -483,9 +487,10 @@ class Judgement:
 
     def host_stall(self, cmp: Comparison) -> Comparison:
         """``host_stall``: in a ``host_stall_groups`` stage whose device comparison does not fire (flat or
-        sub-floor), the rank's host time beyond tolerance and the host floor against the peers' host times is
-        the comparison instead (a host stall outside the device interval, e.g. waiting for data, still delays
-        the step)."""
+        sub-floor), the rank's host time beyond tolerance and the host floor against the peers' host times, and
+        not explained by its device excess (``attribution.py``), is the comparison instead: a host stall (CPU
+        contention, a stalled launch, waiting for data) with the GPU flat. While an alert convicted on host
+        time is active, the host comparison stays the evidence (it holds or recovers on host time)."""
         mine = self.mine
         assert mine is not None
         if cmp.measurement != DEVICE or self.se.group not in self.cfg.host_stall_groups or mine.host is None:
@@ -493,8 +498,19 @@ class Judgement:
         assert cmp.ref_ms is not None
         if cmp.slow and cmp.gap >= self.det.floor(DEVICE, cmp.ref_ms):
             return cmp
+        alert = self.st.alert
+        on_host = alert is not None and alert.measurement == HOST
+        if not on_host:
+            # no peer's host time is far enough below the rank's to clear the floor: nothing to compare (the
+            # common case, decided without the host tolerance)
+            lowest = self.se.views.host.lowest(self.rank)
+            if lowest is None or mine.host - lowest < self.cfg.absolute_floor_ms:
+                return cmp
         host = self.reference(HOST, mine.host)
-        if host.ref_ms is None or host.ref_ms <= 0 or not (host.slow and host.gap >= self.cfg.absolute_floor_ms):
+        if host.ref_ms is None or host.ref_ms <= 0:
+            return cmp
+        if not on_host and not (host.slow and host.gap >= self.cfg.absolute_floor_ms
+                                and self._host_unexplained(cmp.peers)):
             return cmp
         host.host_stall = True
         host.peers = cmp.peers
@@ -529,7 +545,7 @@ class Judgement:
         if st.streak < need and cmp.measurement == DEVICE and not cmp.host_stall and self._sequential_fires():
             st.streak = need
         if st.streak >= need:
-            attribution = s.ATTRIBUTION_HOST if cmp.host_stall else self._attribution(cmp)
+            attribution = self._attribution(cmp)
             sequential.reset(st)
             self._alert(self._emit(s.VERDICT_STRAGGLER, SLOWER_THAN_REFERENCE, attribution, cmp), new=True)
         return None
@@ -547,7 +563,7 @@ class Judgement:
         dev = relative_deviation(value, ref)
         found = Comparison(DEVICE, value, None, ref, dev, cmp.size, value - ref, self.cfg.sequential_margin,
                            peers=cmp.peers)
-        v = self._emit(s.VERDICT_STRAGGLER, PERSISTENT_EXCESS, self._attribution(found, per_step=True), found)
+        v = self._emit(s.VERDICT_STRAGGLER, PERSISTENT_EXCESS, self._attribution(found), found)
         st.streak = 0
         st.last_slow_index = None
         sequential.reset(st)
@@ -655,40 +671,51 @@ class Judgement:
         if new:
             self.ev.out.verdicts.append(v)
 
-    def _attribution(self, cmp: Comparison, per_step: bool = False) -> str:
-        """GPU or host (``attribution.py``) of the comparison that convicts: the rank's device time against
-        the comparable peers' device times (``per_step``: ``cmp`` itself, the per-step comparison of
-        ``sequential_excess``, with its margin as the tolerance) and its host time against their host times
-        (never their device times)."""
-        cfg = self.cfg
+    def _excess(self, kind: str, peers: list[int] | None) -> tuple[float, float] | None:
+        """(the rank's window statistic of ``kind`` minus the comparable peers' median of it, that median);
+        None without a value or a peer with one. ``peers`` None: every other rank (pre-sorted views)."""
         mine = self.mine
         assert mine is not None
-        per = self.se.per
-        peers = cmp.peers if cmp.peers is not None else self.se.others(self.rank)
-        tols = self.se.tols
-        dev_d = dev_g = host_d = host_g = ref_d = None
-        dev_tol = tols.device
-        if per_step:
-            dev_d, dev_g, ref_d, dev_tol = cmp.deviation, cmp.gap, cmp.ref_ms, cmp.tolerance
-        elif mine.dev is not None:
-            dev_vals = {p: v for p in peers if (v := per[p].dev) is not None}
-            ref = reference_of(dev_vals, cfg.reference, cfg.fastest_quantile)
-            if ref is not None:
-                ref_d = ref[1]
-                dev_d = relative_deviation(mine.dev, ref[1])
-                dev_g = mine.dev - ref[1]
-        if mine.host is not None:
-            host_vals = {p: v for p in peers if (v := per[p].host) is not None}
-            ref = reference_of(host_vals, cfg.reference, cfg.fastest_quantile)
-            if ref is not None:
-                host_d = relative_deviation(mine.host, ref[1])
-                host_g = mine.host - ref[1]
-        return attribute(measurement=cmp.measurement or DEVICE, device_deviation=dev_d, device_gap_ms=dev_g,
-                         host_deviation=host_d, host_gap_ms=host_g, tolerance=dev_tol, host_tolerance=tols.host,
-                         floor_ms=self.det.floor(DEVICE, ref_d) if ref_d is not None else cfg.absolute_floor_ms,
-                         host_floor_ms=cfg.absolute_floor_ms,
-                         host_explains_fraction=cfg.host_explains_fraction,
-                         host_ambiguous_fraction=cfg.host_ambiguous_fraction)
+        value = mine.dev if kind == DEVICE else mine.host
+        if value is None:
+            return None
+        if peers is None:
+            view = self.se.views.device if kind == DEVICE else self.se.views.host
+            ref = view.reference(self.rank, "median")
+        else:
+            per = self.se.per
+            vals = {p: v for p in peers if (v := (per[p].dev if kind == DEVICE else per[p].host)) is not None}
+            ref = reference_of(vals, "median")
+        if ref is None:
+            return None
+        return value - ref[1], ref[1]
+
+    def _host_unexplained(self, peers: list[int] | None) -> bool:
+        """The rank's host excess that its device excess does not explain is evidence of its own
+        (``attribution.unexplained_host_excess``)."""
+        host = self._excess(HOST, peers)
+        if host is None:
+            return False
+        dev = self._excess(DEVICE, peers)
+        return unexplained_host_excess(device_excess_ms=dev[0] if dev is not None else None,
+                                       host_excess_ms=host[0], host_reference_ms=host[1],
+                                       host_tolerance=self.se.tols.host, host_floor_ms=self.cfg.absolute_floor_ms)
+
+    def _attribution(self, cmp: Comparison) -> str:
+        """GPU or host (``attribution.py``) of the comparison that convicts, one rule for every rule that
+        convicts: on host time (``host_stall``, or a rank without device samples) ``host_only_stall``; on device
+        time, by the host excess its device excess does not explain, both against the comparable peers'
+        median of the same kind (in a data-loader stage: the host's)."""
+        group = self.se.group
+        if cmp.measurement != DEVICE or cmp.host_stall:
+            return attribute(convicted_on=HOST, group=group, device_excess_ms=None, host_excess_ms=None,
+                             host_reference_ms=None, host_tolerance=0.0, host_floor_ms=0.0)
+        dev = self._excess(DEVICE, cmp.peers)
+        host = self._excess(HOST, cmp.peers)
+        return attribute(convicted_on=DEVICE, group=group, device_excess_ms=dev[0] if dev is not None else None,
+                         host_excess_ms=host[0] if host is not None else None,
+                         host_reference_ms=host[1] if host is not None else None,
+                         host_tolerance=self.se.tols.host, host_floor_ms=self.cfg.absolute_floor_ms)
 
     def _emit(self, verdict: str, reason: str, attribution: str, cmp: Comparison) -> Verdict:
         """The verdict on this rank and stage, with the comparison it reports and its cost."""
