@@ -539,6 +539,7 @@ class Judgement:
         st.streak = st.streak + fresh if st.last_slow_index == idx - 1 else k
         st.last_slow_index = idx
         st.held_reported = False
+        st.par_windows = 0
         if st.alert is not None:
             return self._alert(self._emit(s.VERDICT_STRAGGLER, SLOWER_THAN_REFERENCE, st.alert.attribution, cmp))
         need = cfg.persistence_windows * k
@@ -571,28 +572,35 @@ class Judgement:
         return True
 
     def hysteresis(self, cmp: Comparison) -> bool:
-        """``hysteresis``: an active alert holds (refreshed, no verdict) while the window is within the
-        noise-raised tolerance but not the base ``tolerance``, or its mean per-step excess stays beyond half
-        the sequential margin: no evidence of par, so a rank just above the margin does not recover on one
-        noisy window and get convicted again."""
+        """``hysteresis``: an active alert holds (refreshed, no verdict) until ``recovery_windows`` consecutive
+        windows are at par: within the base ``tolerance`` of the reference (not only the noise-raised one),
+        within ``recovery_margin`` of the comparable peers' median, and, with sequential evidence, a mean
+        per-step excess within half the sequential margin. A rank just above the margin, or one whose excess
+        is still rising, does not recover on one noisy window and get convicted again."""
         st = self.st
-        seq = self.seq
-        assert cmp.deviation is not None
-        if st.alert is None or not (cmp.deviation > self.cfg.tolerance or (
-                seq is not None and seq.window_excess > self.cfg.sequential_margin / 2)):
+        if st.alert is None:
             return False
+        if self._par(cmp):
+            idx = self.ev.window.index
+            st.par_windows = st.par_windows + 1 if st.last_par_index == idx - 1 else 1
+            st.last_par_index = idx
+            if st.par_windows >= self.cfg.recovery_windows:
+                return False
+        else:
+            st.par_windows = 0
         st.streak = 0
         st.last_slow_index = None
         self._alert(self._emit(s.VERDICT_STRAGGLER, SLOWER_THAN_REFERENCE, st.alert.attribution, cmp))
         return True
 
     def recovery(self, cmp: Comparison) -> None:
-        """``recovery``: within tolerance is positive evidence of par (the floor never blocks it); an active
-        alert ends with ``recovered``."""
+        """``recovery``: par evidence (``hysteresis``) is positive evidence (the floor never blocks it); an
+        active alert ends with ``recovered``."""
         st = self.st
         st.streak = 0
         st.last_slow_index = None
         st.held_reported = False
+        st.par_windows = 0
         if st.alert is None:
             return
         sequential.reset(st)
@@ -608,6 +616,7 @@ class Judgement:
         self.c["missing_windows"] += 1
         st.streak = 0
         st.last_slow_index = None
+        st.par_windows = 0
         sequential.reset(st)
         if st.alert is not None:
             self._hold(Comparison())
@@ -638,6 +647,7 @@ class Judgement:
         st = self.st
         alert = st.alert
         assert alert is not None
+        st.par_windows = 0
         self.c["recovery_withheld_windows"] += 1
         self.ev.out.alerts[(self.rank, self.se.name)] = alert
         if st.held_reported:
@@ -700,6 +710,17 @@ class Judgement:
         return unexplained_host_excess(device_excess_ms=dev[0] if dev is not None else None,
                                        host_excess_ms=host[0], host_reference_ms=host[1],
                                        host_tolerance=self.se.tols.host, host_floor_ms=self.cfg.absolute_floor_ms)
+
+    def _par(self, cmp: Comparison) -> bool:
+        """The window is at par (``hysteresis``)."""
+        cfg = self.cfg
+        if cmp.deviation is None or cmp.deviation > cfg.tolerance:
+            return False
+        seq = self.seq
+        if cmp.measurement == DEVICE and seq is not None and seq.window_excess > cfg.sequential_margin / 2:
+            return False
+        x = self._excess(cmp.measurement or DEVICE, cmp.peers)
+        return x is None or x[1] <= 0 or x[0] <= cfg.recovery_margin * x[1]
 
     def _attribution(self, cmp: Comparison) -> str:
         """GPU or host (``attribution.py``) of the comparison that convicts, one rule for every rule that

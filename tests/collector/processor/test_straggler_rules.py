@@ -571,3 +571,44 @@ def test_a_window_missing_one_device_sample_still_counts_as_full() -> None:
     assert first(False) == 34
     assert first(True) == 34
 
+
+def test_recovery_needs_persistent_par_and_never_flaps_on_a_rising_ramp() -> None:
+    """A thermal ramp: rank 3's GPU slows by 0.1 % per step from step 20; one window reads near par (+1 %, noise)
+    while the excess still rises. One window at par is no recovery (recovery_windows = 2): a single alert, no
+    recovered/straggler pair; two windows at par, at the end, recover it. With recovery_windows = 1 the near-par
+    window recovers it and the ramp is convicted again."""
+    def ramp(r, st):  # type: ignore[no-untyped-def]
+        if r != 3 or st < 20 or st >= 100:
+            return (PAR, 10.0)
+        return (PAR * (1.01 if 60 <= st < 65 else 1.0 + 0.001 * (st - 20)), 10.0)
+
+    proc, emitted, _ = make_processor()
+    feed(proc, range(0, 100), ramp)
+    assert kinds(emitted, rank=3) == [(s.VERDICT_STRAGGLER, "persistent_excess")]
+    feed(proc, range(100, 106), ramp)
+    assert kinds(emitted, rank=3)[-1] == (s.VERDICT_STRAGGLER, "persistent_excess")  # one window at par: held
+    feed(proc, range(106, 111), ramp)
+    assert kinds(emitted, rank=3)[-1] == (s.VERDICT_RECOVERED, "within_tolerance")
+
+    proc, emitted, _ = make_processor(Config(recovery_windows=1))
+    feed(proc, range(0, 100), ramp)
+    assert [k[0] for k in kinds(emitted, rank=3)] == [s.VERDICT_STRAGGLER, s.VERDICT_RECOVERED,
+                                                      s.VERDICT_STRAGGLER]
+
+
+def test_recovery_needs_a_margin_well_inside_tolerance() -> None:
+    """A host stall (data loader, host +20 ms) eases to +3 %: within the 4 % tolerance of the fastest peer but
+    beyond the recovery margin (2 % of the peers' median): the alert holds; at par it recovers."""
+    proc, emitted, _ = make_processor()
+    feed(proc, range(0, 30), lambda r, st: (30.0, 40.0 if r == 2 and st >= 10 else 20.0), stage="batch-generator",
+         group="data")
+    feed(proc, range(30, 60), lambda r, st: (30.0, 20.6 if r == 2 else 20.0), stage="batch-generator", group="data")
+    assert [v.verdict for v in emitted if v.rank == 2] == [s.VERDICT_STRAGGLER]
+    assert [a.rank for a in proc.active()] == [2]
+    feed(proc, range(60, 75), lambda r, st: (30.0, 20.0), stage="batch-generator", group="data")
+    assert kinds(emitted, rank=2, stage="batch-generator")[-1] == (s.VERDICT_RECOVERED, "within_tolerance")
+    proc, emitted, _ = make_processor(Config(recovery_margin=0.04))
+    feed(proc, range(0, 30), lambda r, st: (30.0, 40.0 if r == 2 and st >= 10 else 20.0), stage="batch-generator",
+         group="data")
+    feed(proc, range(30, 60), lambda r, st: (30.0, 20.6 if r == 2 else 20.0), stage="batch-generator", group="data")
+    assert s.VERDICT_RECOVERED in [v.verdict for v in emitted if v.rank == 2]
