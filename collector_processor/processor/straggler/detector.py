@@ -415,9 +415,7 @@ class Judgement:
         if mine.dev is None and mine.host is None:  # non_finite
             c["non_finite_windows"] += 1
             return self._unusable(NON_FINITE_SAMPLE, Comparison())
-        if mine.dev is None and self.st.dev_recent:
-            # device_samples_missing: a rank that times this stage on the device sent none in this window; its
-            # host time is launch time, never compared as if it were the stage's duration
+        if mine.dev is None and self.device_samples_missing():
             c["device_samples_missing_windows"] += 1
             return self._unusable(MISSING_SAMPLES, Comparison())
         meas = DEVICE if mine.dev is not None else HOST  # statistic: device and host are never mixed
@@ -431,15 +429,29 @@ class Judgement:
             c["below_min_cohort_windows"] += 1
             return self._unusable(COHORT_BELOW_MIN_SIZE, Comparison(meas, value, size=cmp.size))
         cmp = self.host_stall(cmp)
-        self._record_deviation(cmp)
         if self.absolute_floor(cmp):
             c["below_floor_windows"] += 1
             return self._unusable(BELOW_ABSOLUTE_FLOOR, cmp)
+        self._record_deviation(cmp)
         if cmp.slow:
             return self.window_excess(cmp)
         if self.sequential_excess(cmp) or self.hysteresis(cmp):
             return None
         return self.recovery(cmp)
+
+    def device_samples_missing(self) -> bool:
+        """``device_samples_missing``: the rank, without a device sample of the stage in this window, sent some in
+        the last ``device_history_windows`` windows: it times the stage on the device, and its host time is
+        launch time, never compared as if it were the stage's duration. A rank that stopped timing it on the
+        device longer ago is judged on host time against its peers' host times (its device history is
+        dropped)."""
+        recent = self.st.dev_recent
+        if not recent:
+            return False
+        if recent[-1][0] >= self.ev.window.index - self.cfg.device_history_windows:
+            return True
+        self.st.dev_recent = None
+        return False
 
     def workload(self) -> bool:
         """``workload``: the rank's tokens per step are within ``workload_tolerance`` of the cohort's median

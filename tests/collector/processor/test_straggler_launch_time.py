@@ -4,7 +4,7 @@ Found on an H200 (bench/results/gpu-h200.md): four megatron-core replicas sharin
 times jittering by 10-30 % while device times stayed level. Host comparisons therefore carry their own
 noise-raised tolerance and the host floor: launch-time jitter convicts nobody. A sustained host stall with
 the GPU flat (CPU contention, a stalled launch) is a straggler in any judged stage (``host_stall``,
-``host_only_stall``).
+``host_only_stall``), and a rank whose device samples stopped for good is judged on host time again.
 """
 
 from __future__ import annotations
@@ -98,3 +98,17 @@ def test_a_cuda_rank_window_without_device_samples_is_not_judged_on_launch_time(
     assert _stragglers(emitted) == []
     assert any(v.rank == 1 and v.reason == "missing_samples" for v in emitted)
 
+
+def test_a_rank_that_stops_timing_on_the_device_is_judged_on_host_time_again() -> None:
+    """A rank whose device samples stopped for good is judged host against host once device_history_windows
+    windows passed without any: rank 1's host +50 % (+9 ms) is then a host_only_stall; it is never left
+    uncertain forever."""
+    clock = Clock()
+    proc, emitted, _ = make_processor(clock=clock)
+    sim = Sim(device_every=4, host_factor=_factor(1, "forward-compute", 45, 1.5))
+    _drop_device_after(sim, 1, 44)
+    run(proc, sim, range(0, 120), clock=clock)
+    got = [v for v in emitted if v.verdict == s.VERDICT_STRAGGLER]
+    assert [(v.rank, v.stage, v.measurement, v.attribution) for v in got] == [
+        (1, "forward-compute", s.MEASUREMENT_HOST_ONLY, s.ATTRIBUTION_HOST)]
+    assert got[0].step is not None and got[0].step >= 45 + 5 * Config().device_history_windows

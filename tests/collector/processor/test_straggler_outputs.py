@@ -138,6 +138,20 @@ def test_prometheus_view_follows_the_alert() -> None:
     assert not [ln for ln in text.splitlines() if ln.startswith(s.M_STRAGGLER_ACTIVE + "{")]
 
 
+def test_rank_deviation_ignores_comparisons_under_the_floor() -> None:
+    """The dashboard's worst deviation per rank counts comparisons that cleared the absolute floor: rank 1's
+    1 ms data stage +50 % (a 0.5 ms gap, under the 5 ms host floor) does not paint it; its forward-compute,
+    1 % slow against the fastest peer, does."""
+    proc, _, tel = make_processor()
+    for st in range(0, 30):
+        proc.process_traces(step_request(st, {r: (None, 1.5 if r == 1 else 1.0) for r in range(8)},
+                                         stage="batch-generator", group="data"))
+        proc.process_traces(step_request(st, {r: (60.6 if r == 1 else 60.0, 10.0) for r in range(8)}))
+    cohort = next(iter(proc.cohorts)).key
+    dev = tel.registry.get_sample_value(s.M_RANK_DEVIATION, {"job": "job-1", "cohort": cohort, "rank": "1"})
+    assert dev is not None and math.isclose(dev, 0.01, abs_tol=1e-9)
+
+
 def test_config_is_strict_and_has_documented_defaults() -> None:
     import pytest
     from pydantic import ValidationError
@@ -151,6 +165,11 @@ def test_config_is_strict_and_has_documented_defaults() -> None:
         Config(unknown_knob=1)  # type: ignore[call-arg]
     with pytest.raises(ValidationError):
         Config(judged_groups=["forwards"])
+    with pytest.raises(ValidationError):
+        Config(host_stall_groups=["forwards"])
+    # docs/detector.md: host_stall, hysteresis
+    assert cfg.host_stall_groups == cfg.judged_groups
+    assert (cfg.recovery_windows, cfg.recovery_margin) == (2, 0.02)
     from collector_processor.processor.straggler import factory
     assert factory.TYPE == "straggler" and isinstance(factory.create_default_config(), Config)
 
