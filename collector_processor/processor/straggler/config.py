@@ -36,8 +36,14 @@ class Config(BaseModel):
     device_history_windows: int = Field(default=4, ge=0)
     # Wall-clock window length for spans without dl.iteration, anchored at the cohort's first observation.
     wall_window_s: float = Field(default=10.0, gt=0)
-    # A window closes this long after the first sample of a later window arrived, even if a rank is late.
+    # A window closes a grace period after the first sample of a later window arrived, even if a rank is
+    # late. The grace adapts to the arrival lag measured in the cohort: 1.5 x the largest lag (how long after
+    # a later window opened a window's samples still arrived, over its latest 64 closed windows and late
+    # samples), at least grace_s and at most grace_max_s. Ranks exporting with the OTel SDK's 5 s schedule
+    # delay deliver a step up to ~5 s after another rank's batch opened later windows, whatever the step time;
+    # 30 s: rank_timeout_s, after which a silent rank holds no window anyway. grace_max_s <= grace_s: fixed.
     grace_s: float = Field(default=5.0, ge=0)
+    grace_max_s: float = Field(default=30.0, ge=0)
     # A rank not heard from for this long no longer holds windows open (it may have died or been rescheduled).
     rank_timeout_s: float = Field(default=30.0, gt=0)
     # A window that accepted no sample for window_idle_s, or opened window_max_age_s ago, is closed (judged) at
@@ -131,8 +137,12 @@ class Config(BaseModel):
     max_cohorts: int = Field(default=256, ge=1)
     max_ranks_per_cohort: int = Field(default=4096, ge=1)
     max_stages: int = Field(default=64, ge=1)
-    # Open windows per cohort (each holds every stage); beyond it the oldest is closed early (counted).
-    max_open_windows: int = Field(default=8, ge=1)
+    # Open windows per cohort (each holds every stage); beyond it the oldest is closed early (counted). What
+    # an open window holds is bounded by its rank-steps (window_steps per rank); windows close by progress as
+    # soon as every rank moved past them, so many are open only while ranks arrive far apart: with ~70 ms
+    # steps (0.35 s windows) and the SDK's 5 s schedule delay, a rank's batch opens ~13 windows and its peers'
+    # batches arrive up to 5 s (~14 windows) later. 64 covers that twice over.
+    max_open_windows: int = Field(default=64, ge=1)
     # Stage-span ids remembered for replay detection (LRU). A step summary is deduplicated by its identity
     # instead: one per (rank, step) in a window.
     dedup_capacity: int = Field(default=262_144, ge=1)

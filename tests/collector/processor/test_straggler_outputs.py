@@ -167,9 +167,10 @@ def test_config_is_strict_and_has_documented_defaults() -> None:
         Config(judged_groups=["forwards"])
     with pytest.raises(ValidationError):
         Config(host_stall_groups=["forwards"])
-    # docs/detector.md: host_stall, hysteresis
+    # docs/detector.md: host_stall, hysteresis, windows
     assert cfg.host_stall_groups == cfg.judged_groups
-    assert (cfg.recovery_windows, cfg.recovery_margin) == (2, 0.02)
+    assert (cfg.recovery_windows, cfg.recovery_margin, cfg.grace_s, cfg.grace_max_s, cfg.max_open_windows) == (
+        2, 0.02, 5.0, 30.0, 64)
     from collector_processor.processor.straggler import factory
     assert factory.TYPE == "straggler" and isinstance(factory.create_default_config(), Config)
 
