@@ -122,11 +122,12 @@ class Config(BaseModel):
     host_stall_groups: list[str] = Field(
         default_factory=lambda: ["forward", "backward", "optimizer", "data", "other"]
     )
-    # Recovery (hysteresis): an alert ends after recovery_windows consecutive windows at par, each within the
-    # base tolerance of the reference, within recovery_margin of the comparable peers' median (half the
-    # tolerance: a margin well inside it) and, with sequential evidence, a mean per-step excess within half
-    # the sequential margin. One window is not enough: a rank slowing steadily (a thermal ramp) has noisy
-    # windows near par while its excess still rises (docs/detection-defaults.md).
+    # Recovery (hysteresis): an alert ends after recovery_windows consecutive windows at par, each within
+    # the recovery margin of the comparable peers' median and, with sequential evidence, a mean per-step excess
+    # within half the sequential margin. The margin is recovery_margin (half the tolerance: well inside it) or,
+    # where the measured noise is larger, two standard errors of a window median, at most the tolerance. One
+    # window is not enough: a rank slowing steadily (a thermal ramp) has noisy windows near par while its
+    # excess still rises (docs/detection-defaults.md).
     recovery_margin: float = Field(default=0.02, gt=0)
     recovery_windows: int = Field(default=2, ge=1)
     # An uncertain verdict is emitted on a change of reason, else at most once per this many windows per

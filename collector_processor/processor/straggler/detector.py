@@ -59,6 +59,7 @@ from otel_straggler import schema as s
 DEVICE = s.MEASUREMENT_DEVICE
 HOST = s.MEASUREMENT_HOST_ONLY
 _MEDIAN_SE = 1.2533  # standard error of the median of n normal samples = 1.2533 sigma / sqrt(n)
+_PAR_SE = 2.0  # hysteresis: the recovery margin is at least this many standard errors of a window median
 
 
 # --- evidence ---------------------------------------------------------------------------------------------
@@ -585,10 +586,11 @@ class Judgement:
 
     def hysteresis(self, cmp: Comparison) -> bool:
         """``hysteresis``: an active alert holds (refreshed, no verdict) until ``recovery_windows`` consecutive
-        windows are at par: within the base ``tolerance`` of the reference (not only the noise-raised one),
-        within ``recovery_margin`` of the comparable peers' median, and, with sequential evidence, a mean
-        per-step excess within half the sequential margin. A rank just above the margin, or one whose excess
-        is still rising, does not recover on one noisy window and get convicted again."""
+        windows are at par (``_par``): within ``recovery_margin`` of the comparable peers' median (two standard
+        errors of a window median where the measured noise is larger, at most the base ``tolerance``, never
+        the noise-raised one) and, with sequential evidence, a mean per-step excess within half the sequential
+        margin. A rank just above the margin, or one whose excess is still rising, does not recover on one
+        noisy window and get convicted again."""
         st = self.st
         if st.alert is None:
             return False
@@ -724,15 +726,20 @@ class Judgement:
                                        host_tolerance=self.se.tols.host, host_floor_ms=self.cfg.absolute_floor_ms)
 
     def _par(self, cmp: Comparison) -> bool:
-        """The window is at par (``hysteresis``)."""
+        """The window is at par (``hysteresis``): the rank within the recovery margin of the comparable peers'
+        median and, with sequential evidence, its mean per-step excess within half the sequential margin. The
+        margin is ``recovery_margin``, or where the measured noise is larger two standard errors of a window
+        median (the noise-raised tolerance is ``noise_z`` of them), never more than the base ``tolerance``:
+        a noisy rank at par can show it, a rank beyond tolerance never does."""
         cfg = self.cfg
-        if cmp.deviation is None or cmp.deviation > cfg.tolerance:
-            return False
         seq = self.seq
         if cmp.measurement == DEVICE and seq is not None and seq.window_excess > cfg.sequential_margin / 2:
             return False
         x = self._excess(cmp.measurement or DEVICE, cmp.peers)
-        return x is None or x[1] <= 0 or x[0] <= cfg.recovery_margin * x[1]
+        if x is None or x[1] <= 0:
+            return cmp.deviation is not None and cmp.deviation <= cfg.tolerance
+        noise = _PAR_SE * cmp.tolerance / cfg.noise_z if cfg.noise_z > 0 else 0.0
+        return x[0] <= min(cfg.tolerance, max(cfg.recovery_margin, noise)) * x[1]
 
     def _attribution(self, cmp: Comparison) -> str:
         """GPU or host (``attribution.py``) of the comparison that convicts, one rule for every rule that
