@@ -12,20 +12,18 @@ Target scenario (the issue's wording): a sustained +5 % device slowdown of one r
   python bench/detection.py --quick                  # < 1 minute on 2 cores
   python bench/detection.py --plot bench/results/detection-sensitivity.png --otlp 3
   python bench/detection.py --device-every 4         # sampled device timing (emitter default)
-  python bench/detection.py --quick --pair-ddp-only  # only the DP = 2 and DDP scenarios
+  python bench/detection.py --shapes-only            # the shapes below alone (the target's keys then read 0)
 
-DP = 2 and DDP scenarios (``pair`` and ``collective_wait`` in docs/detector.md), their own table and line
-(``pair_ddp: ...``) before the last line, drawn from their own random stream so the scenarios above keep their
-draws: ``dp2:*`` are DP 2 x TP 2 jobs (two 2-rank cohorts) unless ``tp1`` (one cohort); ``from-start`` is slow
-from its first step (no history of the pair at par); ``dp2:healthy`` runs ``--pair-healthy-steps`` steps for the
-false-alarm rate. ``ddp:*`` are DP 8 (``ddp2``: DP 2) jobs under plain PyTorch DDP: the gradient all-reduce,
-and the wait for the slowest rank, inside ``backward-compute``; ``marked`` marks that stage collective.
-Scenarios whose slow rank cannot be told apart (``expect`` False: the rank's slowdown hidden inside the stage
-that holds the wait, or a DP 2 DDP pair without the mark) show their recall as nan; a verdict on any other rank
-is a false alarm there too.
+Shapes (``shape_scenarios``, their own random stream so the other scenarios' runs are the same with and
+without them): device faults in the GPU-bound regime (the host blocked on a full launch queue: host time
+tracks device time; the other scenarios run in the launch regime, host time flat), a host-only stall in a
+compute stage (device flat) and one long enough to starve the stream, a slow thermal ramp (scored from the
+step it reaches +5 %; ``flap`` counts recoveries while it still runs), and ~70 ms steps whose spans reach the
+collector as the OTel SDK's batching sends them (5 s schedule delay; ``late%``: step samples rejected late).
 
 Last line: recall=<target> recall_within_15=<> p95_steps_to_detect=<> false_alarms_per_1e5=<>
-attribution_accuracy=<> ...
+attribution_accuracy=<> ... attribution_accuracy_gpu_bound=<> shapes_recall_within_15=<> flaps=<>
+late_share=<>
 """
 
 from __future__ import annotations
@@ -45,13 +43,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
+
 from collector_processor.processor.straggler import factory  # noqa: E402
 from collector_processor.processor.straggler.model import Verdict  # noqa: E402
+from collector_processor.processor.straggler.processor import StragglerProcessor  # noqa: E402
+from collector_processor.simulate.arrival import Batching, SimClock, batched, drive  # noqa: E402
 from collector_processor.simulate.faults import COMPUTE_STAGES, Fault  # noqa: E402
 from collector_processor.simulate.job import Layout, StepModel  # noqa: E402
 from collector_processor.simulate.score import RunScore, median, percentile, score_run  # noqa: E402
-from collector_processor.simulate.stream import JobStream, Noise, SimConfig  # noqa: E402
+from collector_processor.simulate.stream import REGIME_GPU_BOUND, REGIME_LAUNCH, JobStream, Noise, SimConfig  # noqa: E402
 from collector_processor.telemetry import Telemetry  # noqa: E402
+from otel_straggler import schema as s  # noqa: E402
 from otel_straggler.demo.run import free_port  # noqa: E402
 
 TARGET = "target:device:20ms-stage:+5%"
@@ -65,28 +68,48 @@ class Run:
     name: str
     fault: Fault | None
     forward_ms: float = 48.0
-    layout: Layout | None = None  # None: the command line's
-    ddp: bool = False  # the gradient all-reduce inside backward-compute (SimConfig.ddp)
-    marked: bool = False  # that stage marked collective
-    steps: int | None = None  # None: the command line's
+    regime: str = REGIME_LAUNCH
+    steps: int | None = None  # None: --steps
+    batching: Batching | None = None  # None: one request per step, judged as it comes
 
 
 def run_one(cfg: SimConfig, fault: Fault | None, proc_overrides: dict | None = None,
-            sink: Callable[[object], None] | None = None) -> tuple[RunScore, list[Verdict]]:
-    """One simulated job through a fresh in-process processor; ``sink`` also receives every request."""
+            sink: Callable[[object], None] | None = None, batching: Batching | None = None,
+            stats: dict | None = None) -> tuple[RunScore, list[Verdict]]:
+    """One simulated job through a fresh in-process processor; ``sink`` also receives every request. With
+    ``batching`` the requests arrive as each rank's SDK batches them (``simulate/arrival.py``), on a simulated
+    clock ticked every 0.25 s as the collector's pipeline does; ``stats`` receives the processor's counters."""
     verdicts: list[Verdict] = []
     pcfg = factory.create_default_config()
     if proc_overrides:
         pcfg = pcfg.model_copy(update=proc_overrides)
-    proc = factory.create_processor(pcfg, Telemetry(), verdicts.extend)
-    proc.start()
     stream = JobStream(cfg, [fault] if fault else [])
-    for _step, req in stream:
-        if sink is not None:
-            sink(req.SerializeToString())
-        proc.process_traces(req)
-        proc.tick(time.time())
+    sent = 0  # rank-step summaries sent
+    if batching is None:
+        proc = factory.create_processor(pcfg, Telemetry(), verdicts.extend)
+        proc.start()
+        for _step, req in stream:
+            if sink is not None:
+                sink(req.SerializeToString())
+            sent += _rank_steps(req)
+            proc.process_traces(req)
+            proc.tick(time.time())
+    else:
+        clock = SimClock()
+        proc = StragglerProcessor(pcfg, Telemetry(), verdicts.extend, clock=clock)
+        proc.start()
+
+        def process(req: ExportTraceServiceRequest) -> None:
+            nonlocal sent
+            if sink is not None:
+                sink(req.SerializeToString())
+            sent += _rank_steps(req)
+            proc.process_traces(req)
+
+        drive(batched(stream, batching, seed=cfg.seed), process, proc.tick, clock)
     proc.shutdown(5.0)
+    if stats is not None:
+        stats.update(proc.stats(), rank_steps_sent=sent)
     return score_run(fault, verdicts, stream.healthy_rank_steps), verdicts
 
 
@@ -135,47 +158,62 @@ def scenarios(reps: int, target_reps: int, quick: bool, rng: random.Random, layo
     return out
 
 
-def pair_ddp_scenarios(reps: int, healthy_steps: int, rng: random.Random) -> list[Run]:
-    """DP = 2 (``pair``) and DDP (``collective_wait``, marked collective stages) scenarios."""
+def _rank_steps(req: object) -> int:
+    """The rank-step summaries in a request (the step scope's spans)."""
+    return sum(len(ss.spans) for rs in req.resource_spans  # type: ignore[attr-defined]
+               for ss in rs.scope_spans if ss.scope.name == s.SCOPE_STEP_NAME)
+
+
+SHAPES_SEED = 0x5A4E5  # the shapes' random stream: args.seed ^ this
+
+
+def shape_scenarios(reps: int, rng: random.Random, layout: Layout) -> list[Run]:
+    """The shapes of the module docstring, as separate entries; ``gpu-bound:*`` device faults give
+    ``attribution_accuracy_gpu_bound``."""
     out: list[Run] = []
-    dp2 = Layout(tp=2, dp=2)
-    dp2_tp1 = Layout(tp=1, dp=2)
-    ddp8 = Layout(tp=1, dp=8)
+    world = layout.world_size
+    sens = max(1, reps // 2)
 
-    def onset() -> int:
-        return rng.randint(40, 60)
+    def onset(lo: int = 40, hi: int = 60) -> int:
+        return rng.randint(lo, hi)
 
-    def dev(name: str, layout: Layout, stage: str, size: float, *, start: int | None = None, ddp: bool = False,
-            marked: bool = False, expect: bool | None = None) -> Run:
-        on = start if start is not None else onset()
-        end = None if start is not None else on + 60
-        return Run(name, Fault("device", rng.randrange(layout.world_size), (stage,), size, on, end, expect=expect),
-                   layout=layout, ddp=ddp, marked=marked)
+    def dev(stages: tuple[str, ...], size: float, forward_ms: float, name: str) -> Run:
+        on = onset()
+        return Run(name, Fault("device", rng.randrange(world), stages, size, on, on + 60), forward_ms,
+                   REGIME_GPU_BOUND)
 
-    fwd, bwd = "forward-compute", "backward-compute"
     for _ in range(reps):
-        for size in (0.05, 0.10, 0.30):
-            out.append(dev(f"dp2:device:fwd-48ms:+{size:.0%}", dp2, fwd, size))
-        out.append(dev("dp2:tp1:device:fwd-48ms:+10%", dp2_tp1, fwd, 0.10))
-        out.append(dev("dp2:from-start:fwd-48ms:+10%", dp2, fwd, 0.10, start=1))
-        out.append(dev("dp2:tp1:from-start:fwd-48ms:+10%", dp2_tp1, fwd, 0.10, start=1, expect=False))
-        out.append(Run("dp2:healthy", None, layout=dp2, steps=healthy_steps))
-        for size in (0.10, 0.30):
-            out.append(dev(f"ddp:device:fwd-48ms:+{size:.0%}", ddp8, fwd, size, ddp=True))
-            out.append(dev(f"ddp:marked:device:fwd-48ms:+{size:.0%}", ddp8, fwd, size, ddp=True, marked=True))
-        out.append(dev("ddp:device:bwd-96ms:+30%", ddp8, bwd, 0.30, ddp=True, expect=False))
-        out.append(dev("ddp2:device:fwd-48ms:+30%", dp2_tp1, fwd, 0.30, ddp=True, expect=False))
-        out.append(dev("ddp2:marked:device:fwd-48ms:+30%", dp2_tp1, fwd, 0.30, ddp=True, marked=True))
-        out.append(Run("ddp:healthy", None, layout=ddp8, ddp=True))
+        out.append(dev(("forward-compute",), 0.05, TARGET_STAGE_MS, "gpu-bound:device:fwd-20ms:+5%"))
+        out.append(dev(COMPUTE_STAGES, 0.10, 48.0, "gpu-bound:device:all-compute:+10%"))
+    for _ in range(sens):
+        out.append(dev(("forward-compute",), 0.10, 48.0, "gpu-bound:device:fwd-48ms:+10%"))
+        out.append(Run("gpu-bound:healthy", None, TARGET_STAGE_MS, REGIME_GPU_BOUND))
+        on = onset()
+        out.append(Run("host-stall:fwd-48ms:+30ms", Fault("host", rng.randrange(world), ("forward-compute",), 0.0,
+                                                          on, on + 60, stall_ms=30.0)))
+        on = onset()
+        out.append(Run("host-starves:fwd-48ms:+60ms", Fault("host", rng.randrange(world), ("forward-compute",),
+                                                            0.0, on, on + 60, stall_ms=60.0)))
+        out.append(Run("ramp:fwd-20ms:+5%/150-steps", Fault("ramp", rng.randrange(world), ("forward-compute",),
+                                                            0.05, onset(), None, ramp_steps=150),
+                       TARGET_STAGE_MS, steps=260))
+        on = onset(100, 140)
+        fault = Fault("device", rng.randrange(world), ("forward-compute",), 0.10, on, on + 120)
+        out.append(Run("late:70ms-steps:device:fwd-12ms:+10%", fault, 12.0, steps=300, batching=Batching()))
+        out.append(Run("late:70ms-steps:healthy", None, 12.0, steps=300, batching=Batching()))
+        on = onset(100, 140)
+        fault = Fault("device", rng.randrange(world), ("forward-compute",), 0.10, on, on + 120)
+        out.append(Run("late:delay-10s:device:fwd-12ms:+10%", fault, 12.0, steps=300,
+                       batching=Batching(schedule_delay_s=10.0, max_batch=2048)))
     return out
 
 
 def sim_config(args: argparse.Namespace, run: Run, seed: int, job: str = "sim-job") -> SimConfig:
-    return SimConfig(layout=run.layout or Layout(tp=args.tp, dp=args.dp), steps=run.steps or args.steps,
+    return SimConfig(layout=Layout(tp=args.tp, dp=args.dp), steps=run.steps or args.steps,
                      step_model=StepModel.with_forward_ms(run.forward_ms),
                      noise=Noise(jitter=args.jitter, host_jitter=args.host_jitter,
                                  step_jitter=args.step_jitter),
-                     device_every=args.device_every, seed=seed, job=job, ddp=run.ddp, collective_marked=run.marked)
+                     device_every=args.device_every, seed=seed, job=job, regime=run.regime)
 
 
 def within(r: RunScore) -> bool:
@@ -202,50 +240,80 @@ def main() -> int:
     ap.add_argument("--otlp", type=int, default=0, metavar="N",
                     help="also send N runs through a real collector subprocess over OTLP/gRPC and compare verdicts")
     ap.add_argument("--json-out", default=None)
-    ap.add_argument("--pair-ddp-reps", type=int, default=None,
-                    help="runs per DP = 2 / DDP scenario (default 6, quick 2; 0: none)")
-    ap.add_argument("--pair-healthy-steps", type=int, default=600, help="steps of each dp2:healthy run")
-    ap.add_argument("--pair-ddp-only", action="store_true", help="only the DP = 2 / DDP scenarios")
+    ap.add_argument("--no-shapes", action="store_true", help="leave out the shape scenarios (shape_scenarios)")
+    ap.add_argument("--shapes-only", action="store_true", help="run the shape scenarios alone (target_runs=0)")
     args = ap.parse_args()
     reps = args.reps or (4 if args.quick else 12)
     target_reps = args.target_reps or (16 if args.quick else 120)
-    overrides = {k: json.loads(v) for k, v in (s.split("=", 1) for s in args.set)}
+    overrides = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in args.set)}
     rng = random.Random(args.seed)
     layout = Layout(tp=args.tp, dp=args.dp)
-    runs = [] if args.pair_ddp_only else scenarios(reps, target_reps, args.quick, rng, layout)
+    runs = scenarios(reps, target_reps, args.quick, rng, layout)
     seeds = [rng.getrandbits(32) for _ in runs]
-    # the DP = 2 / DDP scenarios draw from a stream of their own: the runs above keep their faults and seeds
-    pair_rng = random.Random(args.seed ^ 0xD9_2DD9)
-    pair_reps = args.pair_ddp_reps if args.pair_ddp_reps is not None else (2 if args.quick else 6)
-    pair_runs = pair_ddp_scenarios(pair_reps, args.pair_healthy_steps, pair_rng)
-    pair_seeds = [pair_rng.getrandbits(32) for _ in pair_runs]
+    if args.shapes_only:
+        runs, seeds = [], []
+    shapes: list[Run] = []
+    if not args.no_shapes:
+        shape_rng = random.Random(args.seed ^ SHAPES_SEED)
+        shapes = shape_scenarios(reps, shape_rng, layout)
+        runs += shapes
+        seeds += [shape_rng.getrandbits(32) for _ in shapes]
     t0 = time.monotonic()
     results: dict[str, list[RunScore]] = defaultdict(list)
-    pair_results: dict[str, list[RunScore]] = defaultdict(list)
-    everything = [(r, sd, results) for r, sd in zip(runs, seeds, strict=True)]
-    everything += [(r, sd, pair_results) for r, sd in zip(pair_runs, pair_seeds, strict=True)]
-    for i, (run, seed, into) in enumerate(everything):
-        score, _ = run_one(sim_config(args, run, seed), run.fault, overrides)
-        into[run.name].append(score)
-        if (i + 1) % 25 == 0 or i + 1 == len(everything):
-            print(f"  {i + 1}/{len(everything)} runs, {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
+    late_share: dict[str, list[float]] = defaultdict(list)  # scenario -> per run: late / offered step samples
+    for i, (run, seed) in enumerate(zip(runs, seeds, strict=True)):
+        stats: dict = {}
+        score, _ = run_one(sim_config(args, run, seed), run.fault, overrides, batching=run.batching, stats=stats)
+        results[run.name].append(score)
+        late_share[run.name].append(stats["rejected_late"] / max(1, stats["rank_steps_sent"]))
+        if (i + 1) % 25 == 0 or i + 1 == len(runs):
+            print(f"  {i + 1}/{len(runs)} runs, {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
 
     common = f" + {args.step_jitter:.1%} common to a step's ranks" if args.step_jitter else ""
     print(f"\ndevice jitter {args.jitter:.1%}/step{common}, host jitter {args.host_jitter or args.jitter:.1%}, "
           f"device every {args.device_every}, DP {args.dp} x TP {args.tp}, {args.steps} steps, overrides {overrides}")
-    table = _table(results) if runs else {}
-    if pair_results:
-        print("\nDP = 2 and DDP scenarios (their own layouts, see the module docstring)")
-        pair = _table(pair_results, 34)
-        fa = pair["false_alarms"]
-        print(f"pair_ddp: false_alarms={fa} false_alarms_per_1e5={fa / max(1, pair['healthy']) * 1e5:.2f} "
-              f"healthy_rank_steps={pair['healthy']} recall={pair['recall']} recall_within_15={pair['within']} "
-              f"stage_accuracy={pair['stage']} runs={len(pair_runs)}")
-    if not runs:
-        return 0
-    all_fa, healthy_rs = table["false_alarms"], table["healthy"]
-    attr, stage_ok, recov = table["attr_list"], table["stage_list"], table["recov_list"]
-    target = results[TARGET]
+    print(f"{'scenario':37} {'runs':>4} {'recall':>6} {'<=15':>6} {'med st':>6} {'p95 st':>6} {'stage':>5} "
+          f"{'attr':>5} {'recov':>5} {'FA':>4} {'flap':>4} {'late%':>6}")
+    all_fa = 0
+    healthy_rs = 0
+    attr: list[bool] = []
+    attr_gpu_bound: list[bool] = []
+    shapes_within: list[bool] = []
+    flaps = 0
+    late_all: list[float] = []
+    shape_names = {r.name for r in shapes}
+    stage_ok: list[bool] = []
+    recov: list[float] = []
+    for key in sorted(results):
+        rs = results[key]
+        all_fa += sum(r.false_alarms for r in rs)
+        healthy_rs += sum(r.healthy_rank_steps for r in rs)
+        expect = rs[0].fault is not None and rs[0].fault.expect_straggler
+        det = [r for r in rs if r.detected]
+        st = [float(r.steps_to_detect) for r in det if r.steps_to_detect is not None]
+        rc = [float(r.recovered_after) for r in det if r.recovered_after is not None]
+        recall = len(det) / len(rs) if expect else float("nan")
+        rec15 = sum(within(r) for r in rs) / len(rs) if expect else float("nan")
+        late = late_share[key]
+        print(f"{key:37} {len(rs):4d} {recall:6.3f} {rec15:6.3f} {median(st):6.1f} {percentile(st, 0.95):6.1f} "
+              f"{sum(bool(r.stage_correct) for r in det) / max(1, len(det)):5.2f} "
+              f"{sum(bool(r.attribution_correct) for r in det) / max(1, len(det)):5.2f} "
+              f"{median(rc):5.1f} {sum(r.false_alarms for r in rs):4d} {sum(r.flaps for r in rs):4d} "
+              f"{100 * sum(late) / len(late):6.2f}")
+        fault = rs[0].fault
+        big = fault is not None and (fault.size >= 0.05 or fault.stall_ms is not None)
+        if expect and big:
+            (attr_gpu_bound if key.startswith("gpu-bound:") else attr).extend(
+                bool(r.attribution_correct) for r in det)
+            stage_ok.extend(bool(r.stage_correct) for r in det)
+            recov.extend(rc)
+        if key in shape_names:
+            if expect:
+                shapes_within.extend(within(r) for r in rs)
+            flaps += sum(r.flaps for r in rs)
+            if key.startswith("late:"):
+                late_all.extend(late)
+    target = results.get(TARGET, [])
     st5 = [float(r.steps_to_detect) for r in target if r.detected and r.steps_to_detect is not None]
     summary: dict[str, object] = {
         "recall": round(sum(r.detected for r in target) / max(1, len(target)), 4),
@@ -260,6 +328,13 @@ def main() -> int:
         "healthy_rank_steps": healthy_rs, "device_every": args.device_every, "jitter": args.jitter,
         **({"step_jitter": args.step_jitter} if args.step_jitter else {}),
     }
+    if not args.no_shapes:
+        summary.update({
+            "attribution_accuracy_gpu_bound": round(sum(attr_gpu_bound) / max(1, len(attr_gpu_bound)), 4),
+            "shapes_recall_within_15": round(sum(shapes_within) / max(1, len(shapes_within)), 4),
+            "flaps": flaps,
+            "late_share": round(sum(late_all) / max(1, len(late_all)), 5),
+        })
     if args.otlp:
         picks = [i for i, r in enumerate(runs) if r.name == TARGET][: max(1, args.otlp - args.otlp // 3)]
         picks += [i for i, r in enumerate(runs) if r.name in ("healthy:20ms", "host:forward-compute")][
@@ -275,44 +350,6 @@ def main() -> int:
         Path(args.json_out).write_text(json.dumps(summary, indent=2))
     print(" ".join(f"{k}={v}" for k, v in summary.items()))
     return 0
-
-
-def _table(results: dict[str, list[RunScore]], width: int = 30) -> dict:
-    """Print one row per scenario; return the totals (false alarms, healthy rank-steps, recall over the scenarios
-    that expect a verdict, and the per-run lists behind attribution, stage and recovery for +5 % and more)."""
-    print(f"{'scenario':{width}} {'runs':>4} {'recall':>6} {'<=15':>6} {'med st':>6} {'p95 st':>6} {'stage':>5} "
-          f"{'attr':>5} {'recov':>5} {'FA':>4}")
-    all_fa = 0
-    healthy_rs = 0
-    attr: list[bool] = []
-    stage_ok: list[bool] = []
-    recov: list[float] = []
-    expected: list[RunScore] = []
-    for key in sorted(results):
-        rs = results[key]
-        all_fa += sum(r.false_alarms for r in rs)
-        healthy_rs += sum(r.healthy_rank_steps for r in rs)
-        expect = rs[0].fault is not None and rs[0].fault.expect_straggler
-        det = [r for r in rs if r.detected]
-        st = [float(r.steps_to_detect) for r in det if r.steps_to_detect is not None]
-        rc = [float(r.recovered_after) for r in det if r.recovered_after is not None]
-        recall = len(det) / len(rs) if expect else float("nan")
-        rec15 = sum(within(r) for r in rs) / len(rs) if expect else float("nan")
-        print(f"{key:{width}} {len(rs):4d} {recall:6.3f} {rec15:6.3f} {median(st):6.1f} {percentile(st, 0.95):6.1f} "
-              f"{sum(bool(r.stage_correct) for r in det) / max(1, len(det)):5.2f} "
-              f"{sum(bool(r.attribution_correct) for r in det) / max(1, len(det)):5.2f} "
-              f"{median(rc):5.1f} {sum(r.false_alarms for r in rs):4d}")
-        if expect:
-            expected.extend(rs)
-        if expect and rs[0].fault is not None and rs[0].fault.size >= 0.05:
-            attr.extend(bool(r.attribution_correct) for r in det)
-            stage_ok.extend(bool(r.stage_correct) for r in det)
-            recov.extend(rc)
-    n = max(1, len(expected))
-    return {"false_alarms": all_fa, "healthy": healthy_rs, "attr_list": attr, "stage_list": stage_ok,
-            "recov_list": recov, "recall": round(sum(r.detected for r in expected) / n, 4),
-            "within": round(sum(within(r) for r in expected) / n, 4),
-            "stage": round(sum(stage_ok) / max(1, len(stage_ok)), 4)}
 
 
 # --- through a real collector over OTLP/gRPC ---------------------------------------------------------------------
@@ -409,7 +446,7 @@ def _plot(results: dict[str, list[RunScore]], path: str, args: argparse.Namespac
     ax.axvline(5, color="grey", ls=":", lw=0.8)
     ax.set_xscale("log")
     ax.minorticks_off()
-    ticks = [s * 100 for s in SENS_SIZES]
+    ticks = [size * 100 for size in SENS_SIZES]
     ax.set_xticks(ticks, [f"+{t:g}%" for t in ticks])
     ax.set_ylim(-0.02, 1.05)
     ax.set_xlabel("injected device slowdown of one rank")

@@ -11,13 +11,20 @@ COMPUTE_STAGES = ("forward-compute", "backward-compute")
 
 @dataclass(frozen=True)
 class Fault:
-    """One labelled fault.
+    """One labelled fault. How a fault shows in the host and device intervals depends on the stage's regime
+    (``stream.py``: ``launch``, the host never blocked by the GPU, or ``gpu_bound``, the host blocked on a full
+    launch queue).
 
     kind:
-      device        stage device time x (1 + size) (host flat): expect straggler, gpu_stream_stall
-      host          stage host time + size x device time, the starved stream stretches the device interval
-                    as much: expect straggler, host_only_stall
+      device        stage device time x (1 + size): expect straggler, gpu_stream_stall. Launch regime: the host
+                    interval stays flat; GPU-bound: the blocked host's interval stretches by as much
+      host          a host stall of ``stall_ms`` (default ``size`` x the stage's device time) inside the stage
+                    (CPU contention, a stalled launch): the host interval grows by it; the stream starves only
+                    for what exceeds the work already queued (launch regime: the device time minus the launch
+                    time), so a short stall leaves the device flat: expect straggler, host_only_stall
       dataloader    batch-generator waits ``size`` x forward time on the host: expect straggler, host_only_stall
+      ramp          device slowdown rising linearly from onset to ``size`` over ``ramp_steps`` steps, then held
+                    (a thermal ramp): expect straggler, gpu_stream_stall, and no recovery while it lasts
       intermittent  device slowdown on a random ``duty`` fraction of steps: detection optional, reported
       flapping      device slowdown alternating ``period`` steps on / off: expect straggler
       cohort        every DP rank of the cohort slowed together: expect NO rank verdict (no slower peer)
@@ -37,18 +44,34 @@ class Fault:
     duty: float = 0.3
     period: int = 20
     expect: bool | None = None
+    stall_ms: float | None = None  # host: the stall in ms (None: size x the stage's device time)
+    ramp_steps: int = 60  # ramp: steps from onset to the full size
 
     @property
     def expect_straggler(self) -> bool:
         if self.expect is not None:
             return self.expect
-        return self.kind in ("device", "host", "dataloader", "flapping")
+        return self.kind in ("device", "host", "dataloader", "flapping", "ramp")
 
     @property
     def expected_attribution(self) -> str:
         if self.kind in ("host", "dataloader"):
             return s.ATTRIBUTION_HOST
         return s.ATTRIBUTION_GPU
+
+    @property
+    def due(self) -> int:
+        """The step from which detection is due: the onset, or for a ramp the step its slowdown reaches +5 %
+        (the size a straggler must be found at; ``bench/detection.py``)."""
+        if self.kind == "ramp" and self.size > 0:
+            return self.onset + round(self.ramp_steps * min(1.0, 0.05 / self.size))
+        return self.onset
+
+    def slowdown(self, step: int) -> float:
+        """The device slowdown of a ``ramp`` at ``step`` (0 before onset), else ``size``."""
+        if self.kind != "ramp":
+            return self.size
+        return self.size * min(1.0, max(0, step - self.onset + 1) / self.ramp_steps)
 
     def active(self, step: int, rng_value: float) -> bool:
         if step < self.onset or (self.end is not None and step >= self.end):
@@ -61,4 +84,6 @@ class Fault:
 
     def label(self) -> str:
         stage = "all-compute" if self.stages == COMPUTE_STAGES else ",".join(self.stages)
+        if self.stall_ms is not None:
+            return f"{self.kind}:{stage}:+{self.stall_ms:g}ms"
         return f"{self.kind}:{stage}:+{self.size:.0%}"

@@ -10,6 +10,8 @@ from collector_processor.processor.straggler.model import Verdict
 from collector_processor.simulate.faults import Fault
 from otel_straggler import schema as s
 
+_SUSTAINED = ("device", "host", "dataloader", "ramp")  # faults that stay on from onset to end
+
 
 @dataclass
 class RunScore:
@@ -19,6 +21,7 @@ class RunScore:
     stage_correct: bool | None = None
     attribution_correct: bool | None = None
     recovered_after: int | None = None  # steps from fault end to the recovered verdict
+    flaps: int = 0  # recovered verdicts on the convicted rank and stage while a sustained fault still ran
     false_alarms: int = 0  # straggler verdicts that no label explains
     healthy_rank_steps: int = 0
 
@@ -44,10 +47,15 @@ def score_run(fault: Fault | None, verdicts: Iterable[Verdict], healthy_rank_ste
             res.false_alarms += 1
     if first_hit is not None and fault is not None:
         res.detected = True
-        res.steps_to_detect = (first_hit.step or fault.onset) - fault.onset
+        res.steps_to_detect = max(0, (first_hit.step or fault.due) - fault.due)
         res.stage_correct = first_hit.stage in fault.stages or (
             fault.kind == "dataloader" and first_hit.group == "data")
         res.attribution_correct = first_hit.attribution == fault.expected_attribution
+        if fault.kind in _SUSTAINED:
+            res.flaps = sum(1 for v in verdicts if v.verdict == s.VERDICT_RECOVERED and v.rank == fault.rank
+                            and v.stage == first_hit.stage and v.step is not None
+                            and first_hit.step is not None and first_hit.step <= v.step
+                            and (fault.end is None or v.step < fault.end))
         if fault.end is not None:
             for v in verdicts:
                 if (v.verdict == s.VERDICT_RECOVERED and v.rank == fault.rank and v.stage == first_hit.stage

@@ -11,6 +11,17 @@ land in each rank's backward device time (the compute stream waits for the all-r
 Noise: Gaussian jitter,
 heavy-tail spikes on random ranks, slow warmup with per-rank skew, ranks that start late, missing spans;
 device time present only on sampled steps (``device_every``).
+
+Regimes (``SimConfig.regime``), for the compute and optimizer stages; what a fault does to the host and device
+intervals follows from them (``faults.py``):
+
+* ``launch``: the host is never blocked by the GPU. A stage's host interval is its launch time (a fraction of
+  the device time, ``StageModel.host_fraction``), flat when the GPU slows; the device interval is the stream's
+  time, and it cannot end before the stage's last launch, so a host stall longer than the queued work (device
+  time minus launch time) starves the stream and stretches it.
+* ``gpu_bound``: the launch queue is full and the host blocks on it, so a stage's host interval tracks its
+  device interval (plus the launch time's jitter): a slow GPU stretches both alike; a host stall shorter than
+  the queued work is absorbed.
 """
 
 from __future__ import annotations
@@ -28,6 +39,12 @@ from collector_processor.simulate.faults import Fault
 from collector_processor.simulate.job import Layout, RankInfo, StepModel, ranks_of
 from otel_straggler import schema as s
 from otel_straggler.stages import STAGE_SCHEMA, stage_group
+
+REGIME_LAUNCH = "launch"
+REGIME_GPU_BOUND = "gpu_bound"
+REGIMES = (REGIME_LAUNCH, REGIME_GPU_BOUND)
+_QUEUED_GROUPS = ("forward", "backward", "optimizer")  # stages whose launches queue on the stream
+_DEVICE_FAULTS = ("device", "intermittent", "flapping", "ramp")
 
 
 @dataclass
@@ -62,6 +79,11 @@ class SimConfig:
     step_summary: bool = True
     ddp: bool = False  # the DP gradient all-reduce (and the wait for the slowest) inside backward-compute
     collective_marked: bool = False  # with ddp: backward-compute marked collective (straggler.stage.collective)
+    regime: str = REGIME_LAUNCH  # launch | gpu_bound (module docstring)
+
+    def __post_init__(self) -> None:
+        if self.regime not in REGIMES:
+            raise ValueError(f"regime must be one of {REGIMES}, not {self.regime!r}")
 
 
 _kv = key_value
@@ -134,7 +156,9 @@ class JobStream:
                 before_sync = 0.0
                 for i, st in enumerate(sm.stages):
                     dev = st.device_ms * work * self._factor(step, info.rank) * common
-                    host = st.device_ms * st.host_fraction * work * self._factor(step, info.rank, host=True)
+                    nominal_launch = st.device_ms * st.host_fraction * work
+                    host = nominal_launch * self._factor(step, info.rank, host=True)
+                    launch_noise = host - nominal_launch
                     if st.group == "data":
                         host = dev
                     if i == spike_stage:
@@ -145,18 +169,20 @@ class JobStream:
                     for f in self.faults:
                         if f.rank != info.rank or st.name not in f.stages or not f.active(step, rv):
                             continue
-                        if f.kind in ("device", "intermittent", "flapping"):
-                            dev *= 1.0 + f.size
+                        if f.kind in _DEVICE_FAULTS:
+                            dev *= 1.0 + f.slowdown(step)
                         elif f.kind == "host":
-                            # a host stall inside a compute stage on the critical path starves the
-                            # stream: the device interval stretches by about the same time
-                            extra = f.size * st.device_ms
-                            host += extra
-                            dev += extra
+                            host += f.stall_ms if f.stall_ms is not None else f.size * st.device_ms
                         elif f.kind == "dataloader":
                             extra = f.size * sm.stages[1].device_ms
                             host += extra
                             dev += extra
+                    if st.group in _QUEUED_GROUPS:
+                        # the stream cannot end before the stage's last launch: a host stall longer than the
+                        # queued work starves it
+                        dev = max(dev, host)
+                        if cfg.regime == REGIME_GPU_BOUND:
+                            host = dev + launch_noise  # the host blocks on the full launch queue
                     rows.append((st.name, st.group, st.level, dev, host, st.count))
                     if st.group in ("data", "forward", "backward"):
                         before_sync += max(dev, host if st.group == "data" else 0.0)

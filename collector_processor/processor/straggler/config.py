@@ -36,8 +36,14 @@ class Config(BaseModel):
     device_history_windows: int = Field(default=4, ge=0)
     # Wall-clock window length for spans without dl.iteration, anchored at the cohort's first observation.
     wall_window_s: float = Field(default=10.0, gt=0)
-    # A window closes this long after the first sample of a later window arrived, even if a rank is late.
+    # A window closes a grace period after the first sample of a later window arrived, even if a rank is
+    # late. The grace adapts to the arrival lag measured in the cohort: 1.5 x the largest lag (how long after
+    # a later window opened a window's samples still arrived, over its latest 64 closed windows and late
+    # samples), at least grace_s and at most grace_max_s. Ranks exporting with the OTel SDK's 5 s schedule
+    # delay deliver a step up to ~5 s after another rank's batch opened later windows, whatever the step time;
+    # 30 s: rank_timeout_s, after which a silent rank holds no window anyway. grace_max_s <= grace_s: fixed.
     grace_s: float = Field(default=5.0, ge=0)
+    grace_max_s: float = Field(default=30.0, ge=0)
     # A rank not heard from for this long no longer holds windows open (it may have died or been rescheduled).
     rank_timeout_s: float = Field(default=30.0, gt=0)
     # A window that accepted no sample for window_idle_s, or opened window_max_age_s ago, is closed (judged) at
@@ -122,17 +128,23 @@ class Config(BaseModel):
     judged_groups: list[str] = Field(
         default_factory=lambda: ["forward", "backward", "optimizer", "data", "other"]
     )
-    # Groups where "device flat, host up" is itself a straggler (host-side stages such as the data
-    # loader). On a CUDA rank a compute stage's host time is launch time: a host stall there slows the job
-    # only when it starves the stream, which stretches the device interval too (judged on device time,
-    # attributed by the rule below). Measured on an H200 with replicas sharing the GPU: judging launch
-    # times of compute stages raised false alarms on healthy ranks.
-    host_stall_groups: list[str] = Field(default_factory=lambda: ["data"])
-    # Attribution (see attribution.py): with share = host excess / device excess when the device comparison
-    # fires, share >= host_explains_fraction -> host_only_stall (a host stall starved the stream), share <
-    # host_ambiguous_fraction -> gpu_stream_stall, in between -> attribution_unknown.
-    host_explains_fraction: float = Field(default=0.8, gt=0)
-    host_ambiguous_fraction: float = Field(default=0.25, ge=0)
+    # Groups where "device flat (or under its floor), host up" is itself a straggler (host_only_stall): a host
+    # stall (CPU contention, a stalled launch, waiting for the data loader) delays the step whether or not it
+    # starves the stream. Every judged group by default. The host comparison has its own noise-raised
+    # tolerance and the host floor (absolute_floor_ms), and counts only the host excess the device excess does
+    # not explain (attribution.py), so launch-time jitter and a blocked host tracking a slow GPU are not host
+    # stalls (tests/collector/processor/test_straggler_launch_time.py).
+    host_stall_groups: list[str] = Field(
+        default_factory=lambda: ["forward", "backward", "optimizer", "data", "other"]
+    )
+    # Recovery (hysteresis): an alert ends after recovery_windows consecutive windows at par, each within
+    # the recovery margin of the comparable peers' median and, with sequential evidence, a mean per-step excess
+    # within half the sequential margin. The margin is recovery_margin (half the tolerance: well inside it) or,
+    # where the measured noise is larger, two standard errors of a window median, at most the tolerance. One
+    # window is not enough: a rank slowing steadily (a thermal ramp) has noisy windows near par while its
+    # excess still rises (docs/detection-defaults.md).
+    recovery_margin: float = Field(default=0.02, gt=0)
+    recovery_windows: int = Field(default=2, ge=1)
     # An uncertain verdict is emitted on a change of reason, else at most once per this many windows per
     # rank and stage; the rest are counted (uncertain_suppressed).
     uncertain_every_windows: int = Field(default=20, ge=1)
@@ -141,8 +153,12 @@ class Config(BaseModel):
     max_cohorts: int = Field(default=256, ge=1)
     max_ranks_per_cohort: int = Field(default=4096, ge=1)
     max_stages: int = Field(default=64, ge=1)
-    # Open windows per cohort (each holds every stage); beyond it the oldest is closed early (counted).
-    max_open_windows: int = Field(default=8, ge=1)
+    # Open windows per cohort (each holds every stage); beyond it the oldest is closed early (counted). What
+    # an open window holds is bounded by its rank-steps (window_steps per rank); windows close by progress as
+    # soon as every rank moved past them, so many are open only while ranks arrive far apart: with ~70 ms
+    # steps (0.35 s windows) and the SDK's 5 s schedule delay, a rank's batch opens ~13 windows and its peers'
+    # batches arrive up to 5 s (~14 windows) later. 64 covers that twice over.
+    max_open_windows: int = Field(default=64, ge=1)
     # Stage-span ids remembered for replay detection (LRU). A step summary is deduplicated by its identity
     # instead: one per (rank, step) in a window.
     dedup_capacity: int = Field(default=262_144, ge=1)
@@ -158,7 +174,7 @@ class Config(BaseModel):
     collector_service_name: str = COLLECTOR_SERVICE_NAME
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
-    @field_validator("judged_groups")
+    @field_validator("judged_groups", "host_stall_groups")
     @classmethod
     def _known_groups(cls, groups: list[str]) -> list[str]:
         unknown = [g for g in groups if g not in s.STAGE_GROUPS]

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from collector_processor.processor.straggler import collective, pair, sequential
-from collector_processor.processor.straggler.attribution import attribute
+from collector_processor.processor.straggler.attribution import attribute, unexplained_host_excess
 from collector_processor.processor.straggler.cohort import Cohort
 from collector_processor.processor.straggler.config import Config
 from collector_processor.processor.straggler.impact import impact, step_period_ms
@@ -57,6 +57,7 @@ from otel_straggler import schema as s
 DEVICE = s.MEASUREMENT_DEVICE
 HOST = s.MEASUREMENT_HOST_ONLY
 _MEDIAN_SE = 1.2533  # standard error of the median of n normal samples = 1.2533 sigma / sqrt(n)
+_PAR_SE = 2.0  # hysteresis: the recovery margin is at least this many standard errors of a window median
 
 
 # --- evidence ---------------------------------------------------------------------------------------------
@@ -188,7 +189,7 @@ class Comparison:
     size: int = 0  # effective cohort: the rank and its comparable peers with a sample of this kind
     gap: float = 0.0  # value - reference, ms
     tolerance: float = 0.0  # the deviation beyond which the window is slow
-    host_stall: bool = False  # the host comparison of a host_stall group replaced a flat device one
+    host_stall: bool = False  # the host comparison replaced the device one (host_stall)
     peers: list[int] | None = None  # the comparable peers (None: every other rank)
     own: bool = False  # deviation, gap and tolerance are this comparison's own (pair), not the window medians'
 
@@ -439,9 +440,7 @@ class Judgement:
         if mine.dev is None and mine.host is None:  # non_finite
             c["non_finite_windows"] += 1
             return self._unusable(NON_FINITE_SAMPLE, Comparison())
-        if mine.dev is None and self.st.dev_recent:
-            # device_samples_missing: a rank that times this stage on the device sent none in this window; its
-            # host time is launch time, never compared as if it were the stage's duration
+        if mine.dev is None and self.device_samples_missing():
             c["device_samples_missing_windows"] += 1
             return self._unusable(MISSING_SAMPLES, Comparison())
         meas = DEVICE if mine.dev is not None else HOST  # statistic: device and host are never mixed
@@ -461,18 +460,32 @@ class Judgement:
             c["below_min_cohort_windows"] += 1
             return self._unusable(COHORT_BELOW_MIN_SIZE, Comparison(meas, value, size=cmp.size))
         cmp = self.host_stall(cmp)
-        self._record_deviation(cmp)
         if self.absolute_floor(cmp):
             c["below_floor_windows"] += 1
             return self._unusable(BELOW_ABSOLUTE_FLOOR, cmp)
         if self.collective_wait(cmp):
             c["collective_wait_windows"] += 1
             return self._unusable(COLLECTIVE_WAIT, cmp)
+        self._record_deviation(cmp)
         if cmp.slow:
             return self.window_excess(cmp)
         if self.sequential_excess(cmp) or self.hysteresis(cmp):
             return None
         return self.recovery(cmp)
+
+    def device_samples_missing(self) -> bool:
+        """``device_samples_missing``: the rank, without a device sample of the stage in this window, sent some in
+        the last ``device_history_windows`` windows: it times the stage on the device, and its host time is
+        launch time, never compared as if it were the stage's duration. A rank that stopped timing it on the
+        device longer ago is judged on host time against its peers' host times (its device history is
+        dropped)."""
+        recent = self.st.dev_recent
+        if not recent:
+            return False
+        if recent[-1][0] >= self.ev.window.index - self.cfg.device_history_windows:
+            return True
+        self.st.dev_recent = None
+        return False
 
     def workload(self) -> bool:
         """``workload``: the rank's tokens per step are within ``workload_tolerance`` of the cohort's median
@@ -543,9 +556,10 @@ class Judgement:
 
     def host_stall(self, cmp: Comparison) -> Comparison:
         """``host_stall``: in a ``host_stall_groups`` stage whose device comparison does not fire (flat or
-        sub-floor), the rank's host time beyond tolerance and the host floor against the peers' host times is
-        the comparison instead (a host stall outside the device interval, e.g. waiting for data, still delays
-        the step)."""
+        sub-floor), the rank's host time beyond tolerance and the host floor against the peers' host times, and
+        not explained by its device excess (``attribution.py``), is the comparison instead: a host stall (CPU
+        contention, a stalled launch, waiting for data) with the GPU flat. While an alert convicted on host
+        time is active, the host comparison stays the evidence (it holds or recovers on host time)."""
         mine = self.mine
         assert mine is not None
         if cmp.measurement != DEVICE or self.se.group not in self.cfg.host_stall_groups or mine.host is None:
@@ -553,8 +567,19 @@ class Judgement:
         assert cmp.ref_ms is not None
         if cmp.slow and cmp.gap >= self.det.floor(DEVICE, cmp.ref_ms):
             return cmp
+        alert = self.st.alert
+        on_host = alert is not None and alert.measurement == HOST
+        if not on_host:
+            # no peer's host time is far enough below the rank's to clear the floor: nothing to compare (the
+            # common case, decided without the host tolerance)
+            lowest = self.se.views.host.lowest(self.rank)
+            if lowest is None or mine.host - lowest < self.cfg.absolute_floor_ms:
+                return cmp
         host = self.reference(HOST, mine.host)
-        if host.ref_ms is None or host.ref_ms <= 0 or not (host.slow and host.gap >= self.cfg.absolute_floor_ms):
+        if host.ref_ms is None or host.ref_ms <= 0:
+            return cmp
+        if not on_host and not (host.slow and host.gap >= self.cfg.absolute_floor_ms
+                                and self._host_unexplained(cmp.peers)):
             return cmp
         host.host_stall = True
         host.peers = cmp.peers
@@ -583,13 +608,14 @@ class Judgement:
         st.streak = st.streak + fresh if st.last_slow_index == idx - 1 else k
         st.last_slow_index = idx
         st.held_reported = False
+        st.par_windows = 0
         if st.alert is not None:
             return self._alert(self._emit(s.VERDICT_STRAGGLER, SLOWER_THAN_REFERENCE, st.alert.attribution, cmp))
         need = cfg.persistence_windows * k
         if st.streak < need and cmp.measurement == DEVICE and not cmp.host_stall and self._sequential_fires():
             st.streak = need
         if st.streak >= need:
-            attribution = s.ATTRIBUTION_HOST if cmp.host_stall else self._attribution(cmp)
+            attribution = self._attribution(cmp)
             sequential.reset(st)
             self._alert(self._emit(s.VERDICT_STRAGGLER, SLOWER_THAN_REFERENCE, attribution, cmp), new=True)
         return None
@@ -607,7 +633,7 @@ class Judgement:
         dev = relative_deviation(value, ref)
         found = Comparison(DEVICE, value, None, ref, dev, cmp.size, value - ref, self.cfg.sequential_margin,
                            peers=cmp.peers)
-        v = self._emit(s.VERDICT_STRAGGLER, PERSISTENT_EXCESS, self._attribution(found, per_step=True), found)
+        v = self._emit(s.VERDICT_STRAGGLER, PERSISTENT_EXCESS, self._attribution(found), found)
         st.streak = 0
         st.last_slow_index = None
         sequential.reset(st)
@@ -615,28 +641,36 @@ class Judgement:
         return True
 
     def hysteresis(self, cmp: Comparison) -> bool:
-        """``hysteresis``: an active alert holds (refreshed, no verdict) while the window is within the
-        noise-raised tolerance but not the base ``tolerance``, or its mean per-step excess stays beyond half
-        the sequential margin: no evidence of par, so a rank just above the margin does not recover on one
+        """``hysteresis``: an active alert holds (refreshed, no verdict) until ``recovery_windows`` consecutive
+        windows are at par (``_par``): within ``recovery_margin`` of the comparable peers' median (two standard
+        errors of a window median where the measured noise is larger, at most the base ``tolerance``, never
+        the noise-raised one) and, with sequential evidence, a mean per-step excess within half the sequential
+        margin. A rank just above the margin, or one whose excess is still rising, does not recover on one
         noisy window and get convicted again."""
         st = self.st
-        seq = self.seq
-        assert cmp.deviation is not None
-        if st.alert is None or not (cmp.deviation > self.cfg.tolerance or (
-                seq is not None and seq.window_excess > self.cfg.sequential_margin / 2)):
+        if st.alert is None:
             return False
+        if self._par(cmp):
+            idx = self.ev.window.index
+            st.par_windows = st.par_windows + 1 if st.last_par_index == idx - 1 else 1
+            st.last_par_index = idx
+            if st.par_windows >= self.cfg.recovery_windows:
+                return False
+        else:
+            st.par_windows = 0
         st.streak = 0
         st.last_slow_index = None
         self._alert(self._emit(s.VERDICT_STRAGGLER, SLOWER_THAN_REFERENCE, st.alert.attribution, cmp))
         return True
 
     def recovery(self, cmp: Comparison) -> None:
-        """``recovery``: within tolerance is positive evidence of par (the floor never blocks it); an active
-        alert ends with ``recovered``."""
+        """``recovery``: par evidence (``hysteresis``) is positive evidence (the floor never blocks it); an
+        active alert ends with ``recovered``."""
         st = self.st
         st.streak = 0
         st.last_slow_index = None
         st.held_reported = False
+        st.par_windows = 0
         if st.alert is None:
             return
         sequential.reset(st)
@@ -652,6 +686,7 @@ class Judgement:
         self.c["missing_windows"] += 1
         st.streak = 0
         st.last_slow_index = None
+        st.par_windows = 0
         sequential.reset(st)
         if st.alert is not None:
             self._hold(Comparison())
@@ -682,6 +717,7 @@ class Judgement:
         st = self.st
         alert = st.alert
         assert alert is not None
+        st.par_windows = 0
         self.c["recovery_withheld_windows"] += 1
         self.ev.out.alerts[(self.rank, self.se.name)] = alert
         if st.held_reported:
@@ -715,40 +751,67 @@ class Judgement:
         if new:
             self.ev.out.verdicts.append(v)
 
-    def _attribution(self, cmp: Comparison, per_step: bool = False) -> str:
-        """GPU or host (``attribution.py``) of the comparison that convicts: the rank's device time against
-        the comparable peers' device times (``per_step``: ``cmp`` itself, the per-step comparison of
-        ``sequential_excess``, with its margin as the tolerance; likewise a ``pair`` comparison, ``cmp.own``)
-        and its host time against their host times (never their device times)."""
-        cfg = self.cfg
+    def _excess(self, kind: str, peers: list[int] | None) -> tuple[float, float] | None:
+        """(the rank's window statistic of ``kind`` minus the comparable peers' median of it, that median);
+        None without a value or a peer with one. ``peers`` None: every other rank (pre-sorted views)."""
         mine = self.mine
         assert mine is not None
-        per = self.se.per
-        peers = cmp.peers if cmp.peers is not None else self.se.others(self.rank)
-        tols = self.se.tols
-        dev_d = dev_g = host_d = host_g = ref_d = None
-        dev_tol = tols.device
-        if per_step or cmp.own:
-            dev_d, dev_g, ref_d, dev_tol = cmp.deviation, cmp.gap, cmp.ref_ms, cmp.tolerance
-        elif mine.dev is not None:
-            dev_vals = {p: v for p in peers if (v := per[p].dev) is not None}
-            ref = reference_of(dev_vals, cfg.reference, cfg.fastest_quantile)
-            if ref is not None:
-                ref_d = ref[1]
-                dev_d = relative_deviation(mine.dev, ref[1])
-                dev_g = mine.dev - ref[1]
-        if mine.host is not None:
-            host_vals = {p: v for p in peers if (v := per[p].host) is not None}
-            ref = reference_of(host_vals, cfg.reference, cfg.fastest_quantile)
-            if ref is not None:
-                host_d = relative_deviation(mine.host, ref[1])
-                host_g = mine.host - ref[1]
-        return attribute(measurement=cmp.measurement or DEVICE, device_deviation=dev_d, device_gap_ms=dev_g,
-                         host_deviation=host_d, host_gap_ms=host_g, tolerance=dev_tol, host_tolerance=tols.host,
-                         floor_ms=self.det.floor(DEVICE, ref_d) if ref_d is not None else cfg.absolute_floor_ms,
-                         host_floor_ms=cfg.absolute_floor_ms,
-                         host_explains_fraction=cfg.host_explains_fraction,
-                         host_ambiguous_fraction=cfg.host_ambiguous_fraction)
+        value = mine.dev if kind == DEVICE else mine.host
+        if value is None:
+            return None
+        if peers is None:
+            view = self.se.views.device if kind == DEVICE else self.se.views.host
+            ref = view.reference(self.rank, "median")
+        else:
+            per = self.se.per
+            vals = {p: v for p in peers if (v := (per[p].dev if kind == DEVICE else per[p].host)) is not None}
+            ref = reference_of(vals, "median")
+        if ref is None:
+            return None
+        return value - ref[1], ref[1]
+
+    def _host_unexplained(self, peers: list[int] | None) -> bool:
+        """The rank's host excess that its device excess does not explain is evidence of its own
+        (``attribution.unexplained_host_excess``)."""
+        host = self._excess(HOST, peers)
+        if host is None:
+            return False
+        dev = self._excess(DEVICE, peers)
+        return unexplained_host_excess(device_excess_ms=dev[0] if dev is not None else None,
+                                       host_excess_ms=host[0], host_reference_ms=host[1],
+                                       host_tolerance=self.se.tols.host, host_floor_ms=self.cfg.absolute_floor_ms)
+
+    def _par(self, cmp: Comparison) -> bool:
+        """The window is at par (``hysteresis``): the rank within the recovery margin of the comparable peers'
+        median and, with sequential evidence, its mean per-step excess within half the sequential margin. The
+        margin is ``recovery_margin``, or where the measured noise is larger two standard errors of a window
+        median (the noise-raised tolerance is ``noise_z`` of them), never more than the base ``tolerance``:
+        a noisy rank at par can show it, a rank beyond tolerance never does."""
+        cfg = self.cfg
+        seq = self.seq
+        if cmp.measurement == DEVICE and seq is not None and seq.window_excess > cfg.sequential_margin / 2:
+            return False
+        x = self._excess(cmp.measurement or DEVICE, cmp.peers)
+        if x is None or x[1] <= 0:
+            return cmp.deviation is not None and cmp.deviation <= cfg.tolerance
+        noise = _PAR_SE * cmp.tolerance / cfg.noise_z if cfg.noise_z > 0 else 0.0
+        return x[0] <= min(cfg.tolerance, max(cfg.recovery_margin, noise)) * x[1]
+
+    def _attribution(self, cmp: Comparison) -> str:
+        """GPU or host (``attribution.py``) of the comparison that convicts, one rule for every rule that
+        convicts: on host time (``host_stall``, or a rank without device samples) ``host_only_stall``; on device
+        time, by the host excess its device excess does not explain, both against the comparable peers'
+        median of the same kind (in a data-loader stage: the host's)."""
+        group = self.se.group
+        if cmp.measurement != DEVICE or cmp.host_stall:
+            return attribute(convicted_on=HOST, group=group, device_excess_ms=None, host_excess_ms=None,
+                             host_reference_ms=None, host_tolerance=0.0, host_floor_ms=0.0)
+        dev = self._excess(DEVICE, cmp.peers)
+        host = self._excess(HOST, cmp.peers)
+        return attribute(convicted_on=DEVICE, group=group, device_excess_ms=dev[0] if dev is not None else None,
+                         host_excess_ms=host[0] if host is not None else None,
+                         host_reference_ms=host[1] if host is not None else None,
+                         host_tolerance=self.se.tols.host, host_floor_ms=self.cfg.absolute_floor_ms)
 
     def _emit(self, verdict: str, reason: str, attribution: str, cmp: Comparison) -> Verdict:
         """The verdict on this rank and stage, with the comparison it reports and its cost."""

@@ -43,6 +43,12 @@ log = logging.getLogger(__name__)
 _MAX_PENDING_SPANS = 4096
 _DUPLICATE_LOG_EVERY_S = 600.0  # one line per (job, rank) at most this often about its duplicate rank-steps
 _DUPLICATE_LOG_KEYS = 1024  # (job, rank) pairs remembered for that (least recently logged forgotten first)
+# Late rejections are rated per period; past the rate (and the count) a warning names the fix, at most once
+# per _LATE_LOG_EVERY_S. A few late samples are normal (a rank restarting, a retried request).
+_LATE_PERIOD_S = 60.0
+_LATE_WARN_RATE = 0.01
+_LATE_WARN_MIN = 20
+_LATE_LOG_EVERY_S = 600.0
 
 COUNTERS = (
     "spans_accepted", "rejected_malformed", "rejected_non_finite", "rejected_duplicate", "rejected_late",
@@ -87,6 +93,9 @@ class StragglerProcessor:
         self.last_rejected = 0
         for structure in EVICTED_STRUCTURES:  # at 0 from the start
             telemetry.evictions.labels(structure=structure)
+        # late rejections in the current period: [period start, samples and summaries offered, late]
+        self._late_period: list[float] = [0.0, 0.0, 0.0]
+        self._late_logged_s: float | None = None
 
     # --- component ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -169,6 +178,7 @@ class StragglerProcessor:
             total_rejected = min(total_rejected, sum(len(ss.spans) for rs in req.resource_spans
                                                      for ss in rs.scope_spans))
         self.last_rejected = total_rejected
+        self._rate_late(now, len(res.samples) + len(res.summaries), rejected.get(REJECT_LATE, 0))
         self._finish(now)
         if self._pending_spans and self.cfg.emit_verdict_spans:
             rs = verdict_resource_spans(self._pending_spans, self.cfg.collector_service_name)
@@ -186,7 +196,7 @@ class StragglerProcessor:
             for ws in (cohort.steps, cohort.wall):
                 if not ws.open:
                     continue
-                due = due_by_time(ws, now_s, cfg.grace_s, cfg.wall_window_s)
+                due = due_by_time(ws, now_s, ws.grace(cfg.grace_s, cfg.grace_max_s), cfg.wall_window_s)
                 if due is not None:
                     self.c["windows_closed_by_grace"] += sum(1 for i in ws.open if i <= due)
                     self._close(cohort, ws, due, now_s)
@@ -343,6 +353,33 @@ class StragglerProcessor:
                     "%s{reason=\"duplicate\"}", summ.job, summ.rank, int(seen[1]), summ.step, s.M_SPANS_REJECTED)
         seen[0], seen[1] = now, 0
 
+    def _rate_late(self, now: float, offered: int, late: int) -> None:
+        """Count this request's offered samples and late rejections in the current period; when the period's
+        late share is high, say so and how to fix it (``_LATE_*``)."""
+        period = self._late_period
+        if now - period[0] >= _LATE_PERIOD_S:
+            period[0], period[1], period[2] = now, 0.0, 0.0
+        period[1] += offered
+        period[2] += late
+        if not late or period[2] < _LATE_WARN_MIN or period[2] < _LATE_WARN_RATE * period[1]:
+            return
+        if self._late_logged_s is not None and now - self._late_logged_s < _LATE_LOG_EVERY_S:
+            return
+        self._late_logged_s = now
+        cfg = self.cfg
+        lag = max((ch.steps.lag_max for ch in self.cohorts), default=0.0)
+        grace = max((ch.steps.grace(cfg.grace_s, cfg.grace_max_s) for ch in self.cohorts), default=cfg.grace_s)
+        log.warning(
+            "%d of %d step samples (%.1f %%) since %.0f s ago arrived after their window had closed and were "
+            "rejected as late (%s{reason=\"late\"}): ranks deliver their steps too far apart. Arrival lag "
+            "measured: %.1f s, grace now %.1f s (grace_s %.1f s, at most grace_max_s %.1f s); windows closed "
+            "early at max_open_windows (%d): %d. Fix: export more often than that lag: on the ranks leave "
+            "OTEL_BSP_SCHEDULE_DELAY unset (the emitter fits it to the step time) or set it well below %.0f ms; "
+            "or raise processors.straggler grace_max_s and max_open_windows (docs/detector.md, Windows).",
+            int(period[2]), int(period[1]), 100.0 * period[2] / max(period[1], 1.0), now - period[0],
+            s.M_SPANS_REJECTED, lag, grace, cfg.grace_s, cfg.grace_max_s, cfg.max_open_windows,
+            self.c["windows_closed_early"], 1000.0 * cfg.grace_max_s / 2)
+
     def _duplicate(self, span_id: bytes) -> bool:
         """True when this stage span's id was seen (LRU set of ``dedup_capacity``); an empty id is never a
         duplicate."""
@@ -402,6 +439,7 @@ class StragglerProcessor:
             if idx > info.max_wall_index:
                 info.max_wall_index = idx
         if ws.closed_through is not None and idx <= ws.closed_through:
+            ws.late(idx, now)
             return None
         w = ws.open.get(idx)
         if w is None:
@@ -418,6 +456,8 @@ class StragglerProcessor:
     @staticmethod
     def _extend(w: Window, step: int | None, start_unix_ns: int, end_unix_ns: int, now: float) -> None:
         w.last_s = now
+        if w.successor_s is not None and now - w.successor_s > w.lag_s:
+            w.lag_s = now - w.successor_s  # arrival lag: what the grace must cover (WindowSet.grace)
         if step is not None and (w.max_step is None or step > w.max_step):
             w.max_step = step
         if w.start_ns == 0 or start_unix_ns < w.start_ns:
@@ -444,7 +484,7 @@ class StragglerProcessor:
                 self._close(cohort, ws, due, now)
 
     def _close(self, cohort: Cohort, ws: WindowSet, through: int, now: float) -> None:
-        for w in ws.pop_through(through):
+        for w in ws.pop_through(through, now):
             self._judge(cohort, w, now)
 
     def _judge(self, cohort: Cohort, w: Window, now: float) -> None:

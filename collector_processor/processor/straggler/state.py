@@ -19,6 +19,8 @@ class RankStageState:
     last_slow_index: int | None = None
     alert: Verdict | None = None  # the straggler verdict while active, refreshed every slow window
     held_reported: bool = False  # recovery_evidence_insufficient already emitted for this hold
+    par_windows: int = 0  # consecutive windows at par while an alert is active (hysteresis)
+    last_par_index: int | None = None
     last_uncertain_reason: str = ""
     last_uncertain_index: int | None = None
     # (window index, per-step device ms) of the latest judged samples: pools sparse (sampled) device timing

@@ -95,6 +95,15 @@ class SortedPeers:
     def peers(self, rank: int) -> int:
         return len(self._vals) - (1 if rank in self._pos else 0)
 
+    def lowest(self, rank: int) -> float | None:
+        """The smallest value among everyone but ``rank`` (None without one): a bound under any reference."""
+        vals = self._vals
+        if not vals:
+            return None
+        if self._pos.get(rank) != 0:
+            return vals[0]
+        return vals[1] if len(vals) > 1 else None
+
     def _at(self, k: int, skip: int) -> int:
         return k if (skip < 0 or k < skip) else k + 1
 

@@ -3,6 +3,10 @@
 A window holds, per stage and rank, the per-step samples of that rank. Windows close in index order; the
 highest closed index is a fence: a sample for a window at or below it is ``late`` (counted, never re-judged).
 
+The grace a window waits for a silent rank after a later window opened adapts to the arrival lag measured
+in its window set (``WindowSet.grace``): ranks that export in batches (the OTel SDK's schedule delay) deliver
+a step seconds after another rank's batch opened later windows, whatever the step time.
+
 What a window holds is bounded by the data's identity, not by who sends it: one step summary per (rank,
 step) (``Window.first_summary``), at most ``max_samples_per_step`` stage-span samples per (rank, step, stage)
 (``RankCell.admit``), and a window lives at most ``window_max_age_s``, or ``window_idle_s`` past its last
@@ -15,11 +19,14 @@ have the same timers, so each cell gets its values in one ``extend`` instead of 
 
 from __future__ import annotations
 
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 KIND_STEP = "step"
 KIND_WALL = "wall"
+LAG_WINDOWS = 64  # closed windows (and late samples) whose arrival lag sets a window set's grace
+GRACE_LAG_FACTOR = 1.5  # the grace covers the largest of those lags this many times over
 
 
 @dataclass(slots=True)
@@ -67,6 +74,7 @@ class Window:
     end: int  # last step, inclusive (or wall index)
     successor_s: float | None = None  # when the first sample of a later window arrived
     last_s: float = 0.0  # when the latest sample was accepted (0: none yet)
+    lag_s: float = 0.0  # the latest acceptance after successor_s: how much grace this window needed
     max_step: int | None = None
     start_ns: int = 0
     end_ns: int = 0
@@ -172,12 +180,18 @@ class Window:
 
 @dataclass(slots=True)
 class WindowSet:
-    """Open windows of one cohort in one index space (step or wall clock)."""
+    """Open windows of one cohort in one index space (step or wall clock), and the arrival lag measured in it:
+    how long after a later window opened the samples of a window still arrived (``lags``: one value per closed
+    window and per late sample, the latest ``LAG_WINDOWS``)."""
 
     kind: str
     open: dict[int, Window] = field(default_factory=dict)
     closed_through: int | None = None  # fence: every index <= this is closed
     anchor_ns: int | None = None  # wall clock only: the cohort's first observation
+    lags: deque[float] = field(default_factory=lambda: deque(maxlen=LAG_WINDOWS))
+    lag_max: float = 0.0  # max(lags)
+    # index -> when its successor opened (or it closed), for the latest closed windows: a late sample's lag
+    closed_at: OrderedDict[int, float] = field(default_factory=OrderedDict)
 
     def get_or_open(self, index: int, now_s: float, window_steps: int) -> Window:
         w = self.open.get(index)
@@ -193,15 +207,42 @@ class WindowSet:
         self.open[index] = w
         return w
 
-    def pop_through(self, index: int) -> list[Window]:
-        """Remove and return every open window with index <= ``index`` (ascending) and move the fence."""
+    def pop_through(self, index: int, now_s: float | None = None) -> list[Window]:
+        """Remove and return every open window with index <= ``index`` (ascending) and move the fence; each
+        closed window's arrival lag joins ``lags``."""
         out = sorted((w for i, w in self.open.items() if i <= index), key=lambda w: w.index)
         for w in out:
             del self.open[w.index]
             w.settle()
+            self._lag(w.lag_s)
+            since = w.successor_s if w.successor_s is not None else now_s
+            if since is not None:
+                self.closed_at[w.index] = since
+                if len(self.closed_at) > LAG_WINDOWS:
+                    self.closed_at.popitem(last=False)
         if self.closed_through is None or index > self.closed_through:
             self.closed_through = index
         return out
+
+    def late(self, index: int, now_s: float) -> None:
+        """A sample of the closed window ``index`` arrived: its lag joins ``lags`` when the window is recent."""
+        since = self.closed_at.get(index)
+        if since is not None:
+            self._lag(now_s - since)
+
+    def _lag(self, lag_s: float) -> None:
+        lags = self.lags
+        dropped = lags[0] if len(lags) == lags.maxlen else None
+        lags.append(lag_s)
+        if lag_s >= self.lag_max:
+            self.lag_max = lag_s
+        elif dropped is not None and dropped >= self.lag_max:
+            self.lag_max = max(lags)
+
+    def grace(self, least_s: float, most_s: float) -> float:
+        """Grace of this window set: ``GRACE_LAG_FACTOR`` x the largest recent arrival lag, at most ``most_s``
+        (``grace_max_s``) and at least ``least_s`` (``grace_s``, which wins when larger)."""
+        return max(least_s, min(most_s, GRACE_LAG_FACTOR * self.lag_max))
 
 
 def due_by_progress(ws: WindowSet, rank_max_index: list[int]) -> int | None:

@@ -30,20 +30,25 @@ def _verdict(**kw: object) -> Verdict:
 
 
 def test_attribution_rule() -> None:
-    kw = dict(tolerance=0.05, floor_ms=5.0, host_explains_fraction=0.8, host_ambiguous_fraction=0.25)
-    dev = s.MEASUREMENT_DEVICE
+    """One rule: convicted on host time -> host; on device time, host only when the host excess the device
+    excess does not explain is beyond the host tolerance (of the host reference) and the host floor."""
+    dev, host = s.MEASUREMENT_DEVICE, s.MEASUREMENT_HOST_ONLY
 
-    def a(dd, dg, hd, hg, m=dev):  # type: ignore[no-untyped-def]
-        return attribute(measurement=m, device_deviation=dd, device_gap_ms=dg, host_deviation=hd, host_gap_ms=hg,
-                         **kw)
+    def a(dg, hg, m=dev, href=20.0, group="forward"):  # type: ignore[no-untyped-def]
+        return attribute(convicted_on=m, group=group, device_excess_ms=dg, host_excess_ms=hg,
+                         host_reference_ms=href, host_tolerance=0.1, host_floor_ms=5.0)
 
-    assert a(0.1, 6, 0.0, 0) == s.ATTRIBUTION_GPU  # device up, host flat
-    assert a(0.1, 6, 0.1, 1) == s.ATTRIBUTION_GPU  # host up a little: share 0.17
-    assert a(0.1, 6, 0.3, 6) == s.ATTRIBUTION_HOST  # host excess explains the device stretch (starved stream)
-    assert a(0.1, 6, 0.2, 3) == s.ATTRIBUTION_UNKNOWN  # both grew, neither explains the other
-    assert a(0.01, 1, 0.2, 12) == s.ATTRIBUTION_HOST  # device flat, host up
-    assert a(None, None, 0.2, 12, s.MEASUREMENT_HOST_ONLY) == s.ATTRIBUTION_HOST
-    assert a(0.01, 1, 0.01, 0.1) == s.ATTRIBUTION_UNKNOWN
+    assert a(6, 0) == s.ATTRIBUTION_GPU  # device up, host flat (the host runs ahead of the stream)
+    assert a(6, 6) == s.ATTRIBUTION_GPU  # a blocked host tracks a slow GPU: the device explains the host
+    assert a(30, 34) == s.ATTRIBUTION_GPU  # 4 ms left over: under the host floor
+    assert a(6, 12, href=100.0) == s.ATTRIBUTION_GPU  # 6 ms left over, within 10 % of a 100 ms host reference
+    assert a(6, 12) == s.ATTRIBUTION_HOST  # 6 ms the device does not explain: a host stall starved the stream
+    assert a(-1, 12) == s.ATTRIBUTION_HOST  # a negative device excess explains nothing
+    assert a(6, None) == s.ATTRIBUTION_GPU  # no host time
+    assert a(None, 12, host) == s.ATTRIBUTION_HOST  # convicted on host time (host_stall, or no device samples)
+    assert a(None, None, host) == s.ATTRIBUTION_HOST
+    # the data loader's work is the host's: its device interval only tracks the host's (the stream waits)
+    assert a(20, 20, group="data") == s.ATTRIBUTION_HOST
 
 
 def test_collective_evidence_is_lowest_wait_only() -> None:
@@ -133,6 +138,20 @@ def test_prometheus_view_follows_the_alert() -> None:
     assert not [ln for ln in text.splitlines() if ln.startswith(s.M_STRAGGLER_ACTIVE + "{")]
 
 
+def test_rank_deviation_ignores_comparisons_under_the_floor() -> None:
+    """The dashboard's worst deviation per rank counts comparisons that cleared the absolute floor: rank 1's
+    1 ms data stage +50 % (a 0.5 ms gap, under the 5 ms host floor) does not paint it; its forward-compute,
+    1 % slow against the fastest peer, does."""
+    proc, _, tel = make_processor()
+    for st in range(0, 30):
+        proc.process_traces(step_request(st, {r: (None, 1.5 if r == 1 else 1.0) for r in range(8)},
+                                         stage="batch-generator", group="data"))
+        proc.process_traces(step_request(st, {r: (60.6 if r == 1 else 60.0, 10.0) for r in range(8)}))
+    cohort = next(iter(proc.cohorts)).key
+    dev = tel.registry.get_sample_value(s.M_RANK_DEVIATION, {"job": "job-1", "cohort": cohort, "rank": "1"})
+    assert dev is not None and math.isclose(dev, 0.01, abs_tol=1e-9)
+
+
 def test_config_is_strict_and_has_documented_defaults() -> None:
     import pytest
     from pydantic import ValidationError
@@ -146,6 +165,12 @@ def test_config_is_strict_and_has_documented_defaults() -> None:
         Config(unknown_knob=1)  # type: ignore[call-arg]
     with pytest.raises(ValidationError):
         Config(judged_groups=["forwards"])
+    with pytest.raises(ValidationError):
+        Config(host_stall_groups=["forwards"])
+    # docs/detector.md: host_stall, hysteresis, windows
+    assert cfg.host_stall_groups == cfg.judged_groups
+    assert (cfg.recovery_windows, cfg.recovery_margin, cfg.grace_s, cfg.grace_max_s, cfg.max_open_windows) == (
+        2, 0.02, 5.0, 30.0, 64)
     from collector_processor.processor.straggler import factory
     assert factory.TYPE == "straggler" and isinstance(factory.create_default_config(), Config)
 
