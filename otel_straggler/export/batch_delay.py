@@ -4,9 +4,10 @@ is set: then that, always).
 Why: spans wait in the batch queue up to the schedule delay (the SDK's default is 5 s), so two ranks deliver
 the same step up to one delay (plus a readout period) apart. The straggler collector closes a window ``grace_s``
 after the first sample of a later window arrived, and holds at most ``max_open_windows`` windows of
-``window_steps`` steps; a rank whose summaries arrive later than either allows is rejected as ``late``. With
-the collector's defaults (``grace_s`` 5 s, ``window_steps`` 5, ``max_open_windows`` 8) and ~70 ms steps, 8 open
-windows span 2.8 s: a 5 s delay made many step summaries late.
+``window_steps`` steps; a rank whose summaries arrive later than either allows is rejected as ``late``. The rule
+takes the collector's ``grace_s`` (5 s) and ``window_steps`` (5) defaults and assumes only 8 open windows (its
+default holds 64), so it also fits a collector configured down to 8: with ~70 ms steps 8 open windows span
+2.8 s, less than the SDK's 5 s delay.
 
 Rule: with ``s`` the median step period of the rank (last ``REFIT_STEPS`` closed steps) and ``r`` the readout
 period, the delivery spread between ranks (at most delay + ``r``) may use half of each allowance:
@@ -30,9 +31,10 @@ import statistics
 from collections import deque
 
 # The straggler collector's defaults (collector_processor/processor/straggler/config.py; a test checks them).
+# The open-window count is a lower bound on the collector's default, not the default itself.
 COLLECTOR_GRACE_S = 5.0
 COLLECTOR_WINDOW_STEPS = 5
-COLLECTOR_MAX_OPEN_WINDOWS = 8
+COLLECTOR_MAX_OPEN_WINDOWS = 8  # assumed: the collector's default holds more (64), so the rule also fits one set to 8
 SHARE = 0.5  # of the grace and of the open windows the delivery spread may take
 
 MIN_DELAY_MS = 200
