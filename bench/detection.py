@@ -13,6 +13,7 @@ Target scenario (the issue's wording): a sustained +5 % device slowdown of one r
   python bench/detection.py --plot bench/results/detection-sensitivity.png --otlp 3
   python bench/detection.py --device-every 4         # sampled device timing (emitter default)
   python bench/detection.py --shapes-only            # the shapes below alone (the target's keys then read 0)
+  python bench/detection.py --quick --pair-ddp-only  # only the DP = 2 and DDP scenarios
 
 Shapes (``shape_scenarios``, their own random stream so the other scenarios' runs are the same with and
 without them): device faults in the GPU-bound regime (the host blocked on a full launch queue: host time
@@ -20,6 +21,16 @@ tracks device time; the other scenarios run in the launch regime, host time flat
 compute stage (device flat) and one long enough to starve the stream, a slow thermal ramp (scored from the
 step it reaches +5 %; ``flap`` counts recoveries while it still runs), and ~70 ms steps whose spans reach the
 collector as the OTel SDK's batching sends them (5 s schedule delay; ``late%``: step samples rejected late).
+
+DP = 2 and DDP scenarios (``pair`` and ``collective_wait`` in docs/detector.md), their own table and line
+(``pair_ddp: ...``) before the last line, drawn from their own random stream so the scenarios above keep their
+draws: ``dp2:*`` are DP 2 x TP 2 jobs (two 2-rank cohorts) unless ``tp1`` (one cohort); ``from-start`` is slow
+from its first step (no history of the pair at par); ``dp2:healthy`` runs ``--pair-healthy-steps`` steps for the
+false-alarm rate. ``ddp:*`` are DP 8 (``ddp2``: DP 2) jobs under plain PyTorch DDP: the gradient all-reduce,
+and the wait for the slowest rank, inside ``backward-compute``; ``marked`` marks that stage collective.
+Scenarios whose slow rank cannot be told apart (``expect`` False: the rank's slowdown hidden inside the stage
+that holds the wait, or a DP 2 DDP pair without the mark) show their recall as nan; a verdict on any other rank
+is a false alarm there too.
 
 Last line: recall=<target> recall_within_15=<> p95_steps_to_detect=<> false_alarms_per_1e5=<>
 attribution_accuracy=<> ... attribution_accuracy_gpu_bound=<> shapes_recall_within_15=<> flaps=<>
@@ -71,6 +82,9 @@ class Run:
     regime: str = REGIME_LAUNCH
     steps: int | None = None  # None: --steps
     batching: Batching | None = None  # None: one request per step, judged as it comes
+    layout: Layout | None = None  # None: --dp, --tp
+    ddp: bool = False  # the gradient all-reduce inside backward-compute (SimConfig.ddp)
+    marked: bool = False  # that stage marked collective
 
 
 def run_one(cfg: SimConfig, fault: Fault | None, proc_overrides: dict | None = None,
@@ -208,12 +222,51 @@ def shape_scenarios(reps: int, rng: random.Random, layout: Layout) -> list[Run]:
     return out
 
 
+PAIR_DDP_SEED = 0xD9_2DD9  # the DP = 2 / DDP scenarios' random stream: args.seed ^ this
+
+
+def pair_ddp_scenarios(reps: int, healthy_steps: int, rng: random.Random) -> list[Run]:
+    """DP = 2 (``pair``) and DDP (``collective_wait``, marked collective stages) scenarios."""
+    out: list[Run] = []
+    dp2 = Layout(tp=2, dp=2)
+    dp2_tp1 = Layout(tp=1, dp=2)
+    ddp8 = Layout(tp=1, dp=8)
+
+    def onset() -> int:
+        return rng.randint(40, 60)
+
+    def dev(name: str, layout: Layout, stage: str, size: float, *, start: int | None = None, ddp: bool = False,
+            marked: bool = False, expect: bool | None = None) -> Run:
+        on = start if start is not None else onset()
+        end = None if start is not None else on + 60
+        return Run(name, Fault("device", rng.randrange(layout.world_size), (stage,), size, on, end, expect=expect),
+                   layout=layout, ddp=ddp, marked=marked)
+
+    fwd, bwd = "forward-compute", "backward-compute"
+    for _ in range(reps):
+        for size in (0.05, 0.10, 0.30):
+            out.append(dev(f"dp2:device:fwd-48ms:+{size:.0%}", dp2, fwd, size))
+        out.append(dev("dp2:tp1:device:fwd-48ms:+10%", dp2_tp1, fwd, 0.10))
+        out.append(dev("dp2:from-start:fwd-48ms:+10%", dp2, fwd, 0.10, start=1))
+        out.append(dev("dp2:tp1:from-start:fwd-48ms:+10%", dp2_tp1, fwd, 0.10, start=1, expect=False))
+        out.append(Run("dp2:healthy", None, layout=dp2, steps=healthy_steps))
+        for size in (0.10, 0.30):
+            out.append(dev(f"ddp:device:fwd-48ms:+{size:.0%}", ddp8, fwd, size, ddp=True))
+            out.append(dev(f"ddp:marked:device:fwd-48ms:+{size:.0%}", ddp8, fwd, size, ddp=True, marked=True))
+        out.append(dev("ddp:device:bwd-96ms:+30%", ddp8, bwd, 0.30, ddp=True, expect=False))
+        out.append(dev("ddp2:device:fwd-48ms:+30%", dp2_tp1, fwd, 0.30, ddp=True, expect=False))
+        out.append(dev("ddp2:marked:device:fwd-48ms:+30%", dp2_tp1, fwd, 0.30, ddp=True, marked=True))
+        out.append(Run("ddp:healthy", None, layout=ddp8, ddp=True))
+    return out
+
+
 def sim_config(args: argparse.Namespace, run: Run, seed: int, job: str = "sim-job") -> SimConfig:
-    return SimConfig(layout=Layout(tp=args.tp, dp=args.dp), steps=run.steps or args.steps,
+    return SimConfig(layout=run.layout or Layout(tp=args.tp, dp=args.dp), steps=run.steps or args.steps,
                      step_model=StepModel.with_forward_ms(run.forward_ms),
                      noise=Noise(jitter=args.jitter, host_jitter=args.host_jitter,
                                  step_jitter=args.step_jitter),
-                     device_every=args.device_every, seed=seed, job=job, regime=run.regime)
+                     device_every=args.device_every, seed=seed, job=job, regime=run.regime, ddp=run.ddp,
+                     collective_marked=run.marked)
 
 
 def within(r: RunScore) -> bool:
@@ -242,6 +295,10 @@ def main() -> int:
     ap.add_argument("--json-out", default=None)
     ap.add_argument("--no-shapes", action="store_true", help="leave out the shape scenarios (shape_scenarios)")
     ap.add_argument("--shapes-only", action="store_true", help="run the shape scenarios alone (target_runs=0)")
+    ap.add_argument("--pair-ddp-reps", type=int, default=None,
+                    help="runs per DP = 2 / DDP scenario (default 6, quick 2; 0: none)")
+    ap.add_argument("--pair-healthy-steps", type=int, default=600, help="steps of each dp2:healthy run")
+    ap.add_argument("--pair-ddp-only", action="store_true", help="only the DP = 2 / DDP scenarios")
     args = ap.parse_args()
     reps = args.reps or (4 if args.quick else 12)
     target_reps = args.target_reps or (16 if args.quick else 120)
@@ -258,7 +315,13 @@ def main() -> int:
         shapes = shape_scenarios(reps, shape_rng, layout)
         runs += shapes
         seeds += [shape_rng.getrandbits(32) for _ in shapes]
+    if args.pair_ddp_only:
+        runs, seeds, shapes = [], [], []
     t0 = time.monotonic()
+    pair_line = _pair_ddp(args, overrides, t0)
+    if args.pair_ddp_only:
+        print(pair_line)
+        return 0
     results: dict[str, list[RunScore]] = defaultdict(list)
     late_share: dict[str, list[float]] = defaultdict(list)  # scenario -> per run: late / offered step samples
     for i, (run, seed) in enumerate(zip(runs, seeds, strict=True)):
@@ -348,8 +411,56 @@ def main() -> int:
         _plot(results, args.plot, args)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(summary, indent=2))
+    if pair_line:
+        print(pair_line)
     print(" ".join(f"{k}={v}" for k, v in summary.items()))
     return 0
+
+
+def _pair_ddp(args: argparse.Namespace, overrides: dict, t0: float) -> str:
+    """Run the DP = 2 / DDP scenarios (their own random stream: the other runs keep their draws), print their
+    table, and return their ``pair_ddp:`` line ('' when there are none)."""
+    rng = random.Random(args.seed ^ PAIR_DDP_SEED)
+    reps = args.pair_ddp_reps if args.pair_ddp_reps is not None else (2 if args.quick else 6)
+    runs = pair_ddp_scenarios(reps, args.pair_healthy_steps, rng)
+    if not runs:
+        return ""
+    seeds = [rng.getrandbits(32) for _ in runs]
+    results: dict[str, list[RunScore]] = defaultdict(list)
+    for i, (run, seed) in enumerate(zip(runs, seeds, strict=True)):
+        score, _ = run_one(sim_config(args, run, seed), run.fault, overrides)
+        results[run.name].append(score)
+        if (i + 1) % 25 == 0 or i + 1 == len(runs):
+            print(f"  DP = 2 / DDP: {i + 1}/{len(runs)} runs, {time.monotonic() - t0:.0f}s", file=sys.stderr,
+                  flush=True)
+    print("\nDP = 2 and DDP scenarios (their own layouts, see the module docstring)")
+    print(f"{'scenario':34} {'runs':>4} {'recall':>6} {'<=15':>6} {'med st':>6} {'p95 st':>6} {'stage':>5} "
+          f"{'attr':>5} {'recov':>5} {'FA':>4}")
+    fa = healthy = 0
+    expected: list[RunScore] = []
+    stage_ok: list[bool] = []
+    for key in sorted(results):
+        rs = results[key]
+        fa += sum(r.false_alarms for r in rs)
+        healthy += sum(r.healthy_rank_steps for r in rs)
+        expect = rs[0].fault is not None and rs[0].fault.expect_straggler
+        det = [r for r in rs if r.detected]
+        st = [float(r.steps_to_detect) for r in det if r.steps_to_detect is not None]
+        rc = [float(r.recovered_after) for r in det if r.recovered_after is not None]
+        if expect:
+            expected.extend(rs)
+            stage_ok.extend(bool(r.stage_correct) for r in det)
+        nan = float("nan")
+        print(f"{key:34} {len(rs):4d} {len(det) / len(rs) if expect else nan:6.3f} "
+              f"{sum(within(r) for r in rs) / len(rs) if expect else nan:6.3f} {median(st):6.1f} "
+              f"{percentile(st, 0.95):6.1f} {sum(bool(r.stage_correct) for r in det) / max(1, len(det)):5.2f} "
+              f"{sum(bool(r.attribution_correct) for r in det) / max(1, len(det)):5.2f} {median(rc):5.1f} "
+              f"{sum(r.false_alarms for r in rs):4d}")
+    n = max(1, len(expected))
+    return (f"pair_ddp: false_alarms={fa} false_alarms_per_1e5={fa / max(1, healthy) * 1e5:.2f} "
+            f"healthy_rank_steps={healthy} recall={sum(r.detected for r in expected) / n:.4g} "
+            f"recall_within_15={sum(within(r) for r in expected) / n:.4g} "
+            f"stage_accuracy={sum(stage_ok) / max(1, len(stage_ok)):.4g} runs={len(runs)}")
 
 
 # --- through a real collector over OTLP/gRPC ---------------------------------------------------------------------

@@ -12,24 +12,34 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def last_line_fields(script: str, *args: str, timeout: float = 120.0) -> dict[str, str]:
+def last_line_fields(script: str, *args: str, timeout: float = 600.0, prefix: str = "") -> dict[str, str]:
     out = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], capture_output=True, text=True,
                          timeout=timeout, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     last = out.stdout.strip().splitlines()[-1]
-    fields = dict(kv.split("=", 1) for kv in last.split())
+    assert last.startswith(prefix), last
+    fields = dict(kv.split("=", 1) for kv in last.removeprefix(prefix).split())
     assert all(fields.values()), last
     return fields
 
 
 def test_detection_bench_tiny() -> None:
     f = last_line_fields("detection.py", "--quick", "--reps", "1", "--target-reps", "2", "--steps", "80",
-                         "--otlp", "1")
+                         "--otlp", "1", "--pair-ddp-reps", "0")
     assert {"recall", "recall_within_15", "p95_steps_to_detect", "false_alarms_per_1e5", "attribution_accuracy",
             "otlp_equal"} <= f.keys()
     assert 0.0 <= float(f["recall"]) <= 1.0 and float(f["false_alarms_per_1e5"]) >= 0.0
     assert f["otlp_equal"] == "True"
     assert int(f["target_runs"]) == 2 and int(f["healthy_rank_steps"]) > 0
+
+
+def test_detection_bench_pair_ddp_line() -> None:
+    """The DP = 2 / DDP scenarios alone end with their own line; a slowed DDP or DP = 2 rank is found, and
+    nobody else is convicted."""
+    f = last_line_fields("detection.py", "--pair-ddp-only", "--pair-ddp-reps", "1", "--pair-healthy-steps", "100",
+                         "--steps", "80", prefix="pair_ddp:")
+    assert int(f["runs"]) == 15 and int(f["healthy_rank_steps"]) > 0
+    assert int(f["false_alarms"]) == 0 and float(f["recall"]) > 0.5
 
 
 def test_processor_throughput_bench_tiny() -> None:
