@@ -32,17 +32,17 @@ bound, ``MAX_*`` below) is warned about once (``logging``), replaced by the defa
 
 Every module takes its defaults from ``DEFAULTS`` (``EmitterConfig()``), the one place they are written.
 
-``device_every`` defaults to ``auto``: a CUDA event record costs 1.6 us warm on the lent H200 VM through the
-driver (6 us through torch's ``Event.record``), and several times that between the launches of a
-launch-bound step (a device-sampled 39 ms step with 19 intervals paid +0.9 % through the driver, +2.7 %
-through torch); on a step of a second events cost < 0.1 %. Auto sampling picks the smallest N
+``device_every`` defaults to ``auto``: a CUDA event record costs a few microseconds warm through the driver
+(several times that through torch's ``Event.record``), and several times its warm cost between the launches of
+a launch-bound step, where a device-sampled step pays a measurable share of the step; on a step of a second
+events cost next to nothing (``bench/results/gpu-h200.md`` sections 2 and 3). Auto sampling picks the smallest N
 (1..``device_every_max``) whose cost stays within ``device_budget``: a prior of 5x the records' micro-cost
 until the measured difference between device-sampled and host-only step periods resolves the budget
 (``step_context.py``): N = 4 launch-bound, N = 1 for long steps. The other steps are timed on the host
 (``sampled_out``). A fixed N >= 1 disables the adaptation.
 The readout thread wakes every 500 ms: each wake takes the GIL from the training thread and hands it back, and
-on a launch-bound step those hand-offs, not the drain's work, were most of what the readout cost
-(``bench/results/gpu-h200.md`` section 3: 20 ms cost ~0.8 % more than 100 ms; ``bench/results/cpu-gil-handoff.md``).
+on a launch-bound step those hand-offs, not the drain's work, are most of what the readout costs, so fewer wakes
+cost less (``bench/results/gpu-h200.md`` section 3; ``bench/results/cpu-gil-handoff.md``).
 500 ms keeps the collector's allowances (``export/batch_delay.py``): the delivery spread between ranks, a readout
 period plus the batch delay (at least 200 ms), stays inside its ``max_open_windows`` x ``window_steps`` steps
 down to ~18 ms steps (inside half of them from 35 ms). The pool holds what a period leaves in flight with device

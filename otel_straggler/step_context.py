@@ -17,9 +17,8 @@ the smallest N in ``[1, max_every]`` whose event cost stays within ``budget`` (a
 when paid every N-th step. The cost of a device-sampled step is estimated two ways:
 
 * a prior: 2 records per interval x the record cost measured when the pool was warmed x ``PRIOR_FACTOR``.
-  A record between kernel launches costs several times its warm micro-cost: on the H200 VM a launch-bound
-  step with 19 intervals paid 4.6x (torch's record) to 5.9x (the driver's) the micro-cost on its sampled
-  steps (``bench/results/gpu-h200.md``);
+  A record between kernel launches costs several times its warm micro-cost on a launch-bound step's
+  sampled steps (``bench/results/gpu-h200.md`` section 3, whichever record API);
 * the measurement: what a device-sampled step takes longer than a host-only one, from per-kind running means
   of the step period over the last ~``MEASURE_STEPS`` steps of each kind (steps over ``OUTLIER`` x the
   average period and the time from install to the first step are left out; with N = 1 every
@@ -28,10 +27,10 @@ when paid every N-th step. The cost of a device-sampled step is estimated two wa
 Once the measurement resolves the budget (its 2-standard-error half-width is at most half of what the
 budget allows per step) it is the cost: on steady, long (GPU-bound) steps the records' CPU time hides behind
 device work and N drops to 1. Until then the cost is the larger of the prior and the
-measurement's lower 2-standard-error bound: step jitter on a launch-bound step (+-15 % on the VM) is far
-larger than the budget, so an unproven difference must not lower N, and a proven one raises it. A 40 ms
-launch-bound step with 19 intervals gets N = 4; steps of a few hundred ms or more get N = 1, so the detector
-sees device time on every step where it is cheap.
+measurement's lower 2-standard-error bound: step jitter on a launch-bound step is far larger than the
+budget (``bench/results/gpu-h200.md`` section 3), so an unproven difference must not lower N, and a proven
+one raises it. The launch-bound model of that section gets N = 4; steps of a few hundred ms or more get
+N = 1, so the detector sees device time on every step where it is cheap.
 """
 
 from __future__ import annotations
@@ -44,7 +43,8 @@ from otel_straggler.counters import NO_CUDA, SAMPLED_OUT
 
 MIN_MEASURED = 4  # steps of each kind (device-sampled, host-only) before their period difference is used
 MEASURE_STEPS = 100  # the per-kind running mean weighs about the last 100 steps of its kind
-PRIOR_FACTOR = 5.0  # in-context cost of a record on a launch-bound step / its warm micro-cost (4.6-5.9 measured)
+# in-context cost of a record on a launch-bound step / its warm micro-cost (bench/results/gpu-h200.md section 3)
+PRIOR_FACTOR = 5.0
 RESOLVED = 0.5  # the measurement decides alone once 2 standard errors <= this fraction of the budget
 PROBE_EVERY = 16  # auto with N = 1: every 16th step is host-only, so the price of sampling stays measured
 OUTLIER = 3.0  # a step longer than 3x the average period is not booked to either kind's period

@@ -96,8 +96,8 @@ def _array_kv_bytes(key: str, values: list) -> bytes:
 
 def _rank_spans(cfg: LoadConfig, rank: int, steps: range, rng: random.Random) -> Iterator[tuple[bool, bytes]]:
     """One rank's spans in step order, each as (step scope?, the bytes of a ``ScopeSpans.spans`` entry)
-    (values: nominal x Gaussian 1 % noise). Encoded from per-stage templates: the protobuf object path costs
-    ~40 us per span, too slow to build the 16k-rank scale load."""
+    (values: nominal x Gaussian 1 % noise). Encoded from per-stage templates: the protobuf object path is
+    too slow to build the 16k-rank scale load."""
     step_ns = int(cfg.step_s * 1e9)
     t_base = 1_800_000_000_000_000_000
     per_span = cfg.microbatches if cfg.detail != s.DETAIL_INTERVAL else 1  # intervals summed into one span

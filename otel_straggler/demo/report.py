@@ -24,7 +24,7 @@ from otel_straggler.demo.tap import StagePoint
 
 _VERDICT_STYLE = {s.VERDICT_STRAGGLER: ("#d62728", "s", 60), s.VERDICT_RECOVERED: ("#2ca02c", "^", 60),
                   s.VERDICT_UNCERTAIN: ("#999999", ".", 30)}
-_FASTEST_QUANTILE = 0.1  # the detector's default fastest_quantile (docs/detector.md, rule 7)
+_FASTEST_QUANTILE = 0.1  # the detector's default fastest_quantile (`reference` in docs/detector.md, "Judgement")
 
 
 def reference_value(peers: list[float], quantile: float = _FASTEST_QUANTILE) -> float:

@@ -67,7 +67,7 @@ class Config(BaseModel):
     # window median, from the step-to-step noise measured within the cohort's ranks (robust: spikes and a
     # slow rank do not move it). 8: device timing with <= ~0.9 % per-step noise keeps the 4 % tolerance; a
     # noisier cohort is judged on what its noise supports instead of producing false alarms, and its small
-    # slowdowns are found by sequential_excess (6 gives a false alarm at 2 % noise). 0 disables.
+    # slowdowns are found by sequential_excess (lower values: docs/detection-defaults.md). 0 disables.
     noise_z: float = Field(default=8.0, ge=0)
     # Absolute gap (value - reference) under which a slow-looking window is uncertain, never slow: the floor
     # of every HOST comparison and of device comparisons of small stages. Host intervals of sub-ms to few-ms
