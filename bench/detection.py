@@ -353,16 +353,9 @@ def main() -> int:
         healthy_rs += sum(r.healthy_rank_steps for r in rs)
         expect = rs[0].fault is not None and rs[0].fault.expect_straggler
         det = [r for r in rs if r.detected]
-        st = [float(r.steps_to_detect) for r in det if r.steps_to_detect is not None]
         rc = [float(r.recovered_after) for r in det if r.recovered_after is not None]
-        recall = len(det) / len(rs) if expect else float("nan")
-        rec15 = sum(within(r) for r in rs) / len(rs) if expect else float("nan")
         late = late_share[key]
-        print(f"{key:37} {len(rs):4d} {recall:6.3f} {rec15:6.3f} {median(st):6.1f} {percentile(st, 0.95):6.1f} "
-              f"{sum(bool(r.stage_correct) for r in det) / max(1, len(det)):5.2f} "
-              f"{sum(bool(r.attribution_correct) for r in det) / max(1, len(det)):5.2f} "
-              f"{median(rc):5.1f} {sum(r.false_alarms for r in rs):4d} {sum(r.flaps for r in rs):4d} "
-              f"{100 * sum(late) / len(late):6.2f}")
+        print(f"{key:37} {_row(rs, expect)} {sum(r.flaps for r in rs):4d} {100 * sum(late) / len(late):6.2f}")
         fault = rs[0].fault
         big = fault is not None and (fault.size >= 0.05 or fault.stall_ms is not None)
         if expect and big:
@@ -417,6 +410,19 @@ def main() -> int:
     return 0
 
 
+def _row(rs: list[RunScore], expect: bool) -> str:
+    """One scenario's cells from ``runs`` to ``FA``: recall and within-15 are nan where no verdict is expected."""
+    det = [r for r in rs if r.detected]
+    st = [float(r.steps_to_detect) for r in det if r.steps_to_detect is not None]
+    rc = [float(r.recovered_after) for r in det if r.recovered_after is not None]
+    recall = len(det) / len(rs) if expect else float("nan")
+    rec15 = sum(within(r) for r in rs) / len(rs) if expect else float("nan")
+    return (f"{len(rs):4d} {recall:6.3f} {rec15:6.3f} {median(st):6.1f} {percentile(st, 0.95):6.1f} "
+            f"{sum(bool(r.stage_correct) for r in det) / max(1, len(det)):5.2f} "
+            f"{sum(bool(r.attribution_correct) for r in det) / max(1, len(det)):5.2f} "
+            f"{median(rc):5.1f} {sum(r.false_alarms for r in rs):4d}")
+
+
 def _pair_ddp(args: argparse.Namespace, overrides: dict, t0: float) -> str:
     """Run the DP = 2 / DDP scenarios (their own random stream: the other runs keep their draws), print their
     table, and return their ``pair_ddp:`` line ('' when there are none)."""
@@ -444,18 +450,10 @@ def _pair_ddp(args: argparse.Namespace, overrides: dict, t0: float) -> str:
         fa += sum(r.false_alarms for r in rs)
         healthy += sum(r.healthy_rank_steps for r in rs)
         expect = rs[0].fault is not None and rs[0].fault.expect_straggler
-        det = [r for r in rs if r.detected]
-        st = [float(r.steps_to_detect) for r in det if r.steps_to_detect is not None]
-        rc = [float(r.recovered_after) for r in det if r.recovered_after is not None]
         if expect:
             expected.extend(rs)
-            stage_ok.extend(bool(r.stage_correct) for r in det)
-        nan = float("nan")
-        print(f"{key:34} {len(rs):4d} {len(det) / len(rs) if expect else nan:6.3f} "
-              f"{sum(within(r) for r in rs) / len(rs) if expect else nan:6.3f} {median(st):6.1f} "
-              f"{percentile(st, 0.95):6.1f} {sum(bool(r.stage_correct) for r in det) / max(1, len(det)):5.2f} "
-              f"{sum(bool(r.attribution_correct) for r in det) / max(1, len(det)):5.2f} {median(rc):5.1f} "
-              f"{sum(r.false_alarms for r in rs):4d}")
+            stage_ok.extend(bool(r.stage_correct) for r in rs if r.detected)
+        print(f"{key:34} {_row(rs, expect)}")
     n = max(1, len(expected))
     return (f"pair_ddp: false_alarms={fa} false_alarms_per_1e5={fa / max(1, healthy) * 1e5:.2f} "
             f"healthy_rank_steps={healthy} recall={sum(r.detected for r in expected) / n:.4g} "

@@ -73,6 +73,14 @@ class Workers:
             self._q.put(None)
 
 
+def stop_runtime(workers: Workers | None, loop: LoopThread | None) -> None:
+    """Stop a receiver's decode workers, then its event loop (either may never have started)."""
+    if workers is not None:
+        workers.stop()
+    if loop is not None:
+        loop.stop()
+
+
 def _settle(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
     def done() -> None:
         if fut.done():

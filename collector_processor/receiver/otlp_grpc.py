@@ -29,7 +29,7 @@ from google.rpc.error_details_pb2 import RetryInfo
 from collector_processor.component import Refusal
 from collector_processor.config.model import MIB
 from collector_processor.config.types import split_host_port
-from collector_processor.receiver.aio import LoopThread, Workers
+from collector_processor.receiver.aio import LoopThread, Workers, stop_runtime
 from collector_processor.receiver.auth import BearerAuth
 from collector_processor.receiver.common import Config, Dispatcher, GrpcProtocol, export_response
 from collector_processor.receiver.decode import GRPC_SERVICES, RETRY_INFO_KEY, DecodeFailure, decode, decode_cost
@@ -235,10 +235,7 @@ class OtlpGrpcReceiver:
         self._stop_loop()
 
     def _stop_loop(self) -> None:
-        if self._workers is not None:
-            self._workers.stop()
-        if self._loop is not None:
-            self._loop.stop()
+        stop_runtime(self._workers, self._loop)
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         self.stop_accepting(min(timeout_s, 2.0))

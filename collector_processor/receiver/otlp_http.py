@@ -36,7 +36,7 @@ from google.rpc.status_pb2 import Status
 from collector_processor.component import Refusal
 from collector_processor.config.model import MIB
 from collector_processor.config.types import split_host_port
-from collector_processor.receiver.aio import LoopThread, Workers
+from collector_processor.receiver.aio import LoopThread, Workers, stop_runtime
 from collector_processor.receiver.auth import BearerAuth
 from collector_processor.receiver.common import Config, Dispatcher, HttpProtocol, export_response
 from collector_processor.receiver.decode import (
@@ -222,10 +222,7 @@ class OtlpHttpReceiver:
         self._stop_loop()
 
     def _stop_loop(self) -> None:
-        if self._workers is not None:
-            self._workers.stop()
-        if self._loop is not None:
-            self._loop.stop()
+        stop_runtime(self._workers, self._loop)
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         self.stop_accepting(min(timeout_s, 2.0))
