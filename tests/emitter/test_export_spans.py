@@ -126,15 +126,19 @@ class BlockingExporter(SpanExporter):
 
 def test_queue_full_drops_are_counted_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
     """A span that finds the batch queue full is dropped and counted; every span is either exported or
-    counted (the SDK's queue itself never overflows, where it would evict unseen)."""
+    counted (the SDK's queue itself never overflows, where it would evict unseen). A fixed schedule delay:
+    a fitted one may swap the SDK processor mid-test, and the retiring one holds its own batches (the swap is
+    ``test_batch_delay.py``'s)."""
     monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "16")
     monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "5000")
     exp = BlockingExporter()
     sink = sink_for(1, exp, detail=schema.DETAIL_INTERVAL)
     for step in range(10):  # 10 steps x (7 stage + 1 rank-step) = 80 spans, queue 16, exporter stuck
         sink.submit(make_intervals(1, step))
     sink.pipeline.close_steps()
     dropped = sink.counters.get("dropped_queue_full")
+    assert sink.pipeline.providers.processor.swaps == 0
     assert 80 - 16 - 4 <= dropped <= 80 - 16  # the worker may hold one batch outside the queue
     exp.release.set()
     assert sink.flush(5.0)
