@@ -8,6 +8,7 @@ Exit status of ``demo``: 0 when the injected rank was convicted and nobody else 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
@@ -92,11 +93,24 @@ def main(argv: list[str] | None = None) -> int:
             require_model_runtime(opts.model)
         except OptionError as exc:
             parser.error(str(exc))  # exits 2
+        def _terminated(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt  # run_demo stops its ranks and collector on the way out
+
+        try:
+            previous = signal.signal(signal.SIGTERM, _terminated)
+        except ValueError:  # not the main thread (called from a test's worker): SIGTERM stays as it is
+            previous = None
         try:
             result = run_demo(opts)
         except RuntimeError as exc:  # the embedded collector did not start
             print(f"otel-straggler demo: {exc}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:
+            print("otel-straggler demo: interrupted; its ranks and collector are stopped", file=sys.stderr)
+            return 130
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
         return 0 if result.ok else 1
     return 2
 

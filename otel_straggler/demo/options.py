@@ -112,15 +112,16 @@ def check_options(opts: DemoOptions, *, absolute_floor_ms: float, window_steps: 
         raise OptionError(f"--inject-kind {opts.inject_kind!r} is not host or device")
     if opts.stall_timeout_s <= 0:
         raise OptionError("--stall-timeout must be > 0 seconds")
+    # ranges first: a value out of range is a mistake, not a way to switch the injection off
+    if not 0 <= opts.inject_slowdown <= 10:
+        raise OptionError("--inject-slowdown is a fraction between 0 and 10 (0.10 = +10%)")
+    if opts.inject_ms is not None and opts.inject_ms < 0:
+        raise OptionError("--inject-ms must be >= 0")
     if not injecting(opts):
         return
     assert opts.inject_rank is not None
     if not 0 <= opts.inject_rank < opts.ranks:
         raise OptionError(f"--inject-rank {opts.inject_rank} is not below --ranks {opts.ranks}")
-    if not 0 <= opts.inject_slowdown <= 10:
-        raise OptionError("--inject-slowdown is a fraction between 0 and 10 (0.10 = +10%)")
-    if opts.inject_ms is not None and opts.inject_ms < 0:
-        raise OptionError("--inject-ms must be >= 0")
     if opts.inject_stage in NOT_JUDGED:
         raise OptionError(f"--inject-stage {opts.inject_stage} is never judged (a collective or the whole "
                           "step: the peers wait there for a straggler); slow a compute stage instead, "

@@ -229,7 +229,37 @@ class _Ranks:
             log.close()
 
 
+def _stop_collector(collector: subprocess.Popen, timeout_s: float) -> None:
+    """SIGTERM (it drains and writes its last evidence), then SIGKILL after ``timeout_s``."""
+    if collector.poll() is not None:
+        return
+    collector.send_signal(signal.SIGTERM)
+    try:
+        collector.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        collector.kill()
+        collector.wait(timeout=30)
+
+
 def run_demo(opts: DemoOptions) -> DemoResult:
+    """The whole demo. Interrupted (Ctrl-C, or SIGTERM through the CLI), it stops the ranks and its collector
+    (which runs in a session of its own, out of reach of the terminal's signals) before the interrupt goes on."""
+    children: list[Any] = []  # what to stop if interrupted: the tap, the collector, the ranks
+    try:
+        return _run_demo(opts, children)
+    except BaseException:
+        for child in reversed(children):
+            try:
+                if isinstance(child, subprocess.Popen):
+                    _stop_collector(child, 15.0)
+                else:
+                    child.stop()
+            except Exception:
+                pass
+        raise
+
+
+def _run_demo(opts: DemoOptions, children: list[Any]) -> DemoResult:
     t0 = time.monotonic()
     con = _Console(opts.quiet)
     det = detector_settings(opts.ranks)
@@ -242,6 +272,7 @@ def run_demo(opts: DemoOptions) -> DemoResult:
     tap = TraceTap()
     tap_port = free_port()
     tap.start(tap_port)
+    children.append(tap)
     collector: subprocess.Popen | None = None
     collector_log = out / "collector.log"
     metrics_url = None
@@ -256,6 +287,7 @@ def run_demo(opts: DemoOptions) -> DemoResult:
         collector = subprocess.Popen([sys.executable, "-m", "collector_processor", "--config", str(cfg_path)],
                                      stdout=log_fh, stderr=subprocess.STDOUT, start_new_session=True,
                                      preexec_fn=_yield_cpu)
+        children.append(collector)
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         if not _wait_http(f"http://127.0.0.1:{metrics_port}/healthz", 300.0, collector):
             collector.kill()
@@ -279,6 +311,7 @@ def run_demo(opts: DemoOptions) -> DemoResult:
            if injecting(opts) else "none")
     con.say(f"starting {opts.ranks} ranks x {opts.steps} steps ({opts.model}); injected slowdown: {inj}")
     ranks = _Ranks(opts, out, endpoint, con, t0)
+    children.append(ranks)
     seen_verdicts = 0
     stalled = False
     while ranks.running():
@@ -301,12 +334,9 @@ def run_demo(opts: DemoOptions) -> DemoResult:
     if collector is not None:
         time.sleep(1.5)  # last batches from the ranks' exporters
         metrics_text = _scrape(metrics_url) if metrics_url else None
-        collector.send_signal(signal.SIGTERM)
-        try:
-            collector.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            collector.kill()
+        _stop_collector(collector, 60.0)
     tap.stop()
+    children.clear()  # stopped: nothing left to stop if the report is interrupted
 
     points = tap.snapshot()
     verdicts = _read_verdicts(evidence)
