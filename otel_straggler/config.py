@@ -78,7 +78,7 @@ def _parse_bool(v: Any) -> bool:
         return True
     if s in _FALSE:
         return False
-    raise ValueError(f"not a boolean: {v!r}")
+    raise ValueError("not a boolean (1/0, true/false, yes/no, on/off)")
 
 
 def _int_in(lo: int, hi: int) -> Callable[[Any], int]:
@@ -89,7 +89,10 @@ def _int_in(lo: int, hi: int) -> Callable[[Any], int]:
             raise ValueError("bool is not an int")
         if isinstance(v, float) and not v.is_integer():
             raise ValueError("not an integer")
-        x = int(v)
+        try:
+            x = int(v)
+        except ValueError:
+            raise ValueError("not an integer") from None  # int()'s own message quotes the value
         if not lo <= x <= hi:
             raise ValueError(f"must be in [{lo}, {hi}]")
         return x
@@ -103,7 +106,10 @@ def _float_in(hi: float) -> Callable[[Any], float]:
     def parse(v: Any) -> float:
         if isinstance(v, bool):
             raise ValueError("bool is not a number")
-        x = float(v)
+        try:
+            x = float(v)
+        except ValueError:
+            raise ValueError("not a number") from None
         if not 0.0 < x <= hi:  # also refuses nan and inf
             raise ValueError(f"must be in (0, {hi}]")
         return x
@@ -191,17 +197,19 @@ class EmitterConfig:
             default = _DEFAULTS[name]
             raw: Any
             if name in overrides and overrides[name] is not None:
-                raw = overrides[name]
+                raw, source = overrides[name], name
             else:
-                raw = env.get(ENV_PREFIX + name.upper())
+                source = ENV_PREFIX + name.upper()
+                raw = env.get(source)
                 if raw is None:
                     values[name] = default
                     continue
             try:
                 values[name] = parser(raw)
             except (ValueError, TypeError, OverflowError) as exc:
+                # named by where it came from, never quoting the value (it may be a secret put in the wrong place)
                 errors.append(name)
-                warn_once(name, f"otel-straggler: bad value for {name} ({exc}); using default {default!r}")
+                warn_once(name, f"otel-straggler: bad value for {source} ({exc}); using default {default!r}")
                 values[name] = default
         return cls(**values, config_errors=tuple(errors))
 

@@ -159,3 +159,22 @@ def test_thread_mode_with_a_bad_grpc_signal_timeout_falls_back_counted(monkeypat
         assert t.flush(2.0) and t.sink.discarded == 1
     finally:
         t.shutdown(1.0)
+
+
+@pytest.mark.parametrize(("var", "raw", "why"), [
+    ("OTEL_STRAGGLER_RING_SIZE", "1e11", "not an integer"),
+    ("OTEL_STRAGGLER_POOL_SIZE", "abc-secret", "not an integer"),
+    ("OTEL_STRAGGLER_RING_SIZE", "99999999999", "must be in"),
+    ("OTEL_STRAGGLER_READOUT_INTERVAL_MS", "fast-secret", "not a number"),
+    ("OTEL_STRAGGLER_ENABLED", "maybe-secret", "not a boolean"),
+])
+def test_own_settings_are_warned_by_variable_never_by_value(caplog: pytest.LogCaptureFixture, var: str, raw: str,
+                                                            why: str) -> None:
+    """The package's own ``OTEL_STRAGGLER_*`` variables follow the standard ones: the warning names the
+    variable a user set, says why, and never quotes the value."""
+    with caplog.at_level("WARNING", logger="otel_straggler.config"):
+        cfg = config.EmitterConfig.from_env({var: raw})
+    name = var.removeprefix(config.ENV_PREFIX).lower()
+    assert cfg.config_errors == (name,) and getattr(cfg, name) == getattr(config.DEFAULTS, name)
+    [msg] = [r.getMessage() for r in caplog.records]
+    assert var in msg and why in msg and raw not in msg, msg
