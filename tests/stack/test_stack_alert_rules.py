@@ -102,4 +102,4 @@ def test_grafana_alerting_provisioning_format() -> None:
     assert receiver["type"] == "webhook" and receiver["settings"]["url"] == "${ALERT_WEBHOOK_URL}"
     policy = doc["policies"][0]
     assert policy["receiver"] == contact["name"]
-    assert policy["group_by"] == ["alertname", "job", "cohort"]
+    assert policy["group_by"] == ["alertname", "job", "host"]

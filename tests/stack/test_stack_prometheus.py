@@ -83,7 +83,7 @@ def test_amtool_rejects_a_route_to_an_unknown_receiver(tmp_path: Path) -> None:
 
 def test_alertmanager_route_and_receiver() -> None:
     cfg = load_yaml(ALERTMANAGER_YML)
-    assert cfg["route"]["group_by"] == ["alertname", "job", "cohort"]
+    assert cfg["route"]["group_by"] == ["alertname", "job", "host"]
     receivers = {r["name"]: r for r in cfg["receivers"]}
     hooks = receivers[cfg["route"]["receiver"]]["webhook_configs"]
     assert hooks and hooks[0]["url"].startswith("http") and hooks[0]["send_resolved"] is True
