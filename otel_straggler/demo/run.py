@@ -88,9 +88,13 @@ def collector_config(*, grpc_port: int, http_port: int, metrics_port: int, tap_p
     }
 
 
-def _yield_cpu() -> None:
-    """In a child before exec: lower its priority (niceness +10) so that it yields to the rank processes."""
-    os.nice(10)
+def _yield_cpu(pid: int) -> None:
+    """Lower a child's priority (niceness +10) so that it yields to the rank processes. Set from here, not in a
+    ``preexec_fn``: that forces a plain fork, whose handlers make gRPC (the trace tap) log a warning."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, os.getpriority(os.PRIO_PROCESS, pid) + 10)
+    except OSError:
+        pass  # it runs at the demo's priority
 
 
 def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> bool:
@@ -285,8 +289,8 @@ def _run_demo(opts: DemoOptions, children: list[Any]) -> DemoResult:
         log_fh = collector_log.open("w", encoding="utf-8")
         # niced: beside a real job the collector has its own host; here it must not take the ranks' cores
         collector = subprocess.Popen([sys.executable, "-m", "collector_processor", "--config", str(cfg_path)],
-                                     stdout=log_fh, stderr=subprocess.STDOUT, start_new_session=True,
-                                     preexec_fn=_yield_cpu)
+                                     stdout=log_fh, stderr=subprocess.STDOUT, start_new_session=True)
+        _yield_cpu(collector.pid)
         children.append(collector)
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         if not _wait_http(f"http://127.0.0.1:{metrics_port}/healthz", 300.0, collector):
