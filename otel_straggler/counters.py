@@ -1,10 +1,11 @@
 """Emitter counters: plain ints, each field written by exactly ONE thread (no lock needed).
 
 Written by the TRAINING thread (start/stop path): ``dropped_ring_full``, ``barriers_skipped``,
-``unbalanced``, ``faults_training``, ``pool_high_water``.
+``unbalanced``, ``faults_training``.
 Written by the READOUT thread: ``intervals``, ``degraded`` (per reason; the training thread only
 writes the reason into the ring slot, the readout thread counts it), ``faults_readout``,
-``readout_lag_ms``, ``quarantined``, ``quarantine_released``, ``sink_errors``.
+``readout_lag_ms``, ``quarantined``, ``quarantine_released``, ``sink_errors``, ``pool_high_water``
+(sampled at the top of each drain, before the readout returns any event to the pool).
 Written once at construction (before any thread starts): ``config_errors``.
 ``snapshot()`` may be called from any thread; an int read is atomic under the GIL, and a snapshot that
 is one increment stale is fine for cumulative self-metrics.

@@ -3,8 +3,9 @@
 All events are created AND recorded once at install (the first ``record()`` of a ``torch.cuda.Event``
 lazily creates the CUDA event, which costs far more than a warm record and would skew the first windows),
 followed by one ``synchronize`` at install time only. The free list is a ``collections.deque``: ``popleft``
-(training thread only) and ``append`` (readout thread, and the training thread only for events it never
-recorded) are atomic under the GIL, so no lock is shared with the training thread.
+(training thread only) and ``append`` (readout thread only; the training thread hands the events it lets go of
+to ``orphans``, which the readout quarantines) are atomic under the GIL, so no lock is shared with the training
+thread.
 
 An event that was recorded is returned to the free list only after its ``query()`` is True (or at
 shutdown): a recorded-but-unfinished event is never re-recorded.

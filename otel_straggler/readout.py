@@ -155,6 +155,12 @@ class Readout:
     # ---- draining ------------------------------------------------------------------------------
     def drain(self, force: bool = False) -> int:
         """Read completed slots in order; returns how many intervals went to the sink."""
+        # Only this thread returns events to ``pool.free``, so since the last drain it has only shrunk: the most
+        # events in flight since then is what is out of it now, before anything below returns one.
+        pool = self.pool
+        n = pool.capacity - len(pool.free)
+        if n > self.counters.pool_high_water:
+            self.counters.pool_high_water = n
         self._collect_orphans()
         self._release_quarantine(force=False)
         total = 0

@@ -100,7 +100,6 @@ class Timer:
         "_is_step",
         "_level",
         "_orphans",
-        "_pool_cap",
         "_reason",
         "_record",
         "_rep",
@@ -141,7 +140,6 @@ class Timer:
         self._ctx = ctx
         self._free = pool.free
         self._orphans = pool.orphans
-        self._pool_cap = pool.capacity
         self._record = pool.record
         self._c = counters
         self._inject = inject
@@ -212,9 +210,6 @@ class Timer:
                             self._record(eev)
                         except Exception:
                             reason = CUDA_ERROR
-                        n = self._pool_cap - len(free)
-                        if n > self._c.pool_high_water:
-                            self._c.pool_high_water = n
                     else:
                         reason = POOL_EXHAUSTED
             r = self._ring

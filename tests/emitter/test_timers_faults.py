@@ -99,6 +99,23 @@ def test_pool_exhaustion_degrades(make_timers, sink, device) -> None:
     assert len(t.pool.free) == 4
 
 
+def test_pool_high_water_is_sampled_by_the_readout_before_it_returns_events(make_timers, sink, device) -> None:
+    t = make_timers(pool_size=8)
+    t.set_step(0)
+    t("forward-compute").start()
+    device.work(1.0)
+    t("forward-compute").stop()
+    t("backward-compute").start()  # still open at the drain: its start event is in flight too
+    assert t.counters.pool_high_water == 0  # the training thread does not write it
+    t.readout.drain()
+    assert t.counters.pool_high_water == 3
+    assert len(t.pool.free) == 7  # the finished pair is back, the open start event is not
+    t("backward-compute").stop()
+    t.readout.drain()
+    assert t.counters.pool_high_water == 3  # a maximum: two in flight at this drain
+    assert len(t.pool.free) == 8
+
+
 def test_pool_exhausted_at_stop_releases_start_event(make_timers, sink, device) -> None:
     t = make_timers(pool_size=2)
     a, b = t("forward-backward", 1), t("forward-compute")
