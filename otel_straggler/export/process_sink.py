@@ -128,7 +128,7 @@ class ProcessSink(ForkGuarded):
         self._stats: dict[str, Any] = {}
         self._stats_sent: dict[str, Any] | None = None
         self._stats_waiting = False  # published stats not yet carried by a batch's write
-        self._write_fn = os.write  # write_nonblocking once the pipe is known to be non-blocking
+        self._write_fn = os.write  # _spawn sets write_nonblocking once it made the pipe non-blocking
         self._flush_seq = 0
         self.child_counters: dict[str, int] = {}  # the export child's counters, as of the last flush ack
 
@@ -187,8 +187,8 @@ class ProcessSink(ForkGuarded):
             return False
         os.set_blocking(fd, False)
         os.set_blocking(proc.stdout.fileno(), False)
-        # a write that keeps the GIL must never wait: only on a descriptor that is non-blocking
-        self._write_fn = os.write if os.get_blocking(fd) else write_nonblocking
+        # a write that keeps the GIL must never wait: the descriptor is non-blocking from here on
+        self._write_fn = write_nonblocking
         self._proc, self._fd = proc, fd
         self._pending = b""
         self._encoder.reset()
