@@ -174,8 +174,9 @@ class Readout:
         r = self.ring
         c = self.counters
         tail = r.tail
-        head = min(r.head, tail + MAX_BATCH)
-        more = head < r.head
+        rh = r.head  # read once: the training thread moves it on meanwhile
+        head = min(rh, tail + MAX_BATCH)
+        more = head < rh
         mask = r.mask
         now = _clock()
         timeout_ns = self.timeout_ns
