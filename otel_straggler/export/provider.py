@@ -41,6 +41,8 @@ from otel_straggler.identity import DEFAULT_SERVICE_NAME, service_name_from_env
 
 log = logging.getLogger(__name__)
 SDK_DEFAULT_SCHEDULE_DELAY_MS = 5000
+# Each SDK BatchSpanProcessor registers an at-fork hook that is never removed and starts a worker: bound the swaps.
+MAX_DELAY_SWAPS = 8
 
 
 class Counters:
@@ -200,7 +202,9 @@ class CountingBatchSpanProcessor(SpanProcessor):
     and let it export. A span ended after shutdown counts ``dropped_shutdown``. Public SDK API only.
 
     ``set_schedule_delay`` replaces the SDK processor by one with the new delay (its schedule delay is fixed
-    at construction); the old one exports what it holds and stops on a helper thread. One at a time.
+    at construction); the old one exports what it holds and stops on a helper thread. One at a time, and at
+    most ``MAX_DELAY_SWAPS`` over the processor's life (one processor per export process): a swap beyond is
+    refused, counted ``delay_swaps_refused`` and warned about once, and the delay stays as it is.
     """
 
     def __init__(self, exporter: CountingSpanExporter, counters: Counters, settings: OtelSettings,
@@ -225,6 +229,7 @@ class CountingBatchSpanProcessor(SpanProcessor):
         self._bsp = self._new_bsp(self.schedule_delay_ms)
         self._retiring: threading.Thread | None = None
         self.swaps = 0
+        self._cap_warned = False
 
     def _new_bsp(self, delay_ms: int) -> BatchSpanProcessor:
         return BatchSpanProcessor(
@@ -271,10 +276,18 @@ class CountingBatchSpanProcessor(SpanProcessor):
 
     def set_schedule_delay(self, delay_ms: int) -> bool:
         """Export with ``delay_ms`` from now on (not when OTEL_BSP_SCHEDULE_DELAY was set); False when nothing
-        changed (same delay, closed, or the previous processor is still being retired)."""
+        changed (same delay, closed, the previous processor is still being retired, or ``MAX_DELAY_SWAPS`` made:
+        then counted ``delay_swaps_refused``)."""
         if self.fixed_delay or self._closed or delay_ms == self.schedule_delay_ms:
             return False
         if self._retiring is not None and self._retiring.is_alive():
+            return False
+        if self.swaps >= MAX_DELAY_SWAPS:
+            self._counters.add("delay_swaps_refused")
+            if not self._cap_warned:
+                self._cap_warned = True
+                log.warning("otel-straggler: batch schedule delay kept at %d ms: %d processor swaps made, the most "
+                            "allowed", self.schedule_delay_ms, MAX_DELAY_SWAPS)
             return False
         new = self._new_bsp(delay_ms)
         with self._lock:

@@ -4,16 +4,25 @@ span, and OTEL_BSP_SCHEDULE_DELAY respected."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 import pytest
 from export_rank_driver import identity, make_intervals
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from collector_processor.processor.straggler.config import Config
 from otel_straggler import schema
 from otel_straggler.config import DEFAULTS
 from otel_straggler.export import batch_delay as bd
+from otel_straggler.export.otel_env import OtelSettings
+from otel_straggler.export.provider import (
+    MAX_DELAY_SWAPS,
+    Counters,
+    CountingBatchSpanProcessor,
+    CountingSpanExporter,
+)
 from otel_straggler.export.thread_sink import ThreadSink
 
 
@@ -129,3 +138,28 @@ def test_a_set_schedule_delay_is_respected(monkeypatch: pytest.MonkeyPatch) -> N
     _feed(sink, 0, 30, 70.0)
     assert proc.schedule_delay_ms == 700 and proc.swaps == 0
     sink.shutdown(2.0)
+
+
+def test_processor_swaps_beyond_the_cap_are_refused_and_counted(caplog: pytest.LogCaptureFixture) -> None:
+    """Every swap leaves an SDK processor's at-fork hook behind: after ``MAX_DELAY_SWAPS`` the delay stays, each
+    refusal is counted, one warning says so, and spans still go out through the processor in place."""
+    counters = Counters()
+    mem = InMemorySpanExporter()
+    proc = CountingBatchSpanProcessor(CountingSpanExporter(mem, counters), counters, OtelSettings(),
+                                      schedule_delay_ms=bd.MIN_DELAY_MS)
+    tp = TracerProvider(shutdown_on_exit=False)
+    tp.add_span_processor(proc)
+    tracer = tp.get_tracer("cap")
+    delays = [bd.MIN_DELAY_MS + 100 * (k + 1) for k in range(MAX_DELAY_SWAPS + 2)]
+    with caplog.at_level(logging.WARNING, logger="otel_straggler.export.provider"):
+        for k, delay in enumerate(delays):
+            tracer.start_span(f"s{k}").end()
+            assert proc._wait_retired(10.0)  # one swap at a time: let the previous one finish
+            assert proc.set_schedule_delay(delay) is (k < MAX_DELAY_SWAPS)
+    assert proc.swaps == MAX_DELAY_SWAPS
+    assert proc.schedule_delay_ms == delays[MAX_DELAY_SWAPS - 1]
+    assert counters.get("delay_swaps_refused") == 2
+    assert len([r for r in caplog.records if "swaps" in r.getMessage()]) == 1
+    assert proc.force_flush(10_000)
+    assert len(mem.get_finished_spans()) == len(delays) and counters.get("spans_exported") == len(delays)
+    proc.shutdown()
