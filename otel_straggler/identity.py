@@ -4,9 +4,9 @@ Resolved once at install (never on the hot path), every probe guarded and failin
 
 * rank / local rank / world size: the keyword arguments when given, else ``torch.distributed`` when
   initialised, else env ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` (default 0 / 0 / 1);
-* job id: a non-empty ``job_id`` argument, else ``job_id_from_env`` (``OTEL_STRAGGLER_JOB_ID``,
-  ``SLURM_JOB_ID[.SLURM_STEP_ID]``, ``TORCHELASTIC_RUN_ID`` unless ``none``, else derived per launch); logged
-  once on rank 0;
+* job id: the ``job_id`` argument (stripped) unless empty or ``none``, else ``job_id_from_env``
+  (``OTEL_STRAGGLER_JOB_ID``, ``SLURM_JOB_ID[.SLURM_STEP_ID]``, ``TORCHELASTIC_RUN_ID`` unless ``none``, else
+  derived per launch); logged once on rank 0;
 * GPU: ``torch.cuda.get_device_properties(index)`` (``uuid``, PCI domain/bus/device) for the current
   device; ``cpu`` / ``""`` / -1 without CUDA, ``unknown`` when a probe fails (no nvidia-smi);
 * service name: ``OTEL_SERVICE_NAME``, else ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES``, else
@@ -185,9 +185,14 @@ class JobId:
 _UNSET = ("", "none")  # torchrun's TORCHELASTIC_RUN_ID is "none" unless --rdzv-id is given
 
 
-def _given(env: Mapping[str, str], key: str) -> str | None:
-    v = (env.get(key) or "").strip()
+def _set(value: str | None) -> str | None:
+    """``value`` stripped, or None when it is empty or ``none`` (any case, any padding)."""
+    v = (value or "").strip()
     return None if v.lower() in _UNSET else v
+
+
+def _given(env: Mapping[str, str], key: str) -> str | None:
+    return _set(env.get(key))
 
 
 def _process_token(pid: int, proc: str = "/proc") -> str | None:
@@ -381,7 +386,8 @@ def resolve_identity(
     if chunk is None:
         chunk = pos.get("vpp_rank", 0) if pos.get("vpp_size", 1) > 1 else 0
     uuid, pci, index = gpu_identity(cuda)
-    job = JobId(job_id, "job_id", True) if job_id and job_id.lower() not in _UNSET else job_id_from_env(env, int(w))
+    given_job = _set(job_id)
+    job = JobId(given_job, "job_id", True) if given_job else job_id_from_env(env, int(w))
     _log_job_id(job, int(r))
     return Identity(
         rank=int(r),

@@ -101,11 +101,23 @@ def test_the_world_is_not_the_data_parallel_position_when_something_says_otherwi
         ({"SLURM_JOB_ID": "b", "SLURM_STEP_ID": "2", "TORCHELASTIC_RUN_ID": "c"}, "b.2"),
         ({"TORCHELASTIC_RUN_ID": "c"}, "c"),
         ({"OTEL_STRAGGLER_JOB_ID": "none", "TORCHELASTIC_RUN_ID": "c"}, "c"),
+        ({"OTEL_STRAGGLER_JOB_ID": " none ", "TORCHELASTIC_RUN_ID": "c"}, "c"),
         ({"WORLD_SIZE": "4"}, "local"),
     ],
 )
 def test_job_id_order(env: dict, expected: str) -> None:
     assert job_id_from_env(env).value == expected
+
+
+@pytest.mark.parametrize(("job_id", "expected"), [
+    ("a", "a"), (" a ", "a"), ("none", "c"), (" none ", "c"), (" NONE ", "c"), ("", "c"), ("  ", "c"), (None, "c"),
+])
+def test_an_explicit_job_id_is_read_as_the_variables_are(job_id: str | None, expected: str) -> None:
+    """The ``job_id`` argument: stripped, and empty or ``none`` (any case, any padding) falls back to the
+    environment, as ``OTEL_STRAGGLER_JOB_ID`` does."""
+    ident = resolve_identity(env={"TORCHELASTIC_RUN_ID": "c"}, job_id=job_id, use_parallel_state=False)
+    assert ident.job_id == expected
+    assert job_id_from_env({"OTEL_STRAGGLER_JOB_ID": job_id or "", "TORCHELASTIC_RUN_ID": "c"}).value == expected
 
 
 TORCHRUN = {  # what torchrun gives a worker (torch 2.13, static rendezvous, no --rdzv-id)
