@@ -9,8 +9,12 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from otel_straggler.demo.megatron_gpt import SIZES
+
+if TYPE_CHECKING:
+    from collector_processor.processor.straggler.config import Config
 
 TOY = "toy"
 MEGATRON_MODELS = tuple(f"megatron:{name}" for name in SIZES)
@@ -97,10 +101,11 @@ def injecting(opts: DemoOptions) -> bool:
     return opts.inject_rank is not None and (opts.inject_slowdown > 0 or bool(opts.inject_ms))
 
 
-def check_options(opts: DemoOptions, *, absolute_floor_ms: float, window_steps: int,
-                  persistence_windows: int) -> None:
-    """Raise OptionError for options the demo cannot run or cannot show. The detector's settings are those
-    of the collector the demo starts (``absolute_floor_ms``, ``window_steps``, ``persistence_windows``)."""
+def check_options(opts: DemoOptions, det: Config) -> None:
+    """Raise OptionError for options the demo cannot run or cannot show. ``det`` holds the settings of the
+    detector in the collector the demo starts (``run.detector_settings``)."""
+    absolute_floor_ms, window_steps = det.absolute_floor_ms, det.window_steps
+    persistence_windows = det.persistence_windows
     for name in ("ranks", "steps", "microbatches"):
         if getattr(opts, name) < 1:
             raise OptionError(f"--{name} must be >= 1")

@@ -26,7 +26,14 @@ from typing import Any
 import yaml
 
 from otel_straggler import schema as s
-from otel_straggler.demo.options import DemoOptions, DemoResult, inject_delay_ms, injecting
+from otel_straggler.demo.options import (
+    DemoOptions,
+    DemoResult,
+    check_options,
+    inject_delay_ms,
+    injecting,
+    require_model_runtime,
+)
 from otel_straggler.demo.outcome import problems, summarise
 from otel_straggler.demo.tap import StagePoint, TraceTap
 
@@ -246,8 +253,9 @@ def _stop_collector(collector: subprocess.Popen, timeout_s: float) -> None:
 
 
 def run_demo(opts: DemoOptions) -> DemoResult:
-    """The whole demo. Interrupted (Ctrl-C, or SIGTERM through the CLI), it stops the ranks and its collector
-    (which runs in a session of its own, out of reach of the terminal's signals) before the interrupt goes on."""
+    """The whole demo. Options that cannot work raise OptionError before anything starts. Interrupted (Ctrl-C,
+    or SIGTERM through the CLI), it stops the ranks and its collector (which runs in a session of its own, out
+    of reach of the terminal's signals) before the interrupt goes on."""
     children: list[Any] = []  # what to stop if interrupted: the tap, the collector, the ranks
     try:
         return _run_demo(opts, children)
@@ -264,9 +272,11 @@ def run_demo(opts: DemoOptions) -> DemoResult:
 
 
 def _run_demo(opts: DemoOptions, children: list[Any]) -> DemoResult:
+    det = detector_settings(opts.ranks)
+    check_options(opts, det)
+    require_model_runtime(opts.model)
     t0 = time.monotonic()
     con = _Console(opts.quiet)
-    det = detector_settings(opts.ranks)
     out = Path(opts.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     evidence = out / "verdicts.jsonl"

@@ -123,8 +123,7 @@ def test_two_ranks_pick_a_valid_inject_rank_and_compare_with_one_peer() -> None:
     det = detector_settings(2)
     assert det.min_cohort_size == 2 and detector_settings(8).min_cohort_size == 3
     opts = DemoOptions(ranks=2, inject_rank=default_inject_rank(2))
-    check_options(opts, absolute_floor_ms=det.absolute_floor_ms, window_steps=det.window_steps,
-                  persistence_windows=det.persistence_windows)
+    check_options(opts, det)
     cfg = collector_config(grpc_port=1, http_port=2, metrics_port=3, tap_port=4, evidence=__import__("pathlib")
                            .Path("/tmp/x"), ranks=2)
     assert cfg["processors"]["straggler"] == {"min_cohort_size": 2}
@@ -135,8 +134,7 @@ def test_the_default_slowdown_stands_clear_of_the_floor() -> None:
     det = detector_settings()
     assert inject_gap_ms(DemoOptions()) >= 2 * det.absolute_floor_ms
     with pytest.raises(OptionError, match="absolute floor"):
-        check_options(DemoOptions(microbatches=1), absolute_floor_ms=det.absolute_floor_ms,
-                      window_steps=det.window_steps, persistence_windows=det.persistence_windows)
+        check_options(DemoOptions(microbatches=1), det)
 
 
 def test_device_and_host_times_are_never_mixed_in_one_series() -> None:
