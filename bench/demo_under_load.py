@@ -104,7 +104,7 @@ def measure(opts: DemoOptions, size: str) -> Row:
     points = read_points(Path(res.stage_times or ""))
     stage, w = opts.inject_stage, det.window_steps
     warm = (det.warmup_windows + 1) * w
-    devs = window_deviations(points, stage, w, first_step=warm)
+    devs = window_deviations(points, stage, w, first_step=warm, fastest_quantile=det.fastest_quantile)
     slow = opts.inject_rank
     onset = -(-opts.inject_from // w)  # first window slowed in full
     healthy = [d for r, ws in devs.items() if r != slow for d in ws.values()]

@@ -100,22 +100,40 @@ def stage_series(points: Iterable[StagePoint], stage: str, first_step: int = 0) 
     return series
 
 
-def window_deviations(points: Iterable[StagePoint], stage: str, window_steps: int,
-                      first_step: int = 0) -> dict[int, dict[int, float]]:
-    """rank -> window index -> deviation of the rank's window median from the fastest other rank's, as the
-    detector compares them; windows from ``first_step``."""
-    per: dict[int, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for rank, by_step in stage_series(points, stage, first_step).items():
+def window_medians(series: dict[int, dict[int, float]], window_steps: int) -> dict[int, dict[int, float]]:
+    """rank -> window index -> the rank's median over the window's steps (``series``: rank -> step -> ms)."""
+    out: dict[int, dict[int, float]] = {}
+    for rank, by_step in series.items():
+        per: dict[int, list[float]] = defaultdict(list)
         for step, value in by_step.items():
-            per[rank][step // window_steps].append(value)
-    medians = {r: {w: statistics.median(v) for w, v in ws.items()} for r, ws in per.items()}
+            per[step // window_steps].append(value)
+        out[rank] = {w: statistics.median(v) for w, v in per.items()}
+    return out
+
+
+def series_window_deviations(series: dict[int, dict[int, float]], window_steps: int, *,
+                             fastest_quantile: float) -> dict[int, dict[int, float]]:
+    """rank -> window index -> deviation of the rank's window median from its reference among the other ranks'
+    window medians, as the detector compares them (``reference_of`` "fastest" at ``fastest_quantile``); a
+    window where no other rank has a sample is left out."""
+    from collector_processor.processor.straggler.statistics import reference_of
+
+    medians = window_medians(series, window_steps)
     out: dict[int, dict[int, float]] = defaultdict(dict)
     for r, ws in medians.items():
         for w, mine in ws.items():
-            peers = [medians[q][w] for q in medians if q != r and w in medians[q]]
-            if peers and min(peers) > 0:
-                out[r][w] = mine / min(peers) - 1.0
+            ref = reference_of({q: m[w] for q, m in medians.items() if q != r and w in m}, "fastest",
+                               fastest_quantile)
+            if ref is not None and ref[1] > 0:
+                out[r][w] = mine / ref[1] - 1.0
     return out
+
+
+def window_deviations(points: Iterable[StagePoint], stage: str, window_steps: int, first_step: int = 0, *,
+                      fastest_quantile: float) -> dict[int, dict[int, float]]:
+    """``series_window_deviations`` of one stage's times (``stage_series``), windows from ``first_step``."""
+    return series_window_deviations(stage_series(points, stage, first_step), window_steps,
+                                    fastest_quantile=fastest_quantile)
 
 
 def relative_step_noise(points: Iterable[StagePoint], stage: str, window_steps: int,
@@ -135,12 +153,14 @@ def relative_step_noise(points: Iterable[StagePoint], stage: str, window_steps: 
 
 
 def problems(verdicts: list[dict], detections: list[Detection], opts: DemoOptions, points: list[StagePoint],
-             *, window_steps: int, absolute_floor_ms: float, tolerance: float) -> list[str]:
+             *, window_steps: int, absolute_floor_ms: float, tolerance: float,
+             fastest_quantile: float) -> list[str]:
     """One line per reason the run did not show what it was asked to show (empty: it did)."""
     out: list[str] = []
     if injecting(opts) and not any(not is_false_alarm(d, opts) for d in detections):
         out.append(missed_reason(verdicts, opts, points, window_steps=window_steps,
-                                 absolute_floor_ms=absolute_floor_ms, tolerance=tolerance))
+                                 absolute_floor_ms=absolute_floor_ms, tolerance=tolerance,
+                                 fastest_quantile=fastest_quantile))
     for d in detections:
         if is_false_alarm(d, opts):
             why = ("before its slowdown began" if d.rank == opts.inject_rank and d.stage in expected_stages(opts)
@@ -151,7 +171,7 @@ def problems(verdicts: list[dict], detections: list[Detection], opts: DemoOption
 
 
 def missed_reason(verdicts: list[dict], opts: DemoOptions, points: list[StagePoint], *, window_steps: int,
-                  absolute_floor_ms: float, tolerance: float) -> str:
+                  absolute_floor_ms: float, tolerance: float, fastest_quantile: float) -> str:
     """Why the injected rank was not convicted: what the detector said about it, and what was measured."""
     rank, stage = opts.inject_rank, opts.inject_stage
     head = f"not detected: rank {rank} {stage} (slowed from step {opts.inject_from}) was never convicted"
@@ -162,7 +182,8 @@ def missed_reason(verdicts: list[dict], opts: DemoOptions, points: list[StagePoi
         reasons[str(v.get("reason"))] += 1
     if not any(p.rank == rank and p.stage == stage for p in points):
         return f"{head}: no timing of that stage arrived from rank {rank} (see its rank{rank}.log)"
-    devs = window_deviations(points, stage, window_steps, first_step=opts.inject_from)
+    devs = window_deviations(points, stage, window_steps, first_step=opts.inject_from,
+                             fastest_quantile=fastest_quantile)
     measured = sorted(devs.get(rank, {}).values())
     noise = relative_step_noise(points, stage, window_steps, first_step=opts.inject_from)
     facts = []

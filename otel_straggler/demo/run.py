@@ -363,7 +363,8 @@ def _run_demo(opts: DemoOptions, children: list[Any]) -> DemoResult:
                       "the ranks were stopped")
     if opts.endpoint is None and not failed and not stalled:
         issues += problems(verdicts, detections, opts, points, window_steps=det.window_steps,
-                           absolute_floor_ms=det.absolute_floor_ms, tolerance=det.tolerance)
+                           absolute_floor_ms=det.absolute_floor_ms, tolerance=det.tolerance,
+                           fastest_quantile=det.fastest_quantile)
     stage_times = out / "stage-times.csv"
     write_stage_times(stage_times, points)
     metrics_path = None
@@ -374,7 +375,7 @@ def _run_demo(opts: DemoOptions, children: list[Any]) -> DemoResult:
     try:
         from otel_straggler.demo.report import write_report
 
-        html, png = write_report(out, points, verdicts, opts, detections, issues, window_steps=det.window_steps,
+        html, png = write_report(out, points, verdicts, opts, detections, issues, det=det,
                                  external=opts.endpoint is not None)
     except Exception as exc:
         con.say(f"report not written: {exc!r}")

@@ -28,7 +28,7 @@ from otel_straggler.demo.outcome import (
 from otel_straggler.demo.run import collector_config, detector_settings
 from otel_straggler.demo.tap import StagePoint
 
-DET = {"window_steps": 5, "absolute_floor_ms": 5.0, "tolerance": 0.04}
+DET = {"window_steps": 5, "absolute_floor_ms": 5.0, "tolerance": 0.04, "fastest_quantile": 0.1}
 
 
 def _v(rank: int, stage: str, verdict: str, step: int, reason: str = "slower_than_reference", **kw) -> dict:
@@ -113,7 +113,7 @@ def test_every_reason_has_plain_words() -> None:
 def test_window_deviation_is_against_the_fastest_other_rank() -> None:
     pts = [StagePoint(r, "forward-compute", "forward", st, ms, None)
            for r, ms in ((0, 100.0), (1, 102.0), (2, 110.0)) for st in range(10)]
-    devs = window_deviations(pts, "forward-compute", 5)
+    devs = window_deviations(pts, "forward-compute", 5, fastest_quantile=0.1)
     assert devs[2][0] == pytest.approx(0.10)  # vs rank 0 (fastest), not the median 102
     assert devs[0][1] == pytest.approx(100 / 102 - 1)
 

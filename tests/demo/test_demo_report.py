@@ -19,7 +19,6 @@ from otel_straggler.demo.outcome import explain, stage_series
 from otel_straggler.demo.report import (
     build_figure,
     outcome_line,
-    reference_value,
     robust_limits,
     window_deviation_grid,
     write_report,
@@ -59,12 +58,15 @@ def _hit() -> Detection:
 
 def test_heat_map_cells_are_deviations_from_the_fastest_other_rank() -> None:
     series = {0: {1: 100.0, 2: 100.0}, 1: {1: 104.0, 2: 104.0}, 2: {1: 110.0, 2: 110.0}}
-    ranks, windows, grid = window_deviation_grid(series, 5)
+    ranks, windows, grid = window_deviation_grid(series, 5, fastest_quantile=0.1)
     assert ranks == [0, 1, 2] and windows == [0]
     assert grid[2][0] == pytest.approx(0.10) and grid[1][0] == pytest.approx(0.04)
     assert grid[0][0] == pytest.approx(100 / 104 - 1)  # the fastest rank against the next fastest
-    assert reference_value([5.0, 1.0, 3.0]) == 1.0
-    assert reference_value([float(v) for v in range(1, 22)]) == 3.0  # > 10 peers: the 10th percentile
+    # > 10 peers: the reference is the one at the 10th percentile of the others (index floor(0.1 * 20) = 2)
+    many = {r: {1: float(r + 1)} for r in range(22)}  # rank r at r + 1 ms
+    _, _, grid = window_deviation_grid(many, 5, fastest_quantile=0.1)
+    assert grid[21][0] == pytest.approx(22.0 / 3.0 - 1)  # peers 1..21 ms: the reference is 3 ms
+    assert grid[0][0] == pytest.approx(1.0 / 4.0 - 1)  # peers 2..22 ms: the reference is 4 ms
 
 
 def test_y_axis_ignores_a_warm_up_spike() -> None:
