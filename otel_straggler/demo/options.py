@@ -193,6 +193,7 @@ class Detection:
     steps_to_detect: int | None
     attribution: str
     step: int | None
+    injected: bool  # the injected rank and stage, convicted once its slowdown began (else a false alarm)
     recovered_step: int | None = None
     step_time_lost_ms: float | None = None
     gpu_seconds_per_hour: float | None = None
@@ -224,7 +225,7 @@ class DemoResult:
         d["detected"] = [
             {k: v for k, v in asdict(x).items() if k in (
                 "rank", "stage", "verdict", "deviation", "steps_to_detect", "attribution", "recovered_step",
-                "step_time_lost_ms", "gpu_seconds_per_hour", "step")}
+                "step_time_lost_ms", "gpu_seconds_per_hour", "step", "injected")}
             for x in self.detected
         ]
         return json.dumps(d, sort_keys=True)

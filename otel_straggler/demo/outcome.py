@@ -60,7 +60,6 @@ def summarise(verdicts: list[dict], opts: DemoOptions) -> tuple[list[Detection],
     """First straggler verdict per (rank, stage), the injected detections first; false alarms are straggler
     verdicts anywhere else (other ranks, other stages, or the injected rank before its slowdown began)."""
     first: dict[tuple[int, str], Detection] = {}
-    injected: dict[tuple[int, str], bool] = {}
     recovered: dict[tuple[int, str], int] = {}
     for v in verdicts:
         key = (int(v.get("rank", -1)), str(v.get("stage", "")))
@@ -70,21 +69,16 @@ def summarise(verdicts: list[dict], opts: DemoOptions) -> tuple[list[Detection],
             first[key] = Detection(
                 rank=key[0], stage=key[1], verdict=s.VERDICT_STRAGGLER, deviation=v.get("deviation"),
                 steps_to_detect=int(step) - opts.inject_from if hit and step is not None else None,
-                attribution=str(v.get("attribution", "")), step=step,
+                attribution=str(v.get("attribution", "")), step=step, injected=hit,
                 step_time_lost_ms=v.get("step_time_lost_ms"), gpu_seconds_per_hour=v.get("gpu_seconds_per_hour"),
                 host=str(v.get("host", "")), gpu=str(v.get("gpu", "")), reference_rank=v.get("reference_rank"))
-            injected[key] = hit
         elif v.get("verdict") == s.VERDICT_RECOVERED and key in first and key not in recovered:
             recovered[key] = int(v.get("step") or 0)
     for key, det in first.items():
         det.recovered_step = recovered.get(key)
-    detections = sorted(first.values(), key=lambda d: (not injected[(d.rank, d.stage)], d.step or 0))
-    false_alarms = sum(1 for key, hit in injected.items() if not hit)
+    detections = sorted(first.values(), key=lambda d: (not d.injected, d.step or 0))
+    false_alarms = sum(1 for d in detections if not d.injected)
     return detections, false_alarms
-
-
-def is_false_alarm(d: Detection, opts: DemoOptions) -> bool:
-    return not _is_injected({"rank": d.rank, "stage": d.stage, "step": d.step}, opts)
 
 
 def stage_series(points: Iterable[StagePoint], stage: str, first_step: int = 0) -> dict[int, dict[int, float]]:
@@ -157,12 +151,12 @@ def problems(verdicts: list[dict], detections: list[Detection], opts: DemoOption
              fastest_quantile: float) -> list[str]:
     """One line per reason the run did not show what it was asked to show (empty: it did)."""
     out: list[str] = []
-    if injecting(opts) and not any(not is_false_alarm(d, opts) for d in detections):
+    if injecting(opts) and not any(d.injected for d in detections):
         out.append(missed_reason(verdicts, opts, points, window_steps=window_steps,
                                  absolute_floor_ms=absolute_floor_ms, tolerance=tolerance,
                                  fastest_quantile=fastest_quantile))
     for d in detections:
-        if is_false_alarm(d, opts):
+        if not d.injected:
             why = ("before its slowdown began" if d.rank == opts.inject_rank and d.stage in expected_stages(opts)
                    else "which the demo did not slow")
             out.append(f"false alarm: rank {d.rank} {d.stage} convicted at step {d.step} "

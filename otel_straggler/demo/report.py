@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from otel_straggler import schema as s
 from otel_straggler.demo.options import DemoOptions, Detection, injecting
-from otel_straggler.demo.outcome import explain, is_false_alarm, series_window_deviations, stage_series
+from otel_straggler.demo.outcome import explain, series_window_deviations, stage_series
 from otel_straggler.demo.run import detector_settings
 from otel_straggler.demo.tap import StagePoint
 
@@ -56,7 +56,7 @@ def outcome_line(opts: DemoOptions, detections: list[Detection], problems: list[
     if external:
         return (f"Spans went to the external collector {opts.endpoint}: its evidence, metrics and events hold the "
                 "verdicts.")
-    hits = [d for d in detections if not is_false_alarm(d, opts)]
+    hits = [d for d in detections if d.injected]
     if problems:
         return "FAILED: " + "; ".join(problems)
     if hits:
@@ -179,7 +179,7 @@ def _page(opts: DemoOptions, detections: list[Detection], verdicts: list[dict[st
           banner: str, png: Path, window_steps: int) -> str:
     esc = html.escape
     rows = "".join(
-        f"<tr><td>{d.rank}</td><td>{esc(d.stage)}</td><td>{'false alarm' if is_false_alarm(d, opts) else 'slowed'}"
+        f"<tr><td>{d.rank}</td><td>{esc(d.stage)}</td><td>{'slowed' if d.injected else 'false alarm'}"
         f"</td><td>{(d.deviation or 0):+.1%}</td><td>{d.reference_rank if d.reference_rank is not None else ''}"
         f"</td><td>{d.step}</td><td>{d.steps_to_detect if d.steps_to_detect is not None else ''}</td>"
         f"<td>{esc(d.attribution)}</td><td>{(d.step_time_lost_ms or 0):.1f}</td>"

@@ -405,13 +405,12 @@ def _print_summary(result: DemoResult, opts: DemoOptions, con: _Console) -> None
     elif not result.detected:
         con.say("no straggler detected")
     for d in result.detected:
-        hit = d.steps_to_detect is not None
-        who = "INJECTED" if hit else "FALSE ALARM"
+        who = "INJECTED" if d.injected else "FALSE ALARM"
         cost = ""
         if d.step_time_lost_ms is not None:
             cost = f", costs ~{d.step_time_lost_ms:.1f} ms/step, {d.gpu_seconds_per_hour or 0:.0f} GPU-s/h"
         rec = f", recovered at step {d.recovered_step}" if d.recovered_step else ""
-        std = f" after {d.steps_to_detect} steps" if hit else ""
+        std = f" after {d.steps_to_detect} steps" if d.steps_to_detect is not None else ""
         con.say(f"[{who}] rank {d.rank} ({d.host} {d.gpu}) stage {d.stage}: {d.verdict} "
                 f"{(d.deviation or 0):+.1%} at step {d.step}{std}, {d.attribution}{cost}{rec}")
     if opts.endpoint is None:

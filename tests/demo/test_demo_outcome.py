@@ -65,6 +65,7 @@ def test_injected_detection_and_false_alarms_are_told_apart() -> None:
     assert false_alarms == 2
     assert [(d.rank, d.stage, d.step, d.steps_to_detect) for d in detections] == [
         (1, "forward-compute", 15, None), (2, "backward-compute", 40, None)]
+    assert not any(d.injected for d in detections)
     found = problems(verdicts, detections, opts, [], **DET)
     assert found[0].startswith("not detected: rank 1 forward-compute")
     assert any("false alarm: rank 1 forward-compute convicted at step 15" in p and "before its slowdown" in p
@@ -77,6 +78,7 @@ def test_a_hit_has_steps_to_detect_and_no_problem() -> None:
     verdicts = [_v(3, "optimizer", s.VERDICT_STRAGGLER, 59), _v(3, "optimizer", s.VERDICT_RECOVERED, 95)]
     detections, false_alarms = summarise(verdicts, opts)
     assert false_alarms == 0 and detections[0].steps_to_detect == 9 and detections[0].recovered_step == 95
+    assert detections[0].injected
     assert problems(verdicts, detections, opts, [], **DET) == []
 
 

@@ -53,7 +53,7 @@ def _verdicts() -> list[dict]:
 
 def _hit() -> Detection:
     return Detection(rank=3, stage="forward-compute", verdict="straggler", deviation=0.1, steps_to_detect=9,
-                     attribution="host_only_stall", step=59, recovered_step=94, reference_rank=6)
+                     attribution="host_only_stall", step=59, injected=True, recovered_step=94, reference_rank=6)
 
 
 def test_heat_map_cells_are_deviations_from_the_fastest_other_rank() -> None:
