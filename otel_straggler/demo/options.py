@@ -101,6 +101,16 @@ def injecting(opts: DemoOptions) -> bool:
     return opts.inject_rank is not None and (opts.inject_slowdown > 0 or bool(opts.inject_ms))
 
 
+def describe_injection(opts: DemoOptions) -> str:
+    """The injected slowdown in words ("none" when the run injects nothing)."""
+    if not injecting(opts):
+        return "none"
+    size = f"+{opts.inject_ms:g} ms per interval" if opts.inject_ms is not None else f"+{opts.inject_slowdown:.0%}"
+    until = f" until step {opts.inject_until}" if opts.inject_until else ""
+    return (f"rank {opts.inject_rank} {opts.inject_stage} {size} ({opts.inject_kind}) from step "
+            f"{opts.inject_from}{until}")
+
+
 def check_options(opts: DemoOptions, det: Config) -> None:
     """Raise OptionError for options the demo cannot run or cannot show. ``det`` holds the settings of the
     detector in the collector the demo starts (``run.detector_settings``)."""

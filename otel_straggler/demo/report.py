@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from otel_straggler import schema as s
-from otel_straggler.demo.options import DemoOptions, Detection, injecting
+from otel_straggler.demo.options import DemoOptions, Detection, describe_injection, injecting
 from otel_straggler.demo.outcome import explain, series_window_deviations, stage_series
 from otel_straggler.demo.run import detector_settings
 from otel_straggler.demo.tap import StagePoint
@@ -197,11 +197,6 @@ def _page(opts: DemoOptions, detections: list[Detection], verdicts: list[dict[st
     legend = "".join(f"<li><code>{esc(r)}</code>: {esc(explain(r))}</li>" for r in reasons)
     colour = "#fde2e2" if problems else "#e3f5e1"
     why = "".join(f"<li>{esc(p)}</li>" for p in problems)
-    injected = (f"rank {opts.inject_rank}, stage <code>{esc(opts.inject_stage)}</code>, "
-                + (f"+{opts.inject_ms:g} ms per interval" if opts.inject_ms is not None
-                   else f"+{opts.inject_slowdown:.0%}")
-                + f" ({opts.inject_kind}) from step {opts.inject_from}"
-                + (f" until step {opts.inject_until}" if opts.inject_until else "")) if injecting(opts) else "none"
     img = base64.b64encode(png.read_bytes()).decode()
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>otel-straggler demo</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1150px}}table{{border-collapse:collapse}}
@@ -209,7 +204,7 @@ td,th{{border:1px solid #ccc;padding:3px 8px;font-size:13px}}th{{background:#f4f
 .banner{{background:{colour};padding:0.8em 1em;border-radius:4px;font-size:15px}}</style></head><body>
 <h1>otel-straggler demo: {opts.ranks} ranks, {opts.steps} steps ({esc(opts.model)})</h1>
 <div class="banner"><b>{esc(banner)}</b>{f"<ul>{why}</ul>" if why else ""}</div>
-<p>Injected: {injected}.</p>
+<p>Injected: {esc(describe_injection(opts))}.</p>
 <h2>Detections</h2><table><tr><th>rank</th><th>stage</th><th>rank was</th><th>deviation</th><th>vs rank</th>
 <th>step</th><th>steps to detect</th><th>attribution</th><th>ms lost/step</th><th>GPU-s/h</th><th>recovered at</th>
 </tr>{rows}</table>

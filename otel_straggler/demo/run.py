@@ -30,6 +30,7 @@ from otel_straggler.demo.options import (
     DemoOptions,
     DemoResult,
     check_options,
+    describe_injection,
     inject_delay_ms,
     injecting,
     require_model_runtime,
@@ -317,13 +318,8 @@ def _run_demo(opts: DemoOptions, children: list[Any]) -> DemoResult:
         endpoint = opts.endpoint
         con.say(f"exporting to external collector {endpoint}")
 
-    inj = (f"rank {opts.inject_rank} {opts.inject_stage} "
-           + (f"+{opts.inject_ms:g} ms per interval" if opts.inject_ms is not None
-              else f"+{opts.inject_slowdown:.0%}")
-           + f" ({opts.inject_kind}) from step {opts.inject_from}"
-           + (f" until step {opts.inject_until}" if opts.inject_until else "")
-           if injecting(opts) else "none")
-    con.say(f"starting {opts.ranks} ranks x {opts.steps} steps ({opts.model}); injected slowdown: {inj}")
+    con.say(f"starting {opts.ranks} ranks x {opts.steps} steps ({opts.model}); injected slowdown: "
+            f"{describe_injection(opts)}")
     ranks = _Ranks(opts, out, endpoint, con, t0)
     children.append(ranks)
     seen_verdicts = 0

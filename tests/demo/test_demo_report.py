@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from otel_straggler import schema as s
-from otel_straggler.demo.options import DemoOptions, Detection
+from otel_straggler.demo.options import DemoOptions, Detection, describe_injection
 from otel_straggler.demo.outcome import explain, stage_series
 from otel_straggler.demo.report import (
     build_figure,
@@ -115,3 +115,13 @@ def test_no_two_labels_overlap() -> None:
     clashes = [(a, b) for (a, ba), (b, bb) in itertools.combinations(boxes, 2)
                if ba.width and bb.width and ba.shrunk(0.95, 0.9).overlaps(bb.shrunk(0.95, 0.9))]
     assert not clashes, clashes
+
+
+def test_the_page_names_the_injection_once_worded(tmp_path: Path) -> None:
+    html, _ = write_report(tmp_path, _points(), _verdicts(), OPTS, [_hit()], [])
+    page = Path(html).read_text(encoding="utf-8")
+    assert "Injected: rank 3 forward-compute +10% (host) from step 50 until step 90." in page
+    none = DemoOptions(inject_rank=None)
+    assert describe_injection(none) == "none"
+    assert describe_injection(DemoOptions(inject_ms=2.5, inject_kind="device", inject_stage="<x>")) == \
+        "rank 3 <x> +2.5 ms per interval (device) from step 50"
