@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             inject_from=args.inject_from, inject_until=args.inject_until, endpoint=args.endpoint,
             protocol=args.protocol, out=args.out, json=args.json, quiet=args.quiet, model=args.model,
             inject_ms=args.inject_ms, stall_timeout_s=args.stall_timeout)
-        from otel_straggler.demo.run import run_demo
+        from otel_straggler.demo.run import CollectorStartError, run_demo
 
         def _terminated(signum: int, frame: object) -> None:
             raise KeyboardInterrupt  # run_demo stops its ranks and collector on the way out
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             result = run_demo(opts)  # checks the options before it starts anything
         except OptionError as exc:
             parser.error(str(exc))  # exits 2
-        except RuntimeError as exc:  # the embedded collector did not start
+        except CollectorStartError as exc:
             print(f"otel-straggler demo: {exc}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:

@@ -38,7 +38,12 @@ from otel_straggler.demo.options import (
 from otel_straggler.demo.outcome import problems, summarise
 from otel_straggler.demo.tap import StagePoint, TraceTap
 
-__all__ = ["DemoOptions", "DemoResult", "collector_config", "detector_settings", "free_port", "run_demo"]
+__all__ = ["CollectorStartError", "DemoOptions", "DemoResult", "collector_config", "detector_settings", "free_port",
+           "run_demo"]
+
+
+class CollectorStartError(RuntimeError):
+    """The embedded collector did not come up (its log is in the output folder)."""
 
 
 def free_port() -> int:
@@ -305,9 +310,7 @@ def _run_demo(opts: DemoOptions, children: list[Any]) -> DemoResult:
         children.append(collector)
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         if not _wait_http(f"http://127.0.0.1:{metrics_port}/healthz", 300.0, collector):
-            collector.kill()
-            tap.stop()
-            raise RuntimeError(f"the collector did not start; see {collector_log}")
+            raise CollectorStartError(f"the collector did not start; see {collector_log}")  # run_demo stops it
         endpoint = (f"http://127.0.0.1:{grpc_port}" if opts.protocol == "grpc"
                     else f"http://127.0.0.1:{http_port}")
         con.say(f"collector up: OTLP gRPC 127.0.0.1:{grpc_port}, HTTP 127.0.0.1:{http_port}, "
