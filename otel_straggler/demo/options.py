@@ -229,6 +229,8 @@ class DemoResult:
     problems: list[str] = field(default_factory=list)
     metrics: str | None = None  # the collector's /metrics, scraped at the end of the run
     stage_times: str | None = None  # CSV of every rank's stage times per step, as the collector saw them
+    # stage times the trace tap did not keep (its cap reached): missing from stage_times and the report
+    stage_points_dropped: int = 0
 
     def to_json(self) -> str:
         d = asdict(self)

@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -387,7 +386,7 @@ def _run_demo(opts: DemoOptions, children: list[Any]) -> DemoResult:
                         evidence=str(evidence) if evidence.exists() else None,
                         spans_seen=tap.spans, elapsed_s=round(time.monotonic() - t0, 1), ok=not issues,
                         problems=issues, metrics=str(metrics_path) if metrics_path else None,
-                        stage_times=str(stage_times))
+                        stage_times=str(stage_times), stage_points_dropped=tap.dropped)
     _print_summary(result, opts, con)
     if opts.json:
         print(result.to_json(), flush=True)
@@ -396,8 +395,10 @@ def _run_demo(opts: DemoOptions, children: list[Any]) -> DemoResult:
 
 def _print_summary(result: DemoResult, opts: DemoOptions, con: _Console) -> None:
     con.say("")
+    dropped = (f", {result.stage_points_dropped} stage times over the tap's cap not kept"
+               if result.stage_points_dropped else "")
     con.say(f"== summary ({result.elapsed_s}s, {result.spans_seen} spans through the collector, "
-            f"{result.verdicts} verdict records)")
+            f"{result.verdicts} verdict records{dropped})")
     if opts.endpoint is not None:
         con.say(f"spans went to the external collector {opts.endpoint}: its evidence, metrics and events hold "
                 "the verdicts")
@@ -422,7 +423,3 @@ def _print_summary(result: DemoResult, opts: DemoOptions, con: _Console) -> None
         print("\nFAILED:\n" + "\n".join(f"  - {line}" for line in result.problems), file=sys.stderr, flush=True)
     elif opts.endpoint is None and injecting(opts):
         con.say("OK: the injected rank was found, and nobody else")
-
-
-def default_out_dir() -> str:
-    return os.path.join(tempfile.gettempdir(), "otel-straggler-demo")
