@@ -44,15 +44,10 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from otel_straggler.demo.run import free_port  # noqa: E402
 from otel_straggler.install import build_timers  # noqa: E402
 
 ARMS = ("off", "ok", "absent", "stall", "unavailable", "invalid_argument", "http_400")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _Grpc(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grpc.MetricsServiceServicer):
@@ -130,7 +125,7 @@ class _Http400:
 def _collector(arm: str) -> tuple[dict[str, str], Callable[[], None]]:
     """The OTEL_* settings that point the emitter at the arm's collector, and how to stop that collector."""
     if arm == "absent":
-        return {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{_free_port()}"}, lambda: None
+        return {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}"}, lambda: None
     if arm == "stall":
         stall = _Stall()
         return {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{stall.port}"}, stall.stop
@@ -195,7 +190,6 @@ def main() -> None:
     ap.add_argument("--md", type=Path, default=None, help="also write the report as markdown here")
     a = ap.parse_args()
     steps: dict[str, list[float]] = {arm: [] for arm in ARMS}
-    medians: dict[str, list[float]] = {arm: [] for arm in ARMS}
     exported: dict[str, int] = dict.fromkeys(ARMS, 0)
     t0 = time.monotonic()
     for r in range(a.rounds):
@@ -203,7 +197,6 @@ def main() -> None:
         for arm in order:
             durations, c = run_arm(arm, r, a.warmup, a.steps)
             steps[arm] += durations
-            medians[arm].append(statistics.median(durations))
             exported[arm] += int(c.get("spans_exported", 0))
     base_mean = statistics.fmean(steps["off"])
     base_median = statistics.median(steps["off"])

@@ -104,7 +104,7 @@ def measure(opts: DemoOptions, size: str) -> Row:
     points = read_points(Path(res.stage_times or ""))
     stage, w = opts.inject_stage, det.window_steps
     warm = (det.warmup_windows + 1) * w
-    devs = window_deviations(points, stage, w, first_step=warm)
+    devs = window_deviations(points, stage, w, first_step=warm, fastest_quantile=det.fastest_quantile)
     slow = opts.inject_rank
     onset = -(-opts.inject_from // w)  # first window slowed in full
     healthy = [d for r, ws in devs.items() if r != slow for d in ws.values()]
@@ -120,7 +120,7 @@ def measure(opts: DemoOptions, size: str) -> Row:
                 others = [statistics.median(v) for r, v in ranks.items() if r != slow]
                 gaps.append(statistics.median(ranks[slow]) - min(others))
     tols = window_tolerances(points, stage, warm)
-    hit = [d for d in res.detected if d.steps_to_detect is not None]
+    hit = [d for d in res.detected if d.injected]
     return Row(size=size, injected=slow is not None, ok=res.ok,
                steps_to_detect=hit[0].steps_to_detect if hit else None, false_alarms=res.false_alarms,
                noise=relative_step_noise(points, stage, w, first_step=warm) or float("nan"),

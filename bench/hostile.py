@@ -53,6 +53,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from collector_processor.simulate.load import length_delimited  # noqa: E402
+
 MIB = 1 << 20
 TRACE_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 TOKEN = "hostile-bench-token"
@@ -286,22 +288,9 @@ def run_threads(duration: float, jobs: list) -> None:  # type: ignore[type-arg]
         t.join(60)
 
 
-def _varint(n: int) -> bytes:
-    out = b""
-    while True:
-        b, n = n & 0x7F, n >> 7
-        if not n:
-            return out + bytes([b])
-        out += bytes([b | 0x80])
-
-
-def _field(tag: int, payload: bytes) -> bytes:
-    return bytes([tag]) + _varint(len(payload)) + payload
-
-
 def empty_spans(nbytes: int) -> bytes:
     """An ExportTraceServiceRequest of one resource, one scope and ~nbytes/2 empty spans."""
-    return _field(0x0A, _field(0x12, b"\x12\x00" * max(1, (nbytes - 16) // 2)))
+    return length_delimited(1, length_delimited(2, b"\x12\x00" * max(1, (nbytes - 16) // 2)))
 
 
 def empty_json(nbytes: int) -> bytes:
@@ -681,7 +670,7 @@ def _shape_body(kind: str, shape: str, nbytes: int) -> tuple[str, bytes]:
         if shape == "nested":
             return "traces", b"\x0a\x04\x12\x02\x12\x00" * (nbytes // 6)
         if shape == "logs":
-            return "logs", _field(0x0A, _field(0x12, b"\x12\x00" * (nbytes // 2)))
+            return "logs", length_delimited(1, length_delimited(2, b"\x12\x00" * (nbytes // 2)))
         return "traces", real_spans(nbytes)
     unit = {"objects": b"{},", "arrays": b"[],", "strings": b'"ab",', "floats": b"1.5,"}.get(shape)
     if unit is None:

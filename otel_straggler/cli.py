@@ -68,13 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     _demo_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "demo":
-        from otel_straggler.demo.options import (
-            DemoOptions,
-            OptionError,
-            check_options,
-            default_inject_rank,
-            require_model_runtime,
-        )
+        from otel_straggler.demo.options import DemoOptions, OptionError, default_inject_rank
 
         inject_rank = default_inject_rank(args.ranks) if args.inject_rank is None else args.inject_rank
         opts = DemoOptions(
@@ -84,15 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             inject_from=args.inject_from, inject_until=args.inject_until, endpoint=args.endpoint,
             protocol=args.protocol, out=args.out, json=args.json, quiet=args.quiet, model=args.model,
             inject_ms=args.inject_ms, stall_timeout_s=args.stall_timeout)
-        from otel_straggler.demo.run import detector_settings, run_demo
+        from otel_straggler.demo.run import CollectorStartError, run_demo
 
-        det = detector_settings(opts.ranks)
-        try:
-            check_options(opts, absolute_floor_ms=det.absolute_floor_ms, window_steps=det.window_steps,
-                          persistence_windows=det.persistence_windows)
-            require_model_runtime(opts.model)
-        except OptionError as exc:
-            parser.error(str(exc))  # exits 2
         def _terminated(signum: int, frame: object) -> None:
             raise KeyboardInterrupt  # run_demo stops its ranks and collector on the way out
 
@@ -101,8 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:  # not the main thread (called from a test's worker): SIGTERM stays as it is
             previous = None
         try:
-            result = run_demo(opts)
-        except RuntimeError as exc:  # the embedded collector did not start
+            result = run_demo(opts)  # checks the options before it starts anything
+        except OptionError as exc:
+            parser.error(str(exc))  # exits 2
+        except CollectorStartError as exc:
             print(f"otel-straggler demo: {exc}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:

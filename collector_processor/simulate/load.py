@@ -49,7 +49,8 @@ class LoadConfig:
         return per_mb * len(_PER_MICROBATCH) + len(_PER_STEP) + 1
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
+    """A protobuf base-128 varint (non-negative ``n``)."""
     out = bytearray()
     while True:
         b = n & 0x7F
@@ -61,20 +62,20 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def _ld(field: int, payload: bytes) -> bytes:
+def length_delimited(field: int, payload: bytes) -> bytes:
     """A length-delimited field (wire type 2)."""
-    return _varint(field << 3 | 2) + _varint(len(payload)) + payload
+    return varint(field << 3 | 2) + varint(len(payload)) + payload
 
 
 def _kv_bytes(key: str, value: object) -> bytes:
     """A span attribute (Span.attributes = 9) as wire bytes: KeyValue{key = 1, value = 2: AnyValue}."""
     if isinstance(value, int):
-        any_value = b"\x18" + _varint(value)  # int_value = 3 (non-negative here)
+        any_value = b"\x18" + varint(value)  # int_value = 3 (non-negative here)
     elif isinstance(value, float):
         any_value = b"\x21" + _F64.pack(value)  # double_value = 4
     else:
-        any_value = _ld(1, str(value).encode())  # string_value = 1
-    return _ld(9, _ld(1, key.encode()) + _ld(2, any_value))
+        any_value = length_delimited(1, str(value).encode())  # string_value = 1
+    return length_delimited(9, length_delimited(1, key.encode()) + length_delimited(2, any_value))
 
 
 _F64 = struct.Struct("<d")
@@ -86,12 +87,13 @@ def _array_kv_bytes(key: str, values: list) -> bytes:
     items = []
     for v in values:
         if isinstance(v, int):
-            items.append(_ld(1, b"\x18" + _varint(v)))
+            items.append(length_delimited(1, b"\x18" + varint(v)))
         elif isinstance(v, float):
-            items.append(_ld(1, b"\x21" + _F64.pack(v)))
+            items.append(length_delimited(1, b"\x21" + _F64.pack(v)))
         else:
-            items.append(_ld(1, _ld(1, str(v).encode())))
-    return _ld(9, _ld(1, key.encode()) + _ld(2, _ld(5, b"".join(items))))
+            items.append(length_delimited(1, length_delimited(1, str(v).encode())))
+    array = length_delimited(5, b"".join(items))  # AnyValue.array_value = 5
+    return length_delimited(9, length_delimited(1, key.encode()) + length_delimited(2, array))
 
 
 def _rank_spans(cfg: LoadConfig, rank: int, steps: range, rng: random.Random) -> Iterator[tuple[bool, bytes]]:
@@ -104,20 +106,20 @@ def _rank_spans(cfg: LoadConfig, rank: int, steps: range, rng: random.Random) ->
     stages = [(name, level, ms * per_span) for _ in range(cfg.microbatches // per_span)
               for name, level, ms in _PER_MICROBATCH] + list(_PER_STEP)
     count_of = {name: (per_span if any(name == m[0] for m in _PER_MICROBATCH) else 1) for name, _l, _m in stages}
-    const = {name: (_ld(5, name.encode()) + b"\x30\x01"  # name = 5, kind = 6 (INTERNAL)
+    const = {name: (length_delimited(5, name.encode()) + b"\x30\x01"  # name = 5, kind = 6 (INTERNAL)
                     + _kv_bytes(s.ATTR_STAGE, name) + _kv_bytes(s.ATTR_STAGE_GROUP, stage_group(name))
                     + _kv_bytes(s.ATTR_STAGE_LEVEL, level) + _kv_bytes(s.ATTR_COUNT, count_of[name])
                     + _kv_bytes(s.ATTR_DETAIL, cfg.detail) + _kv_bytes(s.ATTR_WORKLOAD_TOKENS, 32768))
              for name, level, _ms in stages}
     meas_dev = _kv_bytes(s.ATTR_MEASUREMENT, s.MEASUREMENT_DEVICE)
     meas_host = _kv_bytes(s.ATTR_MEASUREMENT, s.MEASUREMENT_HOST_ONLY)
-    k_host = _ld(1, s.ATTR_HOST_MS.encode())
-    k_dev = _ld(1, s.ATTR_DEVICE_MS.encode())
-    rank_step_const = (_ld(5, s.SPAN_RANK_STEP.encode()) + _kv_bytes(s.ATTR_STAGE, s.SPAN_RANK_STEP)
+    k_host = length_delimited(1, s.ATTR_HOST_MS.encode())
+    k_dev = length_delimited(1, s.ATTR_DEVICE_MS.encode())
+    rank_step_const = (length_delimited(5, s.SPAN_RANK_STEP.encode()) + _kv_bytes(s.ATTR_STAGE, s.SPAN_RANK_STEP)
                        + _kv_bytes(s.ATTR_STAGE_GROUP, "step"))
 
     def dbl(key: bytes, v: float) -> bytes:
-        return b"\x4a" + _varint(len(key) + 11) + key + b"\x12\x09\x21" + _F64.pack(v)
+        return b"\x4a" + varint(len(key) + 11) + key + b"\x12\x09\x21" + _F64.pack(v)
 
     for step in steps:
         trace = b"\x0a\x10" + s.trace_id_for_step(cfg.job, step).to_bytes(16, "big")
@@ -133,7 +135,7 @@ def _rank_spans(cfg: LoadConfig, rank: int, steps: range, rng: random.Random) ->
             body = (trace + b"\x12\x08" + rng.getrandbits(64).to_bytes(8, "big") + parent + const[name]
                     + b"\x39" + _U64.pack(t) + b"\x41" + _U64.pack(t + d) + it + dbl(k_host, dev * 0.3)
                     + ((dbl(k_dev, dev) + meas_dev) if measured else meas_host))
-            yield False, b"\x12" + _varint(len(body)) + body
+            yield False, b"\x12" + varint(len(body)) + body
             t += d
             e = summary.get(name)
             if e is None:
@@ -154,7 +156,7 @@ def _rank_spans(cfg: LoadConfig, rank: int, steps: range, rng: random.Random) ->
                                   [e[1] if measured else s.SUMMARY_NOT_MEASURED for _, e in entries])
                 + _array_kv_bytes(s.ATTR_SUMMARY_HOST_MS, [e[2] for _, e in entries])
                 + _array_kv_bytes(s.ATTR_SUMMARY_COUNTS, [e[3] for _, e in entries]))
-        yield True, b"\x12" + _varint(len(body)) + body
+        yield True, b"\x12" + varint(len(body)) + body
 
 
 def sdk_requests(cfg: LoadConfig, steps: range, ranks: list[int] | None = None) -> Iterator[bytes]:
@@ -168,9 +170,9 @@ def sdk_requests(cfg: LoadConfig, steps: range, ranks: list[int] | None = None) 
     rng = random.Random(cfg.seed)
     gens = {i.rank: _rank_spans(cfg, i.rank, steps, random.Random(rng.getrandbits(32))) for i in infos}
     # ResourceSpans{resource = 1, scope_spans = 2: ScopeSpans{scope = 1, spans = 2}}
-    heads = {i.rank: _ld(1, resource_for(i, sim).SerializeToString()) for i in infos}
-    scope = _ld(1, _ld(1, s.SCOPE_NAME.encode()))
-    step_scope = _ld(1, _ld(1, s.SCOPE_STEP_NAME.encode()))
+    heads = {i.rank: length_delimited(1, resource_for(i, sim).SerializeToString()) for i in infos}
+    scope = length_delimited(1, length_delimited(1, s.SCOPE_NAME.encode()))
+    step_scope = length_delimited(1, length_delimited(1, s.SCOPE_STEP_NAME.encode()))
     live = list(gens)
     while live:
         still = []
@@ -188,10 +190,10 @@ def sdk_requests(cfg: LoadConfig, steps: range, ranks: list[int] | None = None) 
             # the SDK's encoder groups a batch by scope: one ScopeSpans per scope present
             body = heads[r]
             if stage_spans:
-                body += _ld(2, scope + b"".join(stage_spans))
+                body += length_delimited(2, scope + b"".join(stage_spans))
             if step_spans:
-                body += _ld(2, step_scope + b"".join(step_spans))
-            yield _ld(1, body)  # ExportTraceServiceRequest.resource_spans
+                body += length_delimited(2, step_scope + b"".join(step_spans))
+            yield length_delimited(1, body)  # ExportTraceServiceRequest.resource_spans
             if n == cfg.spans_per_request:
                 still.append(r)
         live = still

@@ -60,7 +60,6 @@ def summarise(verdicts: list[dict], opts: DemoOptions) -> tuple[list[Detection],
     """First straggler verdict per (rank, stage), the injected detections first; false alarms are straggler
     verdicts anywhere else (other ranks, other stages, or the injected rank before its slowdown began)."""
     first: dict[tuple[int, str], Detection] = {}
-    injected: dict[tuple[int, str], bool] = {}
     recovered: dict[tuple[int, str], int] = {}
     for v in verdicts:
         key = (int(v.get("rank", -1)), str(v.get("stage", "")))
@@ -70,21 +69,16 @@ def summarise(verdicts: list[dict], opts: DemoOptions) -> tuple[list[Detection],
             first[key] = Detection(
                 rank=key[0], stage=key[1], verdict=s.VERDICT_STRAGGLER, deviation=v.get("deviation"),
                 steps_to_detect=int(step) - opts.inject_from if hit and step is not None else None,
-                attribution=str(v.get("attribution", "")), step=step,
+                attribution=str(v.get("attribution", "")), step=step, injected=hit,
                 step_time_lost_ms=v.get("step_time_lost_ms"), gpu_seconds_per_hour=v.get("gpu_seconds_per_hour"),
                 host=str(v.get("host", "")), gpu=str(v.get("gpu", "")), reference_rank=v.get("reference_rank"))
-            injected[key] = hit
         elif v.get("verdict") == s.VERDICT_RECOVERED and key in first and key not in recovered:
             recovered[key] = int(v.get("step") or 0)
     for key, det in first.items():
         det.recovered_step = recovered.get(key)
-    detections = sorted(first.values(), key=lambda d: (not injected[(d.rank, d.stage)], d.step or 0))
-    false_alarms = sum(1 for key, hit in injected.items() if not hit)
+    detections = sorted(first.values(), key=lambda d: (not d.injected, d.step or 0))
+    false_alarms = sum(1 for d in detections if not d.injected)
     return detections, false_alarms
-
-
-def is_false_alarm(d: Detection, opts: DemoOptions) -> bool:
-    return not _is_injected({"rank": d.rank, "stage": d.stage, "step": d.step}, opts)
 
 
 def stage_series(points: Iterable[StagePoint], stage: str, first_step: int = 0) -> dict[int, dict[int, float]]:
@@ -100,22 +94,40 @@ def stage_series(points: Iterable[StagePoint], stage: str, first_step: int = 0) 
     return series
 
 
-def window_deviations(points: Iterable[StagePoint], stage: str, window_steps: int,
-                      first_step: int = 0) -> dict[int, dict[int, float]]:
-    """rank -> window index -> deviation of the rank's window median from the fastest other rank's, as the
-    detector compares them; windows from ``first_step``."""
-    per: dict[int, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for rank, by_step in stage_series(points, stage, first_step).items():
+def window_medians(series: dict[int, dict[int, float]], window_steps: int) -> dict[int, dict[int, float]]:
+    """rank -> window index -> the rank's median over the window's steps (``series``: rank -> step -> ms)."""
+    out: dict[int, dict[int, float]] = {}
+    for rank, by_step in series.items():
+        per: dict[int, list[float]] = defaultdict(list)
         for step, value in by_step.items():
-            per[rank][step // window_steps].append(value)
-    medians = {r: {w: statistics.median(v) for w, v in ws.items()} for r, ws in per.items()}
+            per[step // window_steps].append(value)
+        out[rank] = {w: statistics.median(v) for w, v in per.items()}
+    return out
+
+
+def series_window_deviations(series: dict[int, dict[int, float]], window_steps: int, *,
+                             fastest_quantile: float) -> dict[int, dict[int, float]]:
+    """rank -> window index -> deviation of the rank's window median from its reference among the other ranks'
+    window medians, as the detector compares them (``reference_of`` "fastest" at ``fastest_quantile``); a
+    window where no other rank has a sample is left out."""
+    from collector_processor.processor.straggler.statistics import reference_of
+
+    medians = window_medians(series, window_steps)
     out: dict[int, dict[int, float]] = defaultdict(dict)
     for r, ws in medians.items():
         for w, mine in ws.items():
-            peers = [medians[q][w] for q in medians if q != r and w in medians[q]]
-            if peers and min(peers) > 0:
-                out[r][w] = mine / min(peers) - 1.0
+            ref = reference_of({q: m[w] for q, m in medians.items() if q != r and w in m}, "fastest",
+                               fastest_quantile)
+            if ref is not None and ref[1] > 0:
+                out[r][w] = mine / ref[1] - 1.0
     return out
+
+
+def window_deviations(points: Iterable[StagePoint], stage: str, window_steps: int, first_step: int = 0, *,
+                      fastest_quantile: float) -> dict[int, dict[int, float]]:
+    """``series_window_deviations`` of one stage's times (``stage_series``), windows from ``first_step``."""
+    return series_window_deviations(stage_series(points, stage, first_step), window_steps,
+                                    fastest_quantile=fastest_quantile)
 
 
 def relative_step_noise(points: Iterable[StagePoint], stage: str, window_steps: int,
@@ -135,14 +147,16 @@ def relative_step_noise(points: Iterable[StagePoint], stage: str, window_steps: 
 
 
 def problems(verdicts: list[dict], detections: list[Detection], opts: DemoOptions, points: list[StagePoint],
-             *, window_steps: int, absolute_floor_ms: float, tolerance: float) -> list[str]:
+             *, window_steps: int, absolute_floor_ms: float, tolerance: float,
+             fastest_quantile: float) -> list[str]:
     """One line per reason the run did not show what it was asked to show (empty: it did)."""
     out: list[str] = []
-    if injecting(opts) and not any(not is_false_alarm(d, opts) for d in detections):
+    if injecting(opts) and not any(d.injected for d in detections):
         out.append(missed_reason(verdicts, opts, points, window_steps=window_steps,
-                                 absolute_floor_ms=absolute_floor_ms, tolerance=tolerance))
+                                 absolute_floor_ms=absolute_floor_ms, tolerance=tolerance,
+                                 fastest_quantile=fastest_quantile))
     for d in detections:
-        if is_false_alarm(d, opts):
+        if not d.injected:
             why = ("before its slowdown began" if d.rank == opts.inject_rank and d.stage in expected_stages(opts)
                    else "which the demo did not slow")
             out.append(f"false alarm: rank {d.rank} {d.stage} convicted at step {d.step} "
@@ -151,7 +165,7 @@ def problems(verdicts: list[dict], detections: list[Detection], opts: DemoOption
 
 
 def missed_reason(verdicts: list[dict], opts: DemoOptions, points: list[StagePoint], *, window_steps: int,
-                  absolute_floor_ms: float, tolerance: float) -> str:
+                  absolute_floor_ms: float, tolerance: float, fastest_quantile: float) -> str:
     """Why the injected rank was not convicted: what the detector said about it, and what was measured."""
     rank, stage = opts.inject_rank, opts.inject_stage
     head = f"not detected: rank {rank} {stage} (slowed from step {opts.inject_from}) was never convicted"
@@ -162,7 +176,8 @@ def missed_reason(verdicts: list[dict], opts: DemoOptions, points: list[StagePoi
         reasons[str(v.get("reason"))] += 1
     if not any(p.rank == rank and p.stage == stage for p in points):
         return f"{head}: no timing of that stage arrived from rank {rank} (see its rank{rank}.log)"
-    devs = window_deviations(points, stage, window_steps, first_step=opts.inject_from)
+    devs = window_deviations(points, stage, window_steps, first_step=opts.inject_from,
+                             fastest_quantile=fastest_quantile)
     measured = sorted(devs.get(rank, {}).values())
     noise = relative_step_noise(points, stage, window_steps, first_step=opts.inject_from)
     facts = []

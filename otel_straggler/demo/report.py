@@ -12,50 +12,31 @@ from __future__ import annotations
 import base64
 import html
 import math
-import statistics
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from otel_straggler import schema as s
-from otel_straggler.demo.options import DemoOptions, Detection, injecting
-from otel_straggler.demo.outcome import explain, is_false_alarm, stage_series
+from otel_straggler.demo.options import DemoOptions, Detection, describe_injection, injecting
+from otel_straggler.demo.outcome import explain, series_window_deviations, stage_series
+from otel_straggler.demo.run import detector_settings
 from otel_straggler.demo.tap import StagePoint
+
+if TYPE_CHECKING:
+    from collector_processor.processor.straggler.config import Config
 
 _VERDICT_STYLE = {s.VERDICT_STRAGGLER: ("#d62728", "s", 60), s.VERDICT_RECOVERED: ("#2ca02c", "^", 60),
                   s.VERDICT_UNCERTAIN: ("#999999", ".", 30)}
-_FASTEST_QUANTILE = 0.1  # the detector's default fastest_quantile (`reference` in docs/detector.md, "Judgement")
 
 
-def reference_value(peers: list[float], quantile: float = _FASTEST_QUANTILE) -> float:
-    """The detector's reference among peer values: the fastest, or with more than 10 peers the one at the low
-    quantile (index floor(q * (peers - 1)))."""
-    ordered = sorted(peers)
-    return ordered[math.floor(quantile * (len(ordered) - 1))] if len(ordered) > 10 else ordered[0]
-
-
-def window_deviation_grid(series: dict[int, dict[int, float]], window_steps: int
+def window_deviation_grid(series: dict[int, dict[int, float]], window_steps: int, *, fastest_quantile: float
                           ) -> tuple[list[int], list[int], list[list[float]]]:
-    """(ranks, window indices, grid[rank][window]) of each rank's window median against the reference of the
-    other ranks' window medians (NaN where the rank or its peers have no sample)."""
-    medians: dict[int, dict[int, float]] = {}
-    for r, by_step in series.items():
-        per: dict[int, list[float]] = defaultdict(list)
-        for step, v in by_step.items():
-            per[step // window_steps].append(v)
-        medians[r] = {w: statistics.median(v) for w, v in per.items()}
-    ranks = sorted(medians)
-    windows = sorted({w for m in medians.values() for w in m})
-    grid = []
-    for r in ranks:
-        row = []
-        for w in windows:
-            mine = medians[r].get(w)
-            peers = [medians[q][w] for q in ranks if q != r and w in medians[q]]
-            ref = reference_value(peers) if peers else 0.0
-            row.append(mine / ref - 1.0 if mine is not None and ref > 0 else float("nan"))
-        grid.append(row)
-    return ranks, windows, grid
+    """(ranks, window indices, grid[rank][window]) of ``series_window_deviations``, the detector's comparison
+    (NaN where the rank or its peers have no sample)."""
+    devs = series_window_deviations(series, window_steps, fastest_quantile=fastest_quantile)
+    ranks = sorted(series)
+    windows = sorted({step // window_steps for by_step in series.values() for step in by_step})
+    return ranks, windows, [[devs.get(r, {}).get(w, float("nan")) for w in windows] for r in ranks]
 
 
 def robust_limits(values: list[float]) -> tuple[float, float]:
@@ -75,7 +56,7 @@ def outcome_line(opts: DemoOptions, detections: list[Detection], problems: list[
     if external:
         return (f"Spans went to the external collector {opts.endpoint}: its evidence, metrics and events hold the "
                 "verdicts.")
-    hits = [d for d in detections if not is_false_alarm(d, opts)]
+    hits = [d for d in detections if d.injected]
     if problems:
         return "FAILED: " + "; ".join(problems)
     if hits:
@@ -86,14 +67,17 @@ def outcome_line(opts: DemoOptions, detections: list[Detection], problems: list[
 
 
 def write_report(out: Path, points: list[StagePoint], verdicts: list[dict[str, Any]], opts: DemoOptions,
-                 detections: list[Detection], problems: list[str] | None = None, *, window_steps: int = 5,
+                 detections: list[Detection], problems: list[str] | None = None, *, det: Config | None = None,
                  external: bool = False) -> tuple[str, str]:
-    """report.png and report.html in ``out``; returns their paths."""
+    """report.png and report.html in ``out``; returns their paths. ``det``: the detector's settings (default:
+    those of the collector the demo starts for ``opts.ranks``)."""
     import matplotlib.pyplot as plt
 
+    det = det or detector_settings(opts.ranks)
+    window_steps = det.window_steps
     problems = problems or []
     banner = outcome_line(opts, detections, problems, external)
-    fig = build_figure(points, verdicts, opts, detections, banner, failed=bool(problems), window_steps=window_steps)
+    fig = build_figure(points, verdicts, opts, detections, banner, failed=bool(problems), det=det)
     png = out / "report.png"
     fig.savefig(png, dpi=90)
     plt.close(fig)
@@ -103,14 +87,16 @@ def write_report(out: Path, points: list[StagePoint], verdicts: list[dict[str, A
 
 
 def build_figure(points: list[StagePoint], verdicts: list[dict[str, Any]], opts: DemoOptions,
-                 detections: list[Detection], banner: str, *, failed: bool, window_steps: int = 5) -> Any:
+                 detections: list[Detection], banner: str, *, failed: bool, det: Config | None = None) -> Any:
     """The report's picture (a matplotlib Figure): the stage's time per rank and step, the detector's view
-    of it per window, and the verdict timeline."""
+    of it per window, and the verdict timeline. ``det`` as in ``write_report``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    det = det or detector_settings(opts.ranks)
+    window_steps = det.window_steps
     stage = opts.inject_stage if injecting(opts) else (detections[0].stage if detections else opts.inject_stage)
     series = stage_series(points, stage)
     ranks = sorted(series)
@@ -149,7 +135,8 @@ def build_figure(points: list[StagePoint], verdicts: list[dict[str, Any]], opts:
 
     # 2. what the detector compares: window medians against the fastest other rank
     ax = axes[1]
-    g_ranks, windows, grid = window_deviation_grid(series, window_steps)
+    g_ranks, windows, grid = window_deviation_grid(series, window_steps,
+                                                    fastest_quantile=det.fastest_quantile)
     finite = [abs(v) for row in grid for v in row if not math.isnan(v)]
     vmax = max(0.05, 1.5 * opts.inject_slowdown if slow is not None else 0.0,
                sorted(finite)[int(0.98 * (len(finite) - 1))] if finite else 0.0)
@@ -192,7 +179,7 @@ def _page(opts: DemoOptions, detections: list[Detection], verdicts: list[dict[st
           banner: str, png: Path, window_steps: int) -> str:
     esc = html.escape
     rows = "".join(
-        f"<tr><td>{d.rank}</td><td>{esc(d.stage)}</td><td>{'false alarm' if is_false_alarm(d, opts) else 'slowed'}"
+        f"<tr><td>{d.rank}</td><td>{esc(d.stage)}</td><td>{'slowed' if d.injected else 'false alarm'}"
         f"</td><td>{(d.deviation or 0):+.1%}</td><td>{d.reference_rank if d.reference_rank is not None else ''}"
         f"</td><td>{d.step}</td><td>{d.steps_to_detect if d.steps_to_detect is not None else ''}</td>"
         f"<td>{esc(d.attribution)}</td><td>{(d.step_time_lost_ms or 0):.1f}</td>"
@@ -210,11 +197,6 @@ def _page(opts: DemoOptions, detections: list[Detection], verdicts: list[dict[st
     legend = "".join(f"<li><code>{esc(r)}</code>: {esc(explain(r))}</li>" for r in reasons)
     colour = "#fde2e2" if problems else "#e3f5e1"
     why = "".join(f"<li>{esc(p)}</li>" for p in problems)
-    injected = (f"rank {opts.inject_rank}, stage <code>{esc(opts.inject_stage)}</code>, "
-                + (f"+{opts.inject_ms:g} ms per interval" if opts.inject_ms is not None
-                   else f"+{opts.inject_slowdown:.0%}")
-                + f" ({opts.inject_kind}) from step {opts.inject_from}"
-                + (f" until step {opts.inject_until}" if opts.inject_until else "")) if injecting(opts) else "none"
     img = base64.b64encode(png.read_bytes()).decode()
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>otel-straggler demo</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1150px}}table{{border-collapse:collapse}}
@@ -222,7 +204,7 @@ td,th{{border:1px solid #ccc;padding:3px 8px;font-size:13px}}th{{background:#f4f
 .banner{{background:{colour};padding:0.8em 1em;border-radius:4px;font-size:15px}}</style></head><body>
 <h1>otel-straggler demo: {opts.ranks} ranks, {opts.steps} steps ({esc(opts.model)})</h1>
 <div class="banner"><b>{esc(banner)}</b>{f"<ul>{why}</ul>" if why else ""}</div>
-<p>Injected: {injected}.</p>
+<p>Injected: {esc(describe_injection(opts))}.</p>
 <h2>Detections</h2><table><tr><th>rank</th><th>stage</th><th>rank was</th><th>deviation</th><th>vs rank</th>
 <th>step</th><th>steps to detect</th><th>attribution</th><th>ms lost/step</th><th>GPU-s/h</th><th>recovered at</th>
 </tr>{rows}</table>

@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -26,11 +25,24 @@ from typing import Any
 import yaml
 
 from otel_straggler import schema as s
-from otel_straggler.demo.options import DemoOptions, DemoResult, inject_delay_ms, injecting
+from otel_straggler.demo.options import (
+    DemoOptions,
+    DemoResult,
+    check_options,
+    describe_injection,
+    inject_delay_ms,
+    injecting,
+    require_model_runtime,
+)
 from otel_straggler.demo.outcome import problems, summarise
 from otel_straggler.demo.tap import StagePoint, TraceTap
 
-__all__ = ["DemoOptions", "DemoResult", "collector_config", "detector_settings", "free_port", "run_demo"]
+__all__ = ["CollectorStartError", "DemoOptions", "DemoResult", "collector_config", "detector_settings", "free_port",
+           "run_demo"]
+
+
+class CollectorStartError(RuntimeError):
+    """The embedded collector did not come up (its log is in the output folder)."""
 
 
 def free_port() -> int:
@@ -246,8 +258,9 @@ def _stop_collector(collector: subprocess.Popen, timeout_s: float) -> None:
 
 
 def run_demo(opts: DemoOptions) -> DemoResult:
-    """The whole demo. Interrupted (Ctrl-C, or SIGTERM through the CLI), it stops the ranks and its collector
-    (which runs in a session of its own, out of reach of the terminal's signals) before the interrupt goes on."""
+    """The whole demo. Options that cannot work raise OptionError before anything starts. Interrupted (Ctrl-C,
+    or SIGTERM through the CLI), it stops the ranks and its collector (which runs in a session of its own, out
+    of reach of the terminal's signals) before the interrupt goes on."""
     children: list[Any] = []  # what to stop if interrupted: the tap, the collector, the ranks
     try:
         return _run_demo(opts, children)
@@ -264,9 +277,11 @@ def run_demo(opts: DemoOptions) -> DemoResult:
 
 
 def _run_demo(opts: DemoOptions, children: list[Any]) -> DemoResult:
+    det = detector_settings(opts.ranks)
+    check_options(opts, det)
+    require_model_runtime(opts.model)
     t0 = time.monotonic()
     con = _Console(opts.quiet)
-    det = detector_settings(opts.ranks)
     out = Path(opts.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     evidence = out / "verdicts.jsonl"
@@ -294,9 +309,7 @@ def _run_demo(opts: DemoOptions, children: list[Any]) -> DemoResult:
         children.append(collector)
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         if not _wait_http(f"http://127.0.0.1:{metrics_port}/healthz", 300.0, collector):
-            collector.kill()
-            tap.stop()
-            raise RuntimeError(f"the collector did not start; see {collector_log}")
+            raise CollectorStartError(f"the collector did not start; see {collector_log}")  # run_demo stops it
         endpoint = (f"http://127.0.0.1:{grpc_port}" if opts.protocol == "grpc"
                     else f"http://127.0.0.1:{http_port}")
         con.say(f"collector up: OTLP gRPC 127.0.0.1:{grpc_port}, HTTP 127.0.0.1:{http_port}, "
@@ -307,13 +320,8 @@ def _run_demo(opts: DemoOptions, children: list[Any]) -> DemoResult:
         endpoint = opts.endpoint
         con.say(f"exporting to external collector {endpoint}")
 
-    inj = (f"rank {opts.inject_rank} {opts.inject_stage} "
-           + (f"+{opts.inject_ms:g} ms per interval" if opts.inject_ms is not None
-              else f"+{opts.inject_slowdown:.0%}")
-           + f" ({opts.inject_kind}) from step {opts.inject_from}"
-           + (f" until step {opts.inject_until}" if opts.inject_until else "")
-           if injecting(opts) else "none")
-    con.say(f"starting {opts.ranks} ranks x {opts.steps} steps ({opts.model}); injected slowdown: {inj}")
+    con.say(f"starting {opts.ranks} ranks x {opts.steps} steps ({opts.model}); injected slowdown: "
+            f"{describe_injection(opts)}")
     ranks = _Ranks(opts, out, endpoint, con, t0)
     children.append(ranks)
     seen_verdicts = 0
@@ -353,7 +361,8 @@ def _run_demo(opts: DemoOptions, children: list[Any]) -> DemoResult:
                       "the ranks were stopped")
     if opts.endpoint is None and not failed and not stalled:
         issues += problems(verdicts, detections, opts, points, window_steps=det.window_steps,
-                           absolute_floor_ms=det.absolute_floor_ms, tolerance=det.tolerance)
+                           absolute_floor_ms=det.absolute_floor_ms, tolerance=det.tolerance,
+                           fastest_quantile=det.fastest_quantile)
     stage_times = out / "stage-times.csv"
     write_stage_times(stage_times, points)
     metrics_path = None
@@ -364,7 +373,7 @@ def _run_demo(opts: DemoOptions, children: list[Any]) -> DemoResult:
     try:
         from otel_straggler.demo.report import write_report
 
-        html, png = write_report(out, points, verdicts, opts, detections, issues, window_steps=det.window_steps,
+        html, png = write_report(out, points, verdicts, opts, detections, issues, det=det,
                                  external=opts.endpoint is not None)
     except Exception as exc:
         con.say(f"report not written: {exc!r}")
@@ -377,7 +386,7 @@ def _run_demo(opts: DemoOptions, children: list[Any]) -> DemoResult:
                         evidence=str(evidence) if evidence.exists() else None,
                         spans_seen=tap.spans, elapsed_s=round(time.monotonic() - t0, 1), ok=not issues,
                         problems=issues, metrics=str(metrics_path) if metrics_path else None,
-                        stage_times=str(stage_times))
+                        stage_times=str(stage_times), stage_points_dropped=tap.dropped)
     _print_summary(result, opts, con)
     if opts.json:
         print(result.to_json(), flush=True)
@@ -386,21 +395,22 @@ def _run_demo(opts: DemoOptions, children: list[Any]) -> DemoResult:
 
 def _print_summary(result: DemoResult, opts: DemoOptions, con: _Console) -> None:
     con.say("")
+    dropped = (f", {result.stage_points_dropped} stage times over the tap's cap not kept"
+               if result.stage_points_dropped else "")
     con.say(f"== summary ({result.elapsed_s}s, {result.spans_seen} spans through the collector, "
-            f"{result.verdicts} verdict records)")
+            f"{result.verdicts} verdict records{dropped})")
     if opts.endpoint is not None:
         con.say(f"spans went to the external collector {opts.endpoint}: its evidence, metrics and events hold "
                 "the verdicts")
     elif not result.detected:
         con.say("no straggler detected")
     for d in result.detected:
-        hit = d.steps_to_detect is not None
-        who = "INJECTED" if hit else "FALSE ALARM"
+        who = "INJECTED" if d.injected else "FALSE ALARM"
         cost = ""
         if d.step_time_lost_ms is not None:
             cost = f", costs ~{d.step_time_lost_ms:.1f} ms/step, {d.gpu_seconds_per_hour or 0:.0f} GPU-s/h"
         rec = f", recovered at step {d.recovered_step}" if d.recovered_step else ""
-        std = f" after {d.steps_to_detect} steps" if hit else ""
+        std = f" after {d.steps_to_detect} steps" if d.steps_to_detect is not None else ""
         con.say(f"[{who}] rank {d.rank} ({d.host} {d.gpu}) stage {d.stage}: {d.verdict} "
                 f"{(d.deviation or 0):+.1%} at step {d.step}{std}, {d.attribution}{cost}{rec}")
     if opts.endpoint is None:
@@ -413,7 +423,3 @@ def _print_summary(result: DemoResult, opts: DemoOptions, con: _Console) -> None
         print("\nFAILED:\n" + "\n".join(f"  - {line}" for line in result.problems), file=sys.stderr, flush=True)
     elif opts.endpoint is None and injecting(opts):
         con.say("OK: the injected rank was found, and nobody else")
-
-
-def default_out_dir() -> str:
-    return os.path.join(tempfile.gettempdir(), "otel-straggler-demo")

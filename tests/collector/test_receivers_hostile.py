@@ -27,6 +27,7 @@ from service_support import BASE_RECEIVER, DoubleProcessor, wait_for
 from collector_processor.processor.memory_limiter import rss_bytes
 from collector_processor.receiver import otlp_http
 from collector_processor.receiver.decode import TooLarge, gunzip_bounded
+from collector_processor.simulate.load import length_delimited
 
 TRACE_EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 MIB = 2**20
@@ -134,19 +135,6 @@ def _limited(run) -> object:  # type: ignore[no-untyped-def]
     return run.svc.processors["memory_limiter"].impl
 
 
-def _varint(n: int) -> bytes:
-    out = b""
-    while True:
-        b, n = n & 0x7F, n >> 7
-        if not n:
-            return out + bytes([b])
-        out += bytes([b | 0x80])
-
-
-def _field(tag: int, payload: bytes) -> bytes:
-    return bytes([tag]) + _varint(len(payload)) + payload
-
-
 def test_admission_refuses_a_body_before_reading_it_while_memory_is_reserved(start_service) -> None:  # type: ignore[no-untyped-def]
     limit = rss_bytes() // MIB + 600
     run = start_service(_cfg(receiver_extra="    retry_delay: 2s",
@@ -170,7 +158,7 @@ def test_admission_refuses_a_body_before_reading_it_while_memory_is_reserved(sta
                    f"Content-Length: {len(small)}\r\n\r\n".encode() + small)
         assert _read_answer(f)[0] == 200
     # gRPC: decoding a 2 MiB body of empty spans may take ~250 MiB: refused with the retry delay, not decoded
-    empty_spans = _field(0x0A, _field(0x12, b"\x12\x00" * MIB))  # resource > scope > 2^20 empty spans
+    empty_spans = length_delimited(1, length_delimited(2, b"\x12\x00" * MIB))  # resource > scope > 2^20 empty spans
     with grpc.insecure_channel(run.grpc) as ch:
         with pytest.raises(grpc.RpcError) as ei:
             ch.unary_unary(TRACE_EXPORT)(empty_spans, timeout=10)

@@ -28,7 +28,7 @@ from otel_straggler.demo.outcome import (
 from otel_straggler.demo.run import collector_config, detector_settings
 from otel_straggler.demo.tap import StagePoint
 
-DET = {"window_steps": 5, "absolute_floor_ms": 5.0, "tolerance": 0.04}
+DET = {"window_steps": 5, "absolute_floor_ms": 5.0, "tolerance": 0.04, "fastest_quantile": 0.1}
 
 
 def _v(rank: int, stage: str, verdict: str, step: int, reason: str = "slower_than_reference", **kw) -> dict:
@@ -65,6 +65,7 @@ def test_injected_detection_and_false_alarms_are_told_apart() -> None:
     assert false_alarms == 2
     assert [(d.rank, d.stage, d.step, d.steps_to_detect) for d in detections] == [
         (1, "forward-compute", 15, None), (2, "backward-compute", 40, None)]
+    assert not any(d.injected for d in detections)
     found = problems(verdicts, detections, opts, [], **DET)
     assert found[0].startswith("not detected: rank 1 forward-compute")
     assert any("false alarm: rank 1 forward-compute convicted at step 15" in p and "before its slowdown" in p
@@ -77,6 +78,7 @@ def test_a_hit_has_steps_to_detect_and_no_problem() -> None:
     verdicts = [_v(3, "optimizer", s.VERDICT_STRAGGLER, 59), _v(3, "optimizer", s.VERDICT_RECOVERED, 95)]
     detections, false_alarms = summarise(verdicts, opts)
     assert false_alarms == 0 and detections[0].steps_to_detect == 9 and detections[0].recovered_step == 95
+    assert detections[0].injected
     assert problems(verdicts, detections, opts, [], **DET) == []
 
 
@@ -113,7 +115,7 @@ def test_every_reason_has_plain_words() -> None:
 def test_window_deviation_is_against_the_fastest_other_rank() -> None:
     pts = [StagePoint(r, "forward-compute", "forward", st, ms, None)
            for r, ms in ((0, 100.0), (1, 102.0), (2, 110.0)) for st in range(10)]
-    devs = window_deviations(pts, "forward-compute", 5)
+    devs = window_deviations(pts, "forward-compute", 5, fastest_quantile=0.1)
     assert devs[2][0] == pytest.approx(0.10)  # vs rank 0 (fastest), not the median 102
     assert devs[0][1] == pytest.approx(100 / 102 - 1)
 
@@ -123,8 +125,7 @@ def test_two_ranks_pick_a_valid_inject_rank_and_compare_with_one_peer() -> None:
     det = detector_settings(2)
     assert det.min_cohort_size == 2 and detector_settings(8).min_cohort_size == 3
     opts = DemoOptions(ranks=2, inject_rank=default_inject_rank(2))
-    check_options(opts, absolute_floor_ms=det.absolute_floor_ms, window_steps=det.window_steps,
-                  persistence_windows=det.persistence_windows)
+    check_options(opts, det)
     cfg = collector_config(grpc_port=1, http_port=2, metrics_port=3, tap_port=4, evidence=__import__("pathlib")
                            .Path("/tmp/x"), ranks=2)
     assert cfg["processors"]["straggler"] == {"min_cohort_size": 2}
@@ -135,8 +136,7 @@ def test_the_default_slowdown_stands_clear_of_the_floor() -> None:
     det = detector_settings()
     assert inject_gap_ms(DemoOptions()) >= 2 * det.absolute_floor_ms
     with pytest.raises(OptionError, match="absolute floor"):
-        check_options(DemoOptions(microbatches=1), absolute_floor_ms=det.absolute_floor_ms,
-                      window_steps=det.window_steps, persistence_windows=det.persistence_windows)
+        check_options(DemoOptions(microbatches=1), det)
 
 
 def test_device_and_host_times_are_never_mixed_in_one_series() -> None:

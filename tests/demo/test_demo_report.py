@@ -14,12 +14,11 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from otel_straggler import schema as s
-from otel_straggler.demo.options import DemoOptions, Detection
+from otel_straggler.demo.options import DemoOptions, Detection, describe_injection
 from otel_straggler.demo.outcome import explain, stage_series
 from otel_straggler.demo.report import (
     build_figure,
     outcome_line,
-    reference_value,
     robust_limits,
     window_deviation_grid,
     write_report,
@@ -54,17 +53,20 @@ def _verdicts() -> list[dict]:
 
 def _hit() -> Detection:
     return Detection(rank=3, stage="forward-compute", verdict="straggler", deviation=0.1, steps_to_detect=9,
-                     attribution="host_only_stall", step=59, recovered_step=94, reference_rank=6)
+                     attribution="host_only_stall", step=59, injected=True, recovered_step=94, reference_rank=6)
 
 
 def test_heat_map_cells_are_deviations_from_the_fastest_other_rank() -> None:
     series = {0: {1: 100.0, 2: 100.0}, 1: {1: 104.0, 2: 104.0}, 2: {1: 110.0, 2: 110.0}}
-    ranks, windows, grid = window_deviation_grid(series, 5)
+    ranks, windows, grid = window_deviation_grid(series, 5, fastest_quantile=0.1)
     assert ranks == [0, 1, 2] and windows == [0]
     assert grid[2][0] == pytest.approx(0.10) and grid[1][0] == pytest.approx(0.04)
     assert grid[0][0] == pytest.approx(100 / 104 - 1)  # the fastest rank against the next fastest
-    assert reference_value([5.0, 1.0, 3.0]) == 1.0
-    assert reference_value([float(v) for v in range(1, 22)]) == 3.0  # > 10 peers: the 10th percentile
+    # > 10 peers: the reference is the one at the 10th percentile of the others (index floor(0.1 * 20) = 2)
+    many = {r: {1: float(r + 1)} for r in range(22)}  # rank r at r + 1 ms
+    _, _, grid = window_deviation_grid(many, 5, fastest_quantile=0.1)
+    assert grid[21][0] == pytest.approx(22.0 / 3.0 - 1)  # peers 1..21 ms: the reference is 3 ms
+    assert grid[0][0] == pytest.approx(1.0 / 4.0 - 1)  # peers 2..22 ms: the reference is 4 ms
 
 
 def test_y_axis_ignores_a_warm_up_spike() -> None:
@@ -113,3 +115,13 @@ def test_no_two_labels_overlap() -> None:
     clashes = [(a, b) for (a, ba), (b, bb) in itertools.combinations(boxes, 2)
                if ba.width and bb.width and ba.shrunk(0.95, 0.9).overlaps(bb.shrunk(0.95, 0.9))]
     assert not clashes, clashes
+
+
+def test_the_page_names_the_injection_once_worded(tmp_path: Path) -> None:
+    html, _ = write_report(tmp_path, _points(), _verdicts(), OPTS, [_hit()], [])
+    page = Path(html).read_text(encoding="utf-8")
+    assert "Injected: rank 3 forward-compute +10% (host) from step 50 until step 90." in page
+    none = DemoOptions(inject_rank=None)
+    assert describe_injection(none) == "none"
+    assert describe_injection(DemoOptions(inject_ms=2.5, inject_kind="device", inject_stage="<x>")) == \
+        "rank 3 <x> +2.5 ms per interval (device) from step 50"

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from otel_straggler import schema
+from otel_straggler.demo.run import free_port
 from otel_straggler.identity import Identity, job_id_from_env, resolve_identity
 
 HERE = Path(__file__).resolve().parent
@@ -180,7 +180,7 @@ def test_two_torchrun_launches_get_two_ids_and_ranks_agree() -> None:
         env = {k: v for k, v in otlp_env(rcv.endpoint).items() if k not in ("OTEL_STRAGGLER_JOB_ID", "SLURM_JOB_ID",
                                                                              "TORCHELASTIC_RUN_ID")}
         env["OTEL_STRAGGLER_ENABLED"] = "1"
-        port = str(_free_port())
+        port = str(free_port())
         launches = []
         for _ in range(2):
             out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
@@ -208,12 +208,6 @@ def test_two_torchrun_launches_get_two_ids_and_ranks_agree() -> None:
         assert len(ids) == len(set(ids)) == 12
     finally:
         rcv.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_parallel_state_when_initialised(monkeypatch: pytest.MonkeyPatch) -> None:
