@@ -46,6 +46,7 @@ from collector_processor.processor.straggler.sequential import SeqParams, SeqRes
 from collector_processor.processor.straggler.state import RankStageState, StateKey, StateStore
 from collector_processor.processor.straggler.statistics import (
     median,
+    noise_raised_tolerance,
     pooled_relative_sigma,
     reference_of,
     relative_deviation,
@@ -54,7 +55,6 @@ from collector_processor.processor.straggler.statistics import (
 from collector_processor.processor.straggler.window import KIND_STEP, Window
 from otel_straggler import schema as s
 
-_MEDIAN_SE = 1.2533  # standard error of the median of n normal samples = 1.2533 sigma / sqrt(n)
 _PAR_SE = 2.0  # hysteresis: the recovery margin is at least this many standard errors of a window median
 
 
@@ -277,10 +277,9 @@ class Detector:
         if cfg.noise_z <= 0:
             return Tolerances(cfg.tolerance, lambda: cfg.tolerance)
         need = cfg.min_cohort_size if need is None else need
-        scale = cfg.noise_z * _MEDIAN_SE / math.sqrt(cfg.window_steps)
 
         def raised(sigma: float | None) -> float:
-            return cfg.tolerance if sigma is None else max(cfg.tolerance, scale * sigma)
+            return noise_raised_tolerance(cfg.tolerance, cfg.noise_z, sigma, cfg.window_steps)
 
         return Tolerances(raised(pooled_relative_sigma((st.dev_used or st.dev_samples for st in per.values()), need)),
                           lambda: raised(pooled_relative_sigma((st.host_samples for st in per.values()), need)))

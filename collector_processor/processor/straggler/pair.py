@@ -36,7 +36,6 @@ when it is evicted.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -44,12 +43,11 @@ from typing import Protocol
 
 from collector_processor.processor.straggler.evidence import DEVICE, RankStat, values_of_kind
 from collector_processor.processor.straggler.sequential import per_step
-from collector_processor.processor.straggler.statistics import median, pooled_relative_sigma
+from collector_processor.processor.straggler.statistics import median, noise_raised_tolerance, pooled_relative_sigma
 
 RECENT_WINDOWS = 3  # levels kept per pair and stage for other cohorts to compare with at the same index
 MIN_STEPS = 3  # steps both ranks timed on the device in a window, for the per-step ratio
 SPREAD_WINDOWS = 16  # per-window spreads of the per-step ratio averaged (as sequential_sigma_windows)
-_MEDIAN_SE = 1.2533  # standard error of the median of n normal samples = 1.2533 sigma / sqrt(n)
 
 
 @dataclass(slots=True)
@@ -133,7 +131,7 @@ def observe(*, name: str, per: dict[int, RankStat], cohort: _Cohort, index: int,
         tol = tolerance
         if noise_z > 0 and track.spreads:
             sigma = sum(track.spreads) / len(track.spreads)
-            tol = max(tolerance, noise_z * _MEDIAN_SE * sigma / math.sqrt(2.0 * window_steps))
+            tol = noise_raised_tolerance(tolerance, noise_z, sigma, 2.0 * window_steps)
     else:
         ratio = va / vb
         tol = tolerance_of(kind)
