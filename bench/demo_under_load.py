@@ -5,10 +5,11 @@ injection knob) while ``scripts/cpu-load`` keeps every core busy, for one or mor
 run by run. Per run, from the stage times the collector passed on (``stage-times.csv``) of the injected
 stage after the warm-up:
 
-* ``noise``: relative step-to-step spread within a rank's window (robust sigma), and ``p99_ms``: the 99th
-  percentile of |step - the rank's window median| in ms: the host jitter;
-* ``tol``: the detector's noise-aware tolerance of each window (``max(tolerance, noise_z x 1.2533 x sigma /
-  sqrt(window_steps))`` with its own pooled sigma), median and max over windows;
+* ``noise``: relative step-to-step sigma within a rank's window, as the detector measures it
+  (``pooled_relative_sigma``, through ``outcome.relative_step_noise``), and ``p99_ms``: the 99th percentile of
+  |step - the rank's window median| in ms: the host jitter;
+* ``tol``: the detector's noise-aware tolerance of each window (``noise_raised_tolerance`` of the window's
+  ``pooled_relative_sigma``), median and max over windows;
 * ``healthy_max``: the largest deviation of a healthy rank's window median from the fastest other rank's
   (what a false alarm would need beyond tol and the floor); ``injected``: the slowed rank's median deviation
   and ``gap_ms`` its median gap in ms (what the absolute floor is compared with);
@@ -38,7 +39,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from collector_processor.processor.straggler.statistics import pooled_relative_sigma  # noqa: E402
+from collector_processor.processor.straggler.statistics import (  # noqa: E402
+    noise_raised_tolerance,
+    pooled_relative_sigma,
+)
 from otel_straggler.demo.options import DemoOptions, inject_gap_ms  # noqa: E402
 from otel_straggler.demo.outcome import relative_step_noise, window_deviations  # noqa: E402
 from otel_straggler.demo.run import detector_settings, run_demo  # noqa: E402
@@ -85,7 +89,7 @@ def window_tolerances(points: list[StagePoint], stage: str, first_step: int) -> 
     for groups in per.values():
         sigma = pooled_relative_sigma(list(groups.values()))
         if sigma is not None:
-            tols.append(max(det.tolerance, det.noise_z * 1.2533 * sigma / math.sqrt(det.window_steps)))
+            tols.append(noise_raised_tolerance(det.tolerance, det.noise_z, sigma, det.window_steps))
     return tols
 
 

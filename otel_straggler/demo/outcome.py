@@ -7,6 +7,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 
+from collector_processor.processor.straggler.statistics import pooled_relative_sigma
 from otel_straggler import schema as s
 from otel_straggler.demo.options import DemoOptions, Detection, injecting
 from otel_straggler.demo.tap import StagePoint
@@ -132,18 +133,14 @@ def window_deviations(points: Iterable[StagePoint], stage: str, window_steps: in
 
 def relative_step_noise(points: Iterable[StagePoint], stage: str, window_steps: int,
                         first_step: int = 0) -> float | None:
-    """Typical relative step-to-step spread of the stage within a window (median over ranks and windows of
-    the median absolute deviation from the window median, relative, scaled to a standard deviation)."""
+    """Relative step-to-step sigma of the stage within a rank's window, as the detector measures the noise its
+    tolerance rises with (``pooled_relative_sigma``), over every rank's windows; None without a window of at
+    least 3 steps."""
     per: dict[tuple[int, int], list[float]] = defaultdict(list)
     for rank, by_step in stage_series(points, stage, first_step).items():
         for step, value in by_step.items():
             per[(rank, step // window_steps)].append(value)
-    spreads = []
-    for vals in per.values():
-        if len(vals) >= 3:
-            m = statistics.median(vals)
-            spreads.append(1.4826 * statistics.median(abs(v - m) for v in vals) / m)
-    return statistics.median(spreads) if spreads else None
+    return pooled_relative_sigma(per.values(), min_groups=1)
 
 
 def problems(verdicts: list[dict], detections: list[Detection], opts: DemoOptions, points: list[StagePoint],

@@ -24,9 +24,10 @@ which in that stage is the slow rank itself, every waiter looks slow. Two ways o
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from collector_processor.processor.straggler.attribution import collective_evidence
+from collector_processor.processor.straggler.evidence import DEVICE, HOST, RankStat, values_of_kind
 from collector_processor.processor.straggler.statistics import median
 from otel_straggler import schema as s
 
@@ -38,33 +39,8 @@ if TYPE_CHECKING:
         WindowEvidence,
     )
 
-DEVICE = s.MEASUREMENT_DEVICE
-HOST = s.MEASUREMENT_HOST_ONLY
 
-
-class _Stat(Protocol):
-    dev: float | None
-
-    @property
-    def host(self) -> float | None: ...
-
-
-def _values(a: _Stat, b: _Stat) -> tuple[str, float, float] | None:
-    """Both ranks' statistic of one kind: device when both have it, else host when both have it."""
-    if a.dev is not None and b.dev is not None:
-        return DEVICE, a.dev, b.dev
-    if a.dev is None and b.dev is None:
-        ha, hb = a.host, b.host
-        if ha is not None and hb is not None:
-            return HOST, ha, hb
-    return None
-
-
-def _value(st: _Stat, kind: str) -> float | None:
-    return st.dev if kind == DEVICE else st.host
-
-
-def majority_at_par(rank: int, kind: str, value: float, per: Mapping[int, _Stat], peers: list[int],
+def majority_at_par(rank: int, kind: str, value: float, per: Mapping[int, RankStat], peers: list[int],
                     tolerance: float) -> bool:
     """(i): at least as many of ``peers`` within ``tolerance`` of ``value`` as below it beyond tolerance, and
     at least one."""
@@ -72,7 +48,7 @@ def majority_at_par(rank: int, kind: str, value: float, per: Mapping[int, _Stat]
     for p in peers:
         if p == rank:
             continue
-        v = _value(per[p], kind)
+        v = per[p].value(kind)
         if v is None or v <= 0.0:
             continue
         if value / v - 1.0 > tolerance:
@@ -82,7 +58,7 @@ def majority_at_par(rank: int, kind: str, value: float, per: Mapping[int, _Stat]
     return at_par >= 1 and at_par >= below
 
 
-def excess_elsewhere(rank: int, ref: int, gap: float, stage: str, stats: Mapping[str, Mapping[int, _Stat]],
+def excess_elsewhere(rank: int, ref: int, gap: float, stage: str, stats: Mapping[str, Mapping[int, RankStat]],
                      candidate: Callable[[str], bool], tolerance: Callable[[str, str], float],
                      floor: Callable[[str, float], float], fraction: float) -> str | None:
     """(ii): a stage other than ``stage`` (``candidate`` says which count) where ``ref`` is slower than ``rank``
@@ -94,7 +70,7 @@ def excess_elsewhere(rank: int, ref: int, gap: float, stage: str, stats: Mapping
         a, b = per.get(rank), per.get(ref)
         if a is None or b is None:
             continue
-        vals = _values(a, b)
+        vals = values_of_kind(a, b)
         if vals is None:
             continue
         kind, mine, theirs = vals
@@ -105,7 +81,7 @@ def excess_elsewhere(rank: int, ref: int, gap: float, stage: str, stats: Mapping
     return None
 
 
-def waited_least(rank: int, stages: Mapping[str, Mapping[int, _Stat]], candidate: Callable[[str], bool],
+def waited_least(rank: int, stages: Mapping[str, Mapping[int, RankStat]], candidate: Callable[[str], bool],
                  tolerance: float, floor: Callable[[str, float], float]) -> list[str]:
     """``waits_least:<stage>`` evidence: the stages (``candidate``: marked collective, or judged ones that may
     hold a wait) where ``rank`` spent the least time of its cohort while its peers' median is beyond
@@ -116,8 +92,8 @@ def waited_least(rank: int, stages: Mapping[str, Mapping[int, _Stat]], candidate
         if mine_st is None or len(per) < 2 or not candidate(name):
             continue
         kind = DEVICE if all(st.dev is not None for st in per.values()) else HOST
-        mine = _value(mine_st, kind)
-        peers = [v for r, st in per.items() if r != rank and (v := _value(st, kind)) is not None]
+        mine = mine_st.value(kind)
+        peers = [v for r, st in per.items() if r != rank and (v := st.value(kind)) is not None]
         if mine is None or mine <= 0.0 or not peers or mine > min(peers):
             continue
         m = median(peers)
@@ -135,7 +111,7 @@ def waits(det: Detector, ev: WindowEvidence, se: StageEvidence, rank: int, cmp: 
         return False
     if cmp.size >= 3:
         peers = cmp.peers if cmp.peers is not None else se.others(rank)
-        tol = se.tols.device if cmp.measurement == DEVICE else se.tols.host
+        tol = se.tols.of(cmp.measurement)
         if not majority_at_par(rank, cmp.measurement, cmp.value, se.per, peers, tol):
             return False
     cohort = ev.cohort

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from collector_processor.processor.straggler import collective, pair, sequential
 from collector_processor.processor.straggler.attribution import attribute, unexplained_host_excess
 from collector_processor.processor.straggler.cohort import Cohort
 from collector_processor.processor.straggler.config import Config
+from collector_processor.processor.straggler.evidence import DEVICE, HOST, RankStat, Tolerances, Views
 from collector_processor.processor.straggler.impact import impact, step_period_ms
 from collector_processor.processor.straggler.model import (
     BELOW_ABSOLUTE_FLOOR,
@@ -44,8 +45,8 @@ from collector_processor.processor.straggler.model import (
 from collector_processor.processor.straggler.sequential import SeqParams, SeqResult, excess, smoothed_sigma, spread
 from collector_processor.processor.straggler.state import RankStageState, StateKey, StateStore
 from collector_processor.processor.straggler.statistics import (
-    SortedPeers,
     median,
+    noise_raised_tolerance,
     pooled_relative_sigma,
     reference_of,
     relative_deviation,
@@ -54,34 +55,10 @@ from collector_processor.processor.straggler.statistics import (
 from collector_processor.processor.straggler.window import KIND_STEP, Window
 from otel_straggler import schema as s
 
-DEVICE = s.MEASUREMENT_DEVICE
-HOST = s.MEASUREMENT_HOST_ONLY
-_MEDIAN_SE = 1.2533  # standard error of the median of n normal samples = 1.2533 sigma / sqrt(n)
 _PAR_SE = 2.0  # hysteresis: the recovery margin is at least this many standard errors of a window median
 
 
 # --- evidence ---------------------------------------------------------------------------------------------
-@dataclass(slots=True)
-class RankStat:
-    """One warm rank's samples of one stage in the window and its statistic."""
-
-    dev: float | None  # median of the device samples (pooled over recent windows when sparse)
-    dev_samples: list[float]
-    host_samples: list[float]
-    fresh: int = 0  # samples of this window behind the device statistic (0: all of them)
-    dev_used: list[float] | None = None  # the samples behind the device statistic when pooled
-    dev_steps: list[int] | None = None  # the step of each device sample (step windows)
-    _host: float | None = None
-
-    @property
-    def host(self) -> float | None:
-        """Median of the host samples (None without any), computed on first read: a rank with device times
-        is judged on those, its host statistic is read only for a host-stall group or an attribution."""
-        if self._host is None and self.host_samples:
-            self._host = median(self.host_samples)
-        return self._host
-
-
 @dataclass(slots=True)
 class WindowOutcome:
     verdicts: list[Verdict] = field(default_factory=list)
@@ -91,43 +68,6 @@ class WindowOutcome:
     rank_deviation: dict[int, float] = field(default_factory=dict)
     # alerts refreshed or cleared in this window: (rank, stage) -> alert or None
     alerts: dict[tuple[int, str], Verdict | None] = field(default_factory=dict)
-
-
-class Tolerances:
-    """Device and host tolerance of one stage in one window (``noise_tolerance``). The host one is computed on
-    first use: a stage whose ranks all have device times needs it only for a host-stall group or a slow
-    rank's attribution, and its robust sigma costs as much as the device one."""
-
-    __slots__ = ("_host", "_host_of", "device")
-
-    def __init__(self, device: float, host_of: Callable[[], float]) -> None:
-        self.device = device
-        self._host: float | None = None
-        self._host_of = host_of
-
-    @property
-    def host(self) -> float:
-        if self._host is None:
-            self._host = self._host_of()
-        return self._host
-
-
-class Views:
-    """One stage's device values and host values (a rank without device samples is compared host-vs-host),
-    each sorted once for every rank's reference; the host side on first use (see ``Tolerances``)."""
-
-    __slots__ = ("_host", "_per", "device")
-
-    def __init__(self, per: dict[int, RankStat]) -> None:
-        self._per = per
-        self.device = SortedPeers({r: st.dev for r, st in per.items() if st.dev is not None})
-        self._host: SortedPeers | None = None
-
-    @property
-    def host(self) -> SortedPeers:
-        if self._host is None:
-            self._host = SortedPeers({r: st.host for r, st in self._per.items() if st.host is not None})
-        return self._host
 
 
 @dataclass(slots=True)
@@ -337,10 +277,9 @@ class Detector:
         if cfg.noise_z <= 0:
             return Tolerances(cfg.tolerance, lambda: cfg.tolerance)
         need = cfg.min_cohort_size if need is None else need
-        scale = cfg.noise_z * _MEDIAN_SE / math.sqrt(cfg.window_steps)
 
         def raised(sigma: float | None) -> float:
-            return cfg.tolerance if sigma is None else max(cfg.tolerance, scale * sigma)
+            return noise_raised_tolerance(cfg.tolerance, cfg.noise_z, sigma, cfg.window_steps)
 
         return Tolerances(raised(pooled_relative_sigma((st.dev_used or st.dev_samples for st in per.values()), need)),
                           lambda: raised(pooled_relative_sigma((st.host_samples for st in per.values()), need)))
@@ -391,7 +330,7 @@ class Detector:
             return None
         tols = self._noise_tolerance(se.per, need=2)
         return pair.observe(name=se.name, per=se.per, cohort=ev.cohort, index=ev.window.index,
-                            comparable=ev.uniform, tolerance_of=lambda k: tols.device if k == DEVICE else tols.host,
+                            comparable=ev.uniform, tolerance_of=tols.of,
                             cohorts=self.cohorts, history=cfg.pair_history_windows, min_history=cfg.pair_min_history,
                             tolerance=cfg.tolerance, noise_z=cfg.noise_z, window_steps=cfg.window_steps)
 
@@ -400,7 +339,7 @@ class Detector:
         tols = ev.tolerances.get(stage)
         if tols is None:
             tols = ev.tolerances[stage] = self._noise_tolerance(ev.stats.get(stage, {}))
-        return tols.device if kind == DEVICE else tols.host
+        return tols.of(kind)
 
     def floor(self, kind: str, ref_ms: float) -> float:
         """Absolute gap floor of one comparison: the host floor, or for a device comparison of a stage of
@@ -507,7 +446,7 @@ class Judgement:
         peers: list[int] | None = None
         if se.uniform or tok is None:
             # every peer's work is comparable: O(1) per rank against pre-sorted values
-            view = se.views.device if kind == DEVICE else se.views.host
+            view = se.views.of(kind)
             size = 1 + view.peers(r)
             ref = view.reference(r, cfg.reference, q) if size >= cfg.min_cohort_size else None
         else:
@@ -517,7 +456,7 @@ class Judgement:
                      (p not in rank_tokens or within_relative(tok, rank_tokens[p], cfg.workload_tolerance))]
             peer_vals: dict[int, float] = {}
             for p in peers:
-                v = se.per[p].dev if kind == DEVICE else se.per[p].host
+                v = se.per[p].value(kind)
                 if v is not None:
                     peer_vals[p] = v
             size = 1 + len(peer_vals)
@@ -528,7 +467,7 @@ class Judgement:
         dev = relative_deviation(value, ref_ms)
         if dev is None:
             dev = math.inf if value > 0 else 0.0
-        tol = se.tols.device if kind == DEVICE else se.tols.host
+        tol = se.tols.of(kind)
         return Comparison(kind, value, ref_rank, ref_ms, dev, size, value - ref_ms, tol, peers=peers)
 
     def pair(self, cmp: Comparison) -> tuple[Comparison, bool]:
@@ -756,15 +695,15 @@ class Judgement:
         None without a value or a peer with one. ``peers`` None: every other rank (pre-sorted views)."""
         mine = self.mine
         assert mine is not None
-        value = mine.dev if kind == DEVICE else mine.host
+        value = mine.value(kind)
         if value is None:
             return None
         if peers is None:
-            view = self.se.views.device if kind == DEVICE else self.se.views.host
+            view = self.se.views.of(kind)
             ref = view.reference(self.rank, "median")
         else:
             per = self.se.per
-            vals = {p: v for p in peers if (v := (per[p].dev if kind == DEVICE else per[p].host)) is not None}
+            vals = {p: v for p in peers if (v := per[p].value(kind)) is not None}
             ref = reference_of(vals, "median")
         if ref is None:
             return None

@@ -36,22 +36,18 @@ when it is evicted.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from collector_processor.processor.straggler.evidence import DEVICE, RankStat, values_of_kind
 from collector_processor.processor.straggler.sequential import per_step
-from collector_processor.processor.straggler.statistics import median, pooled_relative_sigma
-from otel_straggler import schema as s
+from collector_processor.processor.straggler.statistics import median, noise_raised_tolerance, pooled_relative_sigma
 
-DEVICE = s.MEASUREMENT_DEVICE
-HOST = s.MEASUREMENT_HOST_ONLY
 RECENT_WINDOWS = 3  # levels kept per pair and stage for other cohorts to compare with at the same index
 MIN_STEPS = 3  # steps both ranks timed on the device in a window, for the per-step ratio
 SPREAD_WINDOWS = 16  # per-window spreads of the per-step ratio averaged (as sequential_sigma_windows)
-_MEDIAN_SE = 1.2533  # standard error of the median of n normal samples = 1.2533 sigma / sqrt(n)
 
 
 @dataclass(slots=True)
@@ -86,22 +82,13 @@ class PairWindow:
         return next(r for r in self.values if r != rank)
 
 
-class _Stat(Protocol):
-    dev: float | None
-    dev_samples: list[float]
-    dev_steps: list[int] | None
-
-    @property
-    def host(self) -> float | None: ...
-
-
 class _Cohort(Protocol):
     job: str
     ranks: dict
     pairs: dict[str, PairTrack]
 
 
-def step_ratios(a: _Stat, b: _Stat) -> list[float]:
+def step_ratios(a: RankStat, b: RankStat) -> list[float]:
     """``x_a / x_b`` for every step both ranks timed on the device in the window (several samples of one step
     averaged); empty without steps (wall-clock windows)."""
     if not a.dev_samples or not b.dev_samples or not a.dev_steps or not b.dev_steps:
@@ -111,7 +98,7 @@ def step_ratios(a: _Stat, b: _Stat) -> list[float]:
     return [x / xb[t] for t, x in xa.items() if xb.get(t, 0.0) > 0.0]
 
 
-def observe(*, name: str, per: dict[int, _Stat], cohort: _Cohort, index: int, comparable: bool,
+def observe(*, name: str, per: dict[int, RankStat], cohort: _Cohort, index: int, comparable: bool,
             tolerance_of: Callable[[str], float], cohorts: Iterable[_Cohort], history: int,
             min_history: int, tolerance: float, noise_z: float, window_steps: int) -> PairWindow | None:
     """The pair's window of stage ``name`` (None unless the cohort has exactly 2 ranks, both judged here with a
@@ -123,12 +110,10 @@ def observe(*, name: str, per: dict[int, _Stat], cohort: _Cohort, index: int, co
     if len(cohort.ranks) != 2 or len(per) != 2 or not comparable:
         return None
     (a, sa), (b, sb) = sorted(per.items())
-    if sa.dev is not None and sb.dev is not None:
-        kind, va, vb = DEVICE, sa.dev, sb.dev
-    elif sa.dev is None and sb.dev is None and (ha := sa.host) is not None and (hb := sb.host) is not None:
-        kind, va, vb = HOST, ha, hb
-    else:
+    vals = values_of_kind(sa, sb)
+    if vals is None:
         return None
+    kind, va, vb = vals
     if va <= 0.0 or vb <= 0.0:
         return None
     track = cohort.pairs.get(name)
@@ -146,7 +131,7 @@ def observe(*, name: str, per: dict[int, _Stat], cohort: _Cohort, index: int, co
         tol = tolerance
         if noise_z > 0 and track.spreads:
             sigma = sum(track.spreads) / len(track.spreads)
-            tol = max(tolerance, noise_z * _MEDIAN_SE * sigma / math.sqrt(2.0 * window_steps))
+            tol = noise_raised_tolerance(tolerance, noise_z, sigma, 2.0 * window_steps)
     else:
         ratio = va / vb
         tol = tolerance_of(kind)

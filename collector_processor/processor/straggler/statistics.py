@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
+
+_MEDIAN_SE = 1.2533  # standard error of the median of n normal samples = 1.2533 sigma / sqrt(n)
 
 
 def median(values: Sequence[float]) -> float:
@@ -50,6 +53,15 @@ def pooled_relative_sigma(groups: Iterable[Sequence[float]], min_groups: int = 3
     if groups_used < min_groups:
         return None
     return median(pooled)
+
+
+def noise_raised_tolerance(tolerance: float, noise_z: float, sigma: float | None, samples: float) -> float:
+    """``tolerance``, raised to ``noise_z`` standard errors of a median of ``samples`` samples of relative sigma
+    ``sigma``: ``max(tolerance, noise_z x 1.2533 x sigma / sqrt(samples))``; ``tolerance`` when ``sigma`` is
+    None (no noise measured)."""
+    if sigma is None:
+        return tolerance
+    return max(tolerance, noise_z * _MEDIAN_SE / math.sqrt(samples) * sigma)
 
 
 def relative_deviation(value: float, reference: float) -> float | None:
