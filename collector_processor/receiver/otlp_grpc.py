@@ -31,8 +31,8 @@ from collector_processor.config.model import MIB
 from collector_processor.config.types import split_host_port
 from collector_processor.receiver.aio import LoopThread, Workers, stop_runtime
 from collector_processor.receiver.auth import BearerAuth
-from collector_processor.receiver.common import Config, Dispatcher, GrpcProtocol, export_response
-from collector_processor.receiver.decode import GRPC_SERVICES, RETRY_INFO_KEY, DecodeFailure, decode, decode_cost
+from collector_processor.receiver.common import Config, Dispatcher, GrpcProtocol, export_response, refusal_code
+from collector_processor.receiver.decode import GRPC_SERVICES, RETRY_INFO_KEY, DecodeFailure
 from collector_processor.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,10 @@ class _Outcome:
     details: str = ""
     body: bytes = b""
     retry: bool = False  # attach the RetryInfo trailer
+
+
+def _refusal(refusal: Refusal) -> _Outcome:
+    return _Outcome(refusal_code(refusal), refusal.message, retry=refusal.retry)
 
 
 class OtlpGrpcReceiver:
@@ -158,27 +162,18 @@ class OtlpGrpcReceiver:
         return await self._workers.run(self._process, signal, raw)
 
     def _refused(self, refusal: Refusal) -> _Outcome:
+        """Count a refusal before decoding and answer it."""
         self.d.refused(refusal)
-        if refusal.retry:
-            return _Outcome(grpc.StatusCode.UNAVAILABLE, refusal.message, retry=True)
-        return _Outcome(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal.message)
+        return _refusal(refusal)
 
     def _process(self, signal: str, raw: bytes) -> _Outcome:
-        """On a worker thread: reserve what decoding takes, decode, hand to the pipelines."""
-        cost = decode_cost(raw)
-        refusal = self.d.reserve(signal, cost)
-        if refusal is not None:
-            return self._refused(refusal)
+        """On a worker thread: decode and hand to the pipelines; the gRPC status of the outcome."""
         try:
-            msg = decode(signal, raw)
+            r = self.d.decode_and_dispatch(signal, raw)
         except DecodeFailure as e:
-            self.d.outcome("invalid")
             return _Outcome(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        finally:
-            self.d.release(signal, cost)
-        r = self.d.dispatch(signal, msg, len(raw))
-        if r.status != "ok":
-            return _Outcome(grpc.StatusCode.UNAVAILABLE, r.message or "throttled", retry=True)
+        if isinstance(r, Refusal):
+            return _refusal(r)
         return _Outcome(grpc.StatusCode.OK, body=export_response(signal, r).SerializeToString())
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
