@@ -104,6 +104,9 @@ class OtlpGrpcReceiver:
                     self.t.unauthenticated.labels(self.d.label).inc()
                     self.d.outcome("unauthenticated")
                     await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or bad bearer token")
+            if not self.d.has(signal):  # answered before a read slot is taken or the message read
+                self.d.outcome("invalid")
+                await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"no {signal} pipeline")
             # gRPC core takes in a message only once it is read (until then flow control holds the client to a small
             # window): at most as many messages are read at once as the memory budget has room for the largest one
             # three times (measured: core's frames, its message buffer, the bytes; bench/hostile.py), and that room
@@ -155,9 +158,6 @@ class OtlpGrpcReceiver:
         if len(raw) > self.limit:
             self.d.outcome("too_large")
             return _Outcome(grpc.StatusCode.RESOURCE_EXHAUSTED, f"request of {len(raw)} bytes exceeds {self.limit}")
-        if not self.d.has(signal):
-            self.d.outcome("invalid")
-            return _Outcome(grpc.StatusCode.UNIMPLEMENTED, f"no {signal} pipeline")
         assert self._workers is not None
         return await self._workers.run(self._process, signal, raw)
 

@@ -8,8 +8,8 @@ and refused as soon as something is wrong, without reading a body it will not us
 1. request line and headers (within ``HEAD_TIMEOUT_S``; a kept-alive connection may idle ``IDLE_TIMEOUT_S``);
 2. path (404), bearer token (401), ``Content-Length`` (411 missing, 400 invalid or conflicting, 413 over the
    limit), content type (415) and encoding, all on the headers;
-3. the memory the body takes, reserved at the pipelines' admission gates before it is read (503 +
-   ``Retry-After``); ``Expect: 100-continue`` is answered only now;
+3. a free processing slot (see 4) and the memory the body takes, reserved at the pipelines' admission gates
+   before it is read (503 + ``Retry-After``); ``Expect: 100-continue`` is answered only now;
 4. one of ``MAX_CONCURRENT`` processing slots (503 + ``Retry-After``): gzip inflated with a bound on the total of
    all members (413), the decoder's memory estimate reserved (503, or 413 when it could never fit), decoded
    (400) and handed to the pipelines (503 + ``Retry-After`` when they refuse) on a worker thread.
@@ -380,6 +380,8 @@ class OtlpHttpReceiver:
         signal = _SIGNALS[head.path]
         ctype = (head.get("content-type") or "").split(";", 1)[0].strip().lower()
         encoding = (head.get("content-encoding") or "identity").strip().lower()
+        if self._busy >= MAX_CONCURRENT:  # refused before its body is reserved or read (and again once it is)
+            return self._refused(Refusal("busy", "too many requests in progress"), ctype), length
         reserved = 0
         try:
             refusal = self.d.reserve(signal, length)
