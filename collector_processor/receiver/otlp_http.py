@@ -1,5 +1,5 @@
 """OTLP/HTTP receiver: POST ``/v1/traces``, ``/v1/metrics``, ``/v1/logs`` with protobuf or JSON, optionally gzip;
-``GET /healthz``.
+``GET /healthz`` (200 while the collector is healthy, 503 otherwise, as the gRPC health check answers).
 
 An HTTP/1.1 server on an asyncio event loop: a connection that is waiting for its client costs a coroutine, not a
 thread, so thousands of stalled connections take no worker from anyone. Each request is checked in this order,
@@ -27,6 +27,7 @@ import asyncio
 import logging
 import math
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from google.protobuf import json_format
@@ -150,8 +151,9 @@ class OtlpHttpReceiver:
     what = "OTLP/HTTP"
 
     def __init__(self, rid: str, cfg: Config, proto: HttpProtocol, dispatcher: Dispatcher, telemetry: Telemetry,
-                 auth: BearerAuth) -> None:
+                 auth: BearerAuth, healthy: Callable[[], bool] = lambda: True) -> None:
         self.id = rid
+        self.healthy = healthy
         self.cfg = cfg
         self.d = dispatcher
         self.t = telemetry
@@ -290,8 +292,11 @@ class OtlpHttpReceiver:
             self.d.outcome("invalid")
             return False
         if head.method == "GET":
-            ans = _Answer(200, b"ok\n", "text/plain") if head.path == "/healthz" else \
-                _Answer(404, b"not found\n", "text/plain")
+            if head.path == "/healthz":
+                ans = _Answer(200, b"ok\n", "text/plain") if self.healthy() else \
+                    _Answer(503, b"unhealthy\n", "text/plain")
+            else:
+                ans = _Answer(404, b"not found\n", "text/plain")
             if _declared(head):
                 ans.close = True
             await self._reply(writer, ans)
