@@ -75,6 +75,10 @@ class Admission(Protocol):
 
     def reserve(self, nbytes: int) -> Refusal | None: ...
 
+    def refusal(self) -> Refusal | None:
+        """Whether a decoded request is refused now (asked by the pipeline as it is submitted); reserves nothing."""
+        ...
+
     def release(self, nbytes: int) -> None: ...
 
     def hold(self, nbytes: int) -> None:

@@ -128,10 +128,9 @@ class Pipeline:
         if self._closing.is_set():
             return Result("throttled", reason="shutting_down", message="collector is shutting down")
         for gate in self.admission:
-            refusal = gate.reserve(0)
+            refusal = gate.refusal()
             if refusal is not None:
                 return Result("throttled", reason=refusal.reason, message=refusal.message)
-            gate.release(0)
         done = threading.Event() if wait_s > 0 else None
         item = _Item("request", msg, nbytes, n, done)
         if not self._offer(item):
