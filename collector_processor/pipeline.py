@@ -87,13 +87,11 @@ class Pipeline:
         self.max_bytes = max_bytes
         self.admission = admission or []
         proto, name = _PROCESS[self.signal]
-        self.processors = processors
         self._process: list[tuple[Stage, Callable[[Message], Message | None], bool]] = [
             (st, getattr(st.impl, name), isinstance(st.impl, ReportsRejections))
             for st in processors if isinstance(st.impl, proto)]
         self._ticking = [st for st in processors if isinstance(st.impl, Ticking)]
         proto, name = _EXPORT[self.signal]
-        self.exporters = exporters
         self._export = [(eid, getattr(exp, name)) for eid, exp in exporters if isinstance(exp, proto)]
         self._events = [(eid, exp) for eid, exp in exporters
                         if isinstance(exp, EventsExporter) or isinstance(exp, LogsExporter)]
