@@ -60,9 +60,14 @@ class ReportsRejections(Protocol):
 @dataclass(frozen=True)
 class Refusal:
     """Why a request is not taken now: the receiver answers 503 / UNAVAILABLE with its retry delay (``retry``) or,
-    for a request that could never be taken, 413 / RESOURCE_EXHAUSTED."""
+    for a request that could never be taken, 413 / RESOURCE_EXHAUSTED.
 
-    reason: str  # counted in spans_dropped_total{reason}
+    Where it is counted depends on when it comes. Before decoding (a gate's ``reserve``, a receiver out of slots)
+    the items are unknown: the request is counted in ``requests_total{outcome="throttled"|"too_large"}`` only. At
+    submit (``refusal``, a full queue) the request is counted in ``requests_total{outcome="throttled"}`` and, for
+    traces, its spans in ``spans_dropped_total{reason}``."""
+
+    reason: str  # the label of spans_dropped_total when refused at submit
     message: str
     retry: bool = True
 
@@ -74,6 +79,10 @@ class Admission(Protocol):
     one ``release`` of the same amount once the decoded request exists (or decoding failed)."""
 
     def reserve(self, nbytes: int) -> Refusal | None: ...
+
+    def refusal(self) -> Refusal | None:
+        """Whether a decoded request is refused now (asked by the pipeline as it is submitted); reserves nothing."""
+        ...
 
     def release(self, nbytes: int) -> None: ...
 

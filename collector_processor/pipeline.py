@@ -87,13 +87,11 @@ class Pipeline:
         self.max_bytes = max_bytes
         self.admission = admission or []
         proto, name = _PROCESS[self.signal]
-        self.processors = processors
         self._process: list[tuple[Stage, Callable[[Message], Message | None], bool]] = [
             (st, getattr(st.impl, name), isinstance(st.impl, ReportsRejections))
             for st in processors if isinstance(st.impl, proto)]
         self._ticking = [st for st in processors if isinstance(st.impl, Ticking)]
         proto, name = _EXPORT[self.signal]
-        self.exporters = exporters
         self._export = [(eid, getattr(exp, name)) for eid, exp in exporters if isinstance(exp, proto)]
         self._events = [(eid, exp) for eid, exp in exporters
                         if isinstance(exp, EventsExporter) or isinstance(exp, LogsExporter)]
@@ -128,10 +126,9 @@ class Pipeline:
         if self._closing.is_set():
             return Result("throttled", reason="shutting_down", message="collector is shutting down")
         for gate in self.admission:
-            refusal = gate.reserve(0)
+            refusal = gate.refusal()
             if refusal is not None:
                 return Result("throttled", reason=refusal.reason, message=refusal.message)
-            gate.release(0)
         done = threading.Event() if wait_s > 0 else None
         item = _Item("request", msg, nbytes, n, done)
         if not self._offer(item):

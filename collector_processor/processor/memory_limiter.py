@@ -69,11 +69,13 @@ class MemoryLimiter:
         self._thread = threading.Thread(target=self._run, name="memory-limiter", daemon=True)
         self.check()
 
+    def refusal(self) -> Refusal | None:
+        return Refusal("memory_limit", "memory limit reached") if self._over else None
+
     def reserve(self, nbytes: int) -> Refusal | None:
-        if self._over:
-            return Refusal("memory_limit", "memory limit reached")
-        if nbytes <= 0:
-            return None
+        refusal = self.refusal()
+        if refusal is not None or nbytes <= 0:
+            return refusal
         if nbytes > self.budget():
             return Refusal("memory_limit", f"decoding this request may take {nbytes / MIB:.0f} MiB, more than the "
                            f"memory limit leaves ({self.budget() / MIB:.0f} MiB): send smaller "

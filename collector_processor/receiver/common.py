@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 
+import grpc
 from google.protobuf.message import Message
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
@@ -16,7 +17,7 @@ from collector_processor.component import Admission, Refusal
 from collector_processor.config.types import Duration, ServerTLS, Strict
 from collector_processor.pipeline import Pipeline, Result
 from collector_processor.receiver.auth import AuthConfig
-from collector_processor.receiver.decode import count_items
+from collector_processor.receiver.decode import CT_PROTOBUF, DecodeFailure, count_items, decode, decode_cost
 from collector_processor.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -128,11 +129,31 @@ class Dispatcher:
         for g in self._gates.get(signal, ()):
             g.release(nbytes)
 
-    def refused(self, refusal: Refusal) -> str:
+    def refused(self, refusal: Refusal) -> None:
         """Count a refusal before decoding: ``throttled`` (retry later) or ``too_large`` (never)."""
-        outcome = "throttled" if refusal.retry else "too_large"
-        self.outcome(outcome)
-        return outcome
+        self.outcome("throttled" if refusal.retry else "too_large")
+
+    def decode_and_dispatch(self, signal: str, data: bytes | bytearray, ctype: str = CT_PROTOBUF) -> Result | Refusal:
+        """Reserve what decoding ``data`` takes at the signal's gates, decode, hand to its pipelines (on a worker
+        thread). Every outcome is counted here: a refusal before decoding (returned), a decoding failure (counted
+        ``invalid``, ``DecodeFailure`` raised), the pipelines' refusal (returned as a retryable ``Refusal``) and
+        their acceptance (the ``Result``, ``rejected`` > 0 for a partial success)."""
+        cost = decode_cost(data, ctype)
+        refusal = self.reserve(signal, cost)
+        if refusal is not None:
+            self.refused(refusal)
+            return refusal
+        try:
+            msg = decode(signal, data, ctype)
+        except DecodeFailure:
+            self.outcome("invalid")
+            raise
+        finally:
+            self.release(signal, cost)
+        r = self.dispatch(signal, msg, len(data))
+        if r.status != "ok":
+            return Refusal(r.reason, r.message or "throttled")
+        return r
 
     def dispatch(self, signal: str, msg, nbytes: int) -> Result:
         n = count_items(signal, msg)
@@ -166,6 +187,12 @@ class Dispatcher:
             log.warning("%s: a request was aborted (%s); such requests are counted in "
                         "otel_straggler_collector_requests_total{outcome=\"aborted\"} and not logged again",
                         self.label, why)
+
+
+def refusal_code(refusal: Refusal) -> grpc.StatusCode:
+    """The gRPC status a refusal is answered with (OTLP/HTTP puts it in its ``google.rpc.Status`` body, with HTTP 503
+    or 413): UNAVAILABLE with the retry delay, or RESOURCE_EXHAUSTED for a request that could never be taken."""
+    return grpc.StatusCode.UNAVAILABLE if refusal.retry else grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 def export_response(signal: str, r: Result) -> Message:

@@ -27,7 +27,7 @@ class OtlpReceiver:
             self.servers.append(OtlpGrpcReceiver(rid, cfg, cfg.protocols.grpc, d, telemetry, auth, healthy))
         if cfg.protocols.http is not None:
             d = Dispatcher(f"{rid}/http", telemetry, by_signal, cfg.wait_for_processing)
-            self.servers.append(OtlpHttpReceiver(rid, cfg, cfg.protocols.http, d, telemetry, auth))
+            self.servers.append(OtlpHttpReceiver(rid, cfg, cfg.protocols.http, d, telemetry, auth, healthy))
 
     def start(self) -> None:
         started = []

@@ -31,8 +31,8 @@ from collector_processor.config.model import MIB
 from collector_processor.config.types import split_host_port
 from collector_processor.receiver.aio import LoopThread, Workers, stop_runtime
 from collector_processor.receiver.auth import BearerAuth
-from collector_processor.receiver.common import Config, Dispatcher, GrpcProtocol, export_response
-from collector_processor.receiver.decode import GRPC_SERVICES, RETRY_INFO_KEY, DecodeFailure, decode, decode_cost
+from collector_processor.receiver.common import Config, Dispatcher, GrpcProtocol, export_response, refusal_code
+from collector_processor.receiver.decode import GRPC_SERVICES, RETRY_INFO_KEY, DecodeFailure
 from collector_processor.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,10 @@ class _Outcome:
     retry: bool = False  # attach the RetryInfo trailer
 
 
+def _refusal(refusal: Refusal) -> _Outcome:
+    return _Outcome(refusal_code(refusal), refusal.message, retry=refusal.retry)
+
+
 class OtlpGrpcReceiver:
     what = "OTLP/GRPC"
 
@@ -100,6 +104,9 @@ class OtlpGrpcReceiver:
                     self.t.unauthenticated.labels(self.d.label).inc()
                     self.d.outcome("unauthenticated")
                     await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or bad bearer token")
+            if not self.d.has(signal):  # answered before a read slot is taken or the message read
+                self.d.outcome("invalid")
+                await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"no {signal} pipeline")
             # gRPC core takes in a message only once it is read (until then flow control holds the client to a small
             # window): at most as many messages are read at once as the memory budget has room for the largest one
             # three times (measured: core's frames, its message buffer, the bytes; bench/hostile.py), and that room
@@ -151,34 +158,22 @@ class OtlpGrpcReceiver:
         if len(raw) > self.limit:
             self.d.outcome("too_large")
             return _Outcome(grpc.StatusCode.RESOURCE_EXHAUSTED, f"request of {len(raw)} bytes exceeds {self.limit}")
-        if not self.d.has(signal):
-            self.d.outcome("invalid")
-            return _Outcome(grpc.StatusCode.UNIMPLEMENTED, f"no {signal} pipeline")
         assert self._workers is not None
         return await self._workers.run(self._process, signal, raw)
 
     def _refused(self, refusal: Refusal) -> _Outcome:
+        """Count a refusal before decoding and answer it."""
         self.d.refused(refusal)
-        if refusal.retry:
-            return _Outcome(grpc.StatusCode.UNAVAILABLE, refusal.message, retry=True)
-        return _Outcome(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal.message)
+        return _refusal(refusal)
 
     def _process(self, signal: str, raw: bytes) -> _Outcome:
-        """On a worker thread: reserve what decoding takes, decode, hand to the pipelines."""
-        cost = decode_cost(raw)
-        refusal = self.d.reserve(signal, cost)
-        if refusal is not None:
-            return self._refused(refusal)
+        """On a worker thread: decode and hand to the pipelines; the gRPC status of the outcome."""
         try:
-            msg = decode(signal, raw)
+            r = self.d.decode_and_dispatch(signal, raw)
         except DecodeFailure as e:
-            self.d.outcome("invalid")
             return _Outcome(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        finally:
-            self.d.release(signal, cost)
-        r = self.d.dispatch(signal, msg, len(raw))
-        if r.status != "ok":
-            return _Outcome(grpc.StatusCode.UNAVAILABLE, r.message or "throttled", retry=True)
+        if isinstance(r, Refusal):
+            return _refusal(r)
         return _Outcome(grpc.StatusCode.OK, body=export_response(signal, r).SerializeToString())
 
     # ---- lifecycle ----------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """OTLP/HTTP receiver: POST ``/v1/traces``, ``/v1/metrics``, ``/v1/logs`` with protobuf or JSON, optionally gzip;
-``GET /healthz``.
+``GET /healthz`` (200 while the collector is healthy, 503 otherwise, as the gRPC health check answers).
 
 An HTTP/1.1 server on an asyncio event loop: a connection that is waiting for its client costs a coroutine, not a
 thread, so thousands of stalled connections take no worker from anyone. Each request is checked in this order,
@@ -8,8 +8,8 @@ and refused as soon as something is wrong, without reading a body it will not us
 1. request line and headers (within ``HEAD_TIMEOUT_S``; a kept-alive connection may idle ``IDLE_TIMEOUT_S``);
 2. path (404), bearer token (401), ``Content-Length`` (411 missing, 400 invalid or conflicting, 413 over the
    limit), content type (415) and encoding, all on the headers;
-3. the memory the body takes, reserved at the pipelines' admission gates before it is read (503 +
-   ``Retry-After``); ``Expect: 100-continue`` is answered only now;
+3. a free processing slot (see 4) and the memory the body takes, reserved at the pipelines' admission gates
+   before it is read (503 + ``Retry-After``); ``Expect: 100-continue`` is answered only now;
 4. one of ``MAX_CONCURRENT`` processing slots (503 + ``Retry-After``): gzip inflated with a bound on the total of
    all members (413), the decoder's memory estimate reserved (503, or 413 when it could never fit), decoded
    (400) and handed to the pipelines (503 + ``Retry-After`` when they refuse) on a worker thread.
@@ -27,6 +27,7 @@ import asyncio
 import logging
 import math
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from google.protobuf import json_format
@@ -38,15 +39,13 @@ from collector_processor.config.model import MIB
 from collector_processor.config.types import split_host_port
 from collector_processor.receiver.aio import LoopThread, Workers, stop_runtime
 from collector_processor.receiver.auth import BearerAuth
-from collector_processor.receiver.common import Config, Dispatcher, HttpProtocol, export_response
+from collector_processor.receiver.common import Config, Dispatcher, HttpProtocol, export_response, refusal_code
 from collector_processor.receiver.decode import (
     CT_JSON,
     CT_PROTOBUF,
     HTTP_PATHS,
     DecodeFailure,
     TooLarge,
-    decode,
-    decode_cost,
     gunzip_bounded,
 )
 from collector_processor.telemetry import Telemetry
@@ -65,7 +64,7 @@ MAX_HEADERS = 100
 CHUNK = 256 * 1024
 INFLATE_RESERVE = 4 * MIB  # a gzip body's inflated bytes are reserved in steps of at least this
 # gRPC code numbers for the Status body
-_INVALID_ARGUMENT, _RESOURCE_EXHAUSTED, _UNAUTHENTICATED, _UNAVAILABLE, _UNIMPLEMENTED = 3, 8, 16, 14, 12
+_INVALID_ARGUMENT, _RESOURCE_EXHAUSTED, _UNAUTHENTICATED, _UNIMPLEMENTED = 3, 8, 16, 12
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
             411: "Length Required", 413: "Content Too Large", 415: "Unsupported Media Type",
             431: "Request Header Fields Too Large", 503: "Service Unavailable"}
@@ -113,6 +112,11 @@ def _encode(msg: Message, ctype: str) -> bytes:
     return json_format.MessageToJson(msg, indent=None).encode() if ctype == CT_JSON else msg.SerializeToString()
 
 
+def _error(http: int, grpc_code: int, message: str, ctype: str, headers: dict[str, str] | None = None,
+           close: bool = False) -> _Answer:
+    return _Answer(http, _encode(Status(code=grpc_code, message=message[:300]), ctype), ctype, headers or {}, close)
+
+
 def _parse_head(data: bytes) -> _Head:
     lines = data.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ")
@@ -147,8 +151,9 @@ class OtlpHttpReceiver:
     what = "OTLP/HTTP"
 
     def __init__(self, rid: str, cfg: Config, proto: HttpProtocol, dispatcher: Dispatcher, telemetry: Telemetry,
-                 auth: BearerAuth) -> None:
+                 auth: BearerAuth, healthy: Callable[[], bool] = lambda: True) -> None:
         self.id = rid
+        self.healthy = healthy
         self.cfg = cfg
         self.d = dispatcher
         self.t = telemetry
@@ -287,8 +292,11 @@ class OtlpHttpReceiver:
             self.d.outcome("invalid")
             return False
         if head.method == "GET":
-            ans = _Answer(200, b"ok\n", "text/plain") if head.path == "/healthz" else \
-                _Answer(404, b"not found\n", "text/plain")
+            if head.path == "/healthz":
+                ans = _Answer(200, b"ok\n", "text/plain") if self.healthy() else \
+                    _Answer(503, b"unhealthy\n", "text/plain")
+            else:
+                ans = _Answer(404, b"not found\n", "text/plain")
             if _declared(head):
                 ans.close = True
             await self._reply(writer, ans)
@@ -322,16 +330,20 @@ class OtlpHttpReceiver:
 
     def _status(self, http: int, grpc_code: int, message: str, ctype: str, outcome: str,
                 headers: dict[str, str] | None = None, close: bool = False) -> _Answer:
+        """Count ``outcome`` and answer with a ``google.rpc.Status`` body."""
         self.d.outcome(outcome)
-        return _Answer(http, _encode(Status(code=grpc_code, message=message[:300]), ctype), ctype, headers or {},
-                       close)
+        return _error(http, grpc_code, message, ctype, headers, close)
 
-    def _refusal(self, refusal: Refusal, ctype: str, close: bool = False) -> _Answer:
-        outcome = self.d.refused(refusal)
-        st = Status(code=_UNAVAILABLE if refusal.retry else _RESOURCE_EXHAUSTED, message=refusal.message[:300])
-        if outcome == "throttled":
-            return _Answer(503, _encode(st, ctype), ctype, {"Retry-After": self.retry_after}, close)
-        return _Answer(413, _encode(st, ctype), ctype, {}, close)
+    def _refused(self, refusal: Refusal, ctype: str) -> _Answer:
+        """Count a refusal before decoding and answer it."""
+        self.d.refused(refusal)
+        return self._refusal(refusal, ctype)
+
+    def _refusal(self, refusal: Refusal, ctype: str) -> _Answer:
+        code = refusal_code(refusal).value[0]
+        if refusal.retry:
+            return _error(503, code, refusal.message, ctype, {"Retry-After": self.retry_after})
+        return _error(413, code, refusal.message, ctype)
 
     def _check(self, head: _Head) -> tuple[_Answer | None, int | None]:
         """Everything that can be decided on the headers. Returns (answer, declared length)."""
@@ -373,17 +385,19 @@ class OtlpHttpReceiver:
         signal = _SIGNALS[head.path]
         ctype = (head.get("content-type") or "").split(";", 1)[0].strip().lower()
         encoding = (head.get("content-encoding") or "identity").strip().lower()
+        if self._busy >= MAX_CONCURRENT:  # refused before its body is reserved or read (and again once it is)
+            return self._refused(Refusal("busy", "too many requests in progress"), ctype), length
         reserved = 0
         try:
             refusal = self.d.reserve(signal, length)
             if refusal is not None:
-                return self._refusal(refusal, ctype), length
+                return self._refused(refusal, ctype), length
             reserved = length
             if (head.get("expect") or "").lower() == "100-continue":
                 writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             body = await self._body(reader, length)
             if self._busy >= MAX_CONCURRENT:
-                return self._refusal(Refusal("busy", "too many requests in progress"), ctype), 0
+                return self._refused(Refusal("busy", "too many requests in progress"), ctype), 0
             self._busy += 1
             try:
                 assert self._workers is not None
@@ -445,28 +459,23 @@ class OtlpHttpReceiver:
                 held += step
 
         try:
-            data = gunzip_bounded(body, self.limit, grow) if gzipped else body
-            cost = decode_cost(data, ctype)
-            refusal = self.d.reserve(signal, cost)
-            if refusal is not None:
-                return self._refusal(refusal, ctype)
             try:
-                msg = decode(signal, data, ctype)
-            finally:
-                self.d.release(signal, cost)
-        except _Refused as e:
-            return self._refusal(e.refusal, ctype)
-        except TooLarge as e:
-            return self._status(413, _RESOURCE_EXHAUSTED, str(e), ctype, "too_large")
-        except DecodeFailure as e:
-            return self._status(400, _INVALID_ARGUMENT, str(e), ctype, "invalid")
+                data = gunzip_bounded(body, self.limit, grow) if gzipped else body
+            except _Refused as e:
+                return self._refused(e.refusal, ctype)
+            except TooLarge as e:
+                return self._status(413, _RESOURCE_EXHAUSTED, str(e), ctype, "too_large")
+            except DecodeFailure as e:
+                return self._status(400, _INVALID_ARGUMENT, str(e), ctype, "invalid")
+            try:
+                r = self.d.decode_and_dispatch(signal, data, ctype)
+            except DecodeFailure as e:  # counted by the dispatcher
+                return _error(400, _INVALID_ARGUMENT, str(e), ctype)
         finally:
-            if held:
+            if held:  # the inflated body, reserved until its decoded request is handed over
                 self.d.release(signal, held)
-        r = self.d.dispatch(signal, msg, len(data))
-        if r.status != "ok":
-            st = Status(code=_UNAVAILABLE, message=r.message or "throttled")
-            return _Answer(503, _encode(st, ctype), ctype, {"Retry-After": self.retry_after})
+        if isinstance(r, Refusal):
+            return self._refusal(r, ctype)
         return _Answer(200, _encode(export_response(signal, r), ctype), ctype)
 
     async def _reply(self, writer: asyncio.StreamWriter, ans: _Answer) -> None:

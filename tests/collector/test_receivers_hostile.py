@@ -30,6 +30,7 @@ from collector_processor.receiver.decode import TooLarge, gunzip_bounded
 from collector_processor.simulate.load import length_delimited
 
 TRACE_EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+METRICS_EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
 MIB = 2**20
 CFG = BASE_RECEIVER + """
 %(receiver_extra)s
@@ -210,7 +211,8 @@ def test_http_answers_401_on_the_headers_and_closes_without_reading_the_body(sta
             so.close()
 
 
-def _stalled_stream(channel: grpc.Channel, metadata: tuple = ()) -> tuple[grpc.Future, threading.Event]:
+def _stalled_stream(channel: grpc.Channel, metadata: tuple = (), method: str = TRACE_EXPORT
+                    ) -> tuple[grpc.Future, threading.Event]:
     """A call that sends its metadata and never its message (until released)."""
     release = threading.Event()
 
@@ -218,7 +220,7 @@ def _stalled_stream(channel: grpc.Channel, metadata: tuple = ()) -> tuple[grpc.F
         release.wait(30)
         yield from ()
 
-    fut = channel.stream_unary(TRACE_EXPORT).future(requests(), timeout=20, metadata=metadata or None)
+    fut = channel.stream_unary(method).future(requests(), timeout=20, metadata=metadata or None)
     return fut, release
 
 
@@ -254,6 +256,35 @@ def test_grpc_streams_that_never_send_take_no_worker(start_service) -> None:  # 
     assert wait_for(lambda: len(DoubleProcessor.instances[0].requests) == 1)
 
 
+def test_grpc_answers_a_signal_without_pipeline_before_reading_or_reserving(start_service) -> None:  # type: ignore[no-untyped-def]
+    limit = rss_bytes() // MIB + 600
+    run = start_service(_cfg(limiter=f"  memory_limiter: {{limit_mib: {limit}, spike_limit_mib: 100}}"))
+    limiter = _limited(run)
+    held: list[int] = []
+    real_hold = limiter.hold  # type: ignore[attr-defined]
+
+    def hold(nbytes: int) -> None:
+        held.append(nbytes)
+        real_hold(nbytes)
+
+    limiter.hold = hold  # type: ignore[attr-defined]
+    with grpc.insecure_channel(run.grpc) as ch:
+        # no metrics pipeline: the answer comes on the metadata, the message is never sent
+        stalled = [_stalled_stream(ch, method=METRICS_EXPORT) for _ in range(3)]
+        try:
+            for fut, _ in stalled:
+                with pytest.raises(grpc.RpcError) as ei:
+                    fut.result(timeout=15)
+                assert ei.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        finally:
+            for _, release in stalled:
+                release.set()
+        assert held == []  # no read slot's memory was counted at the gate for them
+        ch.unary_unary(TRACE_EXPORT)(_request(), timeout=10)
+    assert held  # a traces request is counted at the gate while it is read
+    assert run.sample("otel_straggler_collector_requests_total", receiver="otlp/grpc", outcome="invalid") == 3
+
+
 @pytest.mark.parametrize("header", ["bearer s3cret", "BEARER s3cret", "Bearer  s3cret"])
 def test_the_bearer_scheme_is_case_insensitive(start_service, header: str) -> None:  # type: ignore[no-untyped-def]
     run = start_service(_cfg(receiver_extra=AUTH))
@@ -278,6 +309,23 @@ def test_a_busy_http_receiver_answers_503_with_retry_after_not_a_reset(start_ser
         code, body, headers = _post(run.http + "/v1/traces", big)
         assert code == 503 and headers.get("Retry-After") == "1"
         assert Status.FromString(body).code == 14
+    finally:
+        first.join(20)
+    assert run.sample("otel_straggler_collector_requests_total", receiver="otlp/http", outcome="throttled") == 1
+
+
+def test_a_busy_http_receiver_refuses_before_reading_the_body(start_service, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(otlp_http, "MAX_CONCURRENT", 1)
+    run = start_service(_cfg(receiver_extra="    wait_for_processing: 5s", delay="1500ms"))
+    first = threading.Thread(target=_post, args=(run.http + "/v1/traces", _request()))
+    first.start()
+    try:
+        proc = DoubleProcessor.instances[0]
+        assert wait_for(lambda: proc.concurrent == 1, timeout=10)
+        # headers only: the 4 MiB body is never sent, so only an answer on the headers can come back
+        ans, _ = _raw(run.port("http"), "POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                      f"application/x-protobuf\r\nContent-Length: {4 * MIB}\r\n\r\n", wait_close=False)
+        assert ans.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in ans, ans[:300]
     finally:
         first.join(20)
     assert run.sample("otel_straggler_collector_requests_total", receiver="otlp/http", outcome="throttled") == 1

@@ -147,6 +147,28 @@ def test_malformed_bodies_get_400_with_status_and_service_survives(start_service
     assert wait_for(lambda: len(DoubleProcessor.instances[0].requests) == 2)
 
 
+def test_both_protocols_report_the_collector_health(start_service) -> None:  # type: ignore[no-untyped-def]
+    run = start_service(_cfg())
+
+    def http_health() -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(run.http + "/healthz", timeout=10) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def grpc_health() -> bytes:
+        with grpc.insecure_channel(run.grpc) as ch:
+            return ch.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=10)
+
+    assert http_health() == (200, b"ok\n") and grpc_health() == b"\x08\x01"  # SERVING
+    run.svc._running = False  # as before start or after shutdown, while the servers still answer
+    try:
+        assert http_health() == (503, b"unhealthy\n") and grpc_health() == b"\x08\x02"  # NOT_SERVING
+    finally:
+        run.svc._running = True
+
+
 def test_oversized_requests_are_refused(start_service) -> None:  # type: ignore[no-untyped-def]
     text = _cfg().replace("grpc: {endpoint: 127.0.0.1:0}", "grpc: {endpoint: 127.0.0.1:0, max_recv_msg_size_mib: 0.01}")
     text = text.replace("http: {endpoint: 127.0.0.1:0}",

@@ -189,7 +189,6 @@ class WindowSet:
     closed_through: int | None = None  # fence: every index <= this is closed
     anchor_ns: int | None = None  # wall clock only: the cohort's first observation
     lags: deque[float] = field(default_factory=lambda: deque(maxlen=LAG_WINDOWS))
-    lag_max: float = 0.0  # max(lags)
     # index -> when its successor opened (or it closed), for the latest closed windows: a late sample's lag
     closed_at: OrderedDict[int, float] = field(default_factory=OrderedDict)
 
@@ -214,7 +213,7 @@ class WindowSet:
         for w in out:
             del self.open[w.index]
             w.settle()
-            self._lag(w.lag_s)
+            self.lags.append(w.lag_s)
             since = w.successor_s if w.successor_s is not None else now_s
             if since is not None:
                 self.closed_at[w.index] = since
@@ -228,16 +227,12 @@ class WindowSet:
         """A sample of the closed window ``index`` arrived: its lag joins ``lags`` when the window is recent."""
         since = self.closed_at.get(index)
         if since is not None:
-            self._lag(now_s - since)
+            self.lags.append(now_s - since)
 
-    def _lag(self, lag_s: float) -> None:
-        lags = self.lags
-        dropped = lags[0] if len(lags) == lags.maxlen else None
-        lags.append(lag_s)
-        if lag_s >= self.lag_max:
-            self.lag_max = lag_s
-        elif dropped is not None and dropped >= self.lag_max:
-            self.lag_max = max(lags)
+    @property
+    def lag_max(self) -> float:
+        """The largest recent arrival lag (0 before any)."""
+        return max(self.lags, default=0.0)
 
     def grace(self, least_s: float, most_s: float) -> float:
         """Grace of this window set: ``GRACE_LAG_FACTOR`` x the largest recent arrival lag, at most ``most_s``

@@ -13,9 +13,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from straggler_sim import Clock, Sim, make_processor
+from straggler_sim import Sim, make_processor
 
 from collector_processor.processor.straggler.decode import decode_request
+from collector_processor.simulate.arrival import SimClock
 
 
 def main(requests: int = 200, repeats: int = 3) -> None:
@@ -28,7 +29,7 @@ def main(requests: int = 200, repeats: int = 3) -> None:
         for r in reqs:
             decode_request(r.resource_spans)
         best_decode = max(best_decode, n * requests / (time.perf_counter() - t))
-        clock = Clock()
+        clock = SimClock()
         proc, _, _ = make_processor(clock=clock)
         t = time.perf_counter()
         for r in reqs:

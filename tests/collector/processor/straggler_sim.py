@@ -19,6 +19,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
 from collector_processor.otlp_values import key_value
+from collector_processor.simulate.arrival import SimClock
 from otel_straggler import schema as s
 from otel_straggler.stages import STAGE_SCHEMA
 
@@ -155,15 +156,7 @@ class Sim:
         ])
 
 
-class Clock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def make_processor(config=None, clock: Clock | None = None):  # type: ignore[no-untyped-def]
+def make_processor(config=None, clock: SimClock | None = None):  # type: ignore[no-untyped-def]
     """A processor on a fresh registry; returns (processor, emitted verdict list, telemetry)."""
     from collector_processor.processor.straggler.factory import create_default_config
     from collector_processor.processor.straggler.processor import StragglerProcessor
@@ -172,12 +165,12 @@ def make_processor(config=None, clock: Clock | None = None):  # type: ignore[no-
     telemetry = Telemetry()
     emitted: list = []
     proc = StragglerProcessor(config or create_default_config(), telemetry, emitted.extend,
-                              clock=clock or Clock())
+                              clock=clock or SimClock())
     proc.start()
     return proc, emitted, telemetry
 
 
-def run(proc, sim: Sim, steps: range, per_request_steps: int = 1, clock: Clock | None = None,  # type: ignore[no-untyped-def]
+def run(proc, sim: Sim, steps: range, per_request_steps: int = 1, clock: SimClock | None = None,  # type: ignore[no-untyped-def]
         dt: float = 0.3) -> None:
     """Feed the steps, one request per ``per_request_steps`` steps of every rank; advance the clock."""
     batch: list[int] = []

@@ -8,9 +8,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 from straggler_build import request, resource, span, step_request
-from straggler_sim import Clock, Sim, kv, make_processor, run
+from straggler_sim import Sim, kv, make_processor, run
 
 from collector_processor.processor.straggler.config import Config, MetricsConfig
+from collector_processor.simulate.arrival import SimClock
 from otel_straggler import schema as s
 
 
@@ -117,7 +118,7 @@ def test_dedup_set_is_bounded() -> None:
 
 def test_metric_series_cap_is_counted() -> None:
     cfg = Config(metrics=MetricsConfig(max_series=5))
-    clock = Clock()
+    clock = SimClock()
     proc, _, tel = make_processor(cfg, clock)
     run(proc, Sim(), range(0, 30), clock=clock)
     st = proc.stats()
@@ -144,7 +145,7 @@ def test_emit_failure_fails_open() -> None:
     def boom(_):  # type: ignore[no-untyped-def]
         raise RuntimeError("consumer down")
 
-    proc = StragglerProcessor(Config(warmup_windows=0, persistence_windows=1), Telemetry(), boom, clock=Clock())
+    proc = StragglerProcessor(Config(warmup_windows=0, persistence_windows=1), Telemetry(), boom, clock=SimClock())
     for st in range(0, 12):
         assert proc.process_traces(step_request(st, {r: (90.0 if r == 1 else 60.0, 10.0) for r in range(4)}))
     assert proc.stats()["emit_failures"] >= 1
@@ -155,7 +156,7 @@ def test_alert_series_keep_room_when_rank_series_fill_the_cap() -> None:
     series stop at 90 % of the cap, so a straggler's alert series is still created and can fire."""
     from prometheus_client import generate_latest
 
-    clock = Clock()
+    clock = SimClock()
     proc, emitted, tel = make_processor(Config(metrics=MetricsConfig(max_series=50)), clock=clock)
     sim = Sim(ranks=40, seed=2, noise=0.005,
               device_factor=lambda r, n, st: 1.3 if (r == 3 and n == "forward-compute" and st >= 15) else 1.0)
@@ -249,7 +250,7 @@ def test_stage_spans_are_capped_per_rank_step_and_stage() -> None:
 def test_an_idle_collector_closes_its_windows_by_age() -> None:
     """The job stops: nobody moves past the last window, so neither progress nor grace closes it. Ticks with
     no new data close it ``window_idle_s`` after its last sample (and judge it)."""
-    clock = Clock()
+    clock = SimClock()
     proc, _, tel = make_processor(Config(window_idle_s=60.0), clock=clock)
     for st in range(0, 8):
         proc.process_traces(step_request(st, {r: (60.0, 10.0) for r in range(4)}))
@@ -271,7 +272,7 @@ def test_a_window_flooded_with_a_resent_step_closes_when_idle() -> None:
     """Rank 1 re-sends step 7 every second while its peers stopped: the window never completes, and copies
     of a rank-step it holds are no news, so it closes ``window_idle_s`` after its last accepted sample; later
     copies of the step are ``late``. The window holds one copy throughout."""
-    clock = Clock()
+    clock = SimClock()
     proc, _, _ = make_processor(clock=clock)
     proc.process_traces(_summaries(7))
     held = _held(proc)
@@ -291,7 +292,7 @@ def test_a_window_flooded_with_a_resent_step_closes_when_idle() -> None:
 def test_a_window_that_never_completes_closes_at_its_maximum_age() -> None:
     """A new rank joins step 7 every second (each new data, so the window is never idle, and never complete
     while ranks keep coming): it closes ``window_max_age_s`` after it opened."""
-    clock = Clock()
+    clock = SimClock()
     proc, _, _ = make_processor(Config(window_max_age_s=120.0), clock=clock)
     proc.process_traces(_summaries(7))
     closed_at = None
@@ -311,7 +312,7 @@ def test_a_dropped_rank_step_is_logged_once_per_rank_and_interval(caplog) -> Non
     were dropped since its last line."""
     import logging
 
-    clock = Clock()
+    clock = SimClock()
     proc, _, _ = make_processor(clock=clock)
     proc.process_traces(_summaries(7))
     with caplog.at_level(logging.WARNING, logger="collector_processor.processor.straggler.processor"):

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import random
 
-from straggler_sim import Clock, Sim, make_processor, run
+from straggler_sim import Sim, make_processor, run
 
 from collector_processor.processor.straggler.config import Config
+from collector_processor.simulate.arrival import SimClock
 from otel_straggler import schema as s
 
 
@@ -28,7 +29,7 @@ def _stragglers(emitted):  # type: ignore[no-untyped-def]
 def test_launch_time_jitter_on_a_compute_stage_is_not_a_straggler() -> None:
     """Every rank's compute launch times jitter by 10-30 % (replicas sharing a GPU), device times level."""
     rng = random.Random(7)
-    clock = Clock()
+    clock = SimClock()
     proc, emitted, _ = make_processor(clock=clock)
     sim = Sim(host_factor=lambda r, n, st: (1.0 + abs(rng.gauss(0.0, 0.2))) if n in ("forward-compute",
                                                                                    "backward-compute") else 1.0)
@@ -43,7 +44,7 @@ def test_host_stall_in_a_compute_stage_with_the_gpu_flat_is_a_host_only_stall() 
     def host(r, n, st):  # type: ignore[no-untyped-def]
         return 48.0 / 18.0 if (r == 2 and n == "forward-compute" and st >= 30) else 1.0
 
-    clock = Clock()
+    clock = SimClock()
     proc, emitted, _ = make_processor(clock=clock)
     run(proc, Sim(host_factor=host), range(0, 100), clock=clock)
     got = [v for v in emitted if v.verdict == s.VERDICT_STRAGGLER]
@@ -51,7 +52,7 @@ def test_host_stall_in_a_compute_stage_with_the_gpu_flat_is_a_host_only_stall() 
         (2, "forward-compute", s.MEASUREMENT_HOST_ONLY, s.ATTRIBUTION_HOST)]
     assert got[0].step is not None and got[0].step - 30 <= 15
 
-    clock = Clock()
+    clock = SimClock()
     proc, emitted, _ = make_processor(Config(host_stall_groups=["data"]), clock=clock)
     run(proc, Sim(host_factor=host), range(0, 100), clock=clock)
     assert _stragglers(emitted) == []
@@ -60,7 +61,7 @@ def test_host_stall_in_a_compute_stage_with_the_gpu_flat_is_a_host_only_stall() 
 def test_host_stall_that_starves_the_stream_is_found_and_attributed_to_the_host() -> None:
     """Host +30 ms on an 18 ms launch, device +15 ms (the stream starved for part of it): the host excess the
     device excess does not explain is the host's own: host_only_stall, judged on device time."""
-    clock = Clock()
+    clock = SimClock()
     proc, emitted, _ = make_processor(clock=clock)
     sim = Sim(host_factor=_factor(2, "forward-compute", 30, 48.0 / 18.0),
               device_factor=_factor(2, "forward-compute", 30, 1.25))
@@ -90,7 +91,7 @@ def _drop_device_after(sim: Sim, rank: int, step0: int) -> None:
 def test_a_cuda_rank_window_without_device_samples_is_not_judged_on_launch_time() -> None:
     """Device timing every 4th step, a 5-step window: while a rank's device samples are missing, for up to
     device_history_windows windows, its host (launch) times are not compared: uncertain/missing_samples."""
-    clock = Clock()
+    clock = SimClock()
     proc, emitted, _ = make_processor(clock=clock)
     sim = Sim(device_every=4, host_factor=_factor(1, "forward-compute", 45, 1.5))
     _drop_device_after(sim, 1, 44)
@@ -103,7 +104,7 @@ def test_a_rank_that_stops_timing_on_the_device_is_judged_on_host_time_again() -
     """A rank whose device samples stopped for good is judged host against host once device_history_windows
     windows passed without any: rank 1's host +50 % (+9 ms) is then a host_only_stall; it is never left
     uncertain forever."""
-    clock = Clock()
+    clock = SimClock()
     proc, emitted, _ = make_processor(clock=clock)
     sim = Sim(device_every=4, host_factor=_factor(1, "forward-compute", 45, 1.5))
     _drop_device_after(sim, 1, 44)

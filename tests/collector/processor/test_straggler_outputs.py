@@ -8,13 +8,14 @@ import math
 import pytest
 from prometheus_client import generate_latest
 from straggler_build import step_request
-from straggler_sim import Clock, make_processor
+from straggler_sim import make_processor
 
 from collector_processor.processor.straggler.attribution import attribute, collective_evidence
 from collector_processor.processor.straggler.config import Config, MetricsConfig
 from collector_processor.processor.straggler.events import verdict_span, verdict_to_dict, verdicts_to_logs
 from collector_processor.processor.straggler.impact import impact, step_period_ms
 from collector_processor.processor.straggler.model import Verdict
+from collector_processor.simulate.arrival import SimClock
 from otel_straggler import schema as s
 
 
@@ -104,7 +105,7 @@ def test_verdict_span_is_child_of_the_job_step() -> None:
 
 
 def test_prometheus_view_follows_the_alert() -> None:
-    clock = Clock()
+    clock = SimClock()
     cfg = Config(metrics=MetricsConfig(series_ttl_s=60.0))
     proc, _, tel = make_processor(cfg, clock)
 
@@ -181,7 +182,7 @@ def test_scrape_on_another_thread_while_processing() -> None:
 
     from straggler_sim import Sim
 
-    clock = Clock()
+    clock = SimClock()
     proc, _, tel = make_processor(clock=clock)
     sim = Sim(device_factor=lambda r, n, st: 1.2 if r == 3 and n == "forward-compute" else 1.0)
     stop = threading.Event()

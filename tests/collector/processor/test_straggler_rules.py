@@ -6,9 +6,10 @@ from __future__ import annotations
 import math
 
 from straggler_build import span, step_request
-from straggler_sim import Clock, Sim, make_processor, run
+from straggler_sim import Sim, make_processor, run
 
 from collector_processor.processor.straggler.config import Config
+from collector_processor.simulate.arrival import SimClock
 from otel_straggler import schema as s
 
 PAR = 60.0
@@ -307,7 +308,7 @@ def test_recovery_needs_positive_evidence_and_unusable_windows_hold_the_alert() 
 
 
 def test_grace_closes_a_window_held_by_a_silent_rank() -> None:
-    clock = Clock()
+    clock = SimClock()
     cfg = Config(warmup_windows=0, rank_timeout_s=1000.0)
     proc, _, _ = make_processor(cfg, clock)
     feed(proc, range(0, 5), lambda r, st: (PAR, 10.0), clock=clock)
@@ -326,7 +327,7 @@ def test_grace_closes_a_window_held_by_a_silent_rank() -> None:
 def test_wall_clock_windows_without_iteration() -> None:
     """No dl.iteration: windows of wall_window_s from the cohort's first observation, closed by progress
     or tick; integer arithmetic keeps 4.1 s and 4.0 s in the same 1 s... boundaries exact."""
-    clock = Clock()
+    clock = SimClock()
     cfg = Config(wall_window_s=1.0, warmup_windows=1)
     proc, emitted, _ = make_processor(cfg, clock)
     t0 = 1_700_000_000_000_000_000 + 123  # anchor is not a whole second: boundaries follow it

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from straggler_sim import Clock, Sim, make_processor, run
+from straggler_sim import Sim, make_processor, run
 
 from collector_processor.processor.straggler.events import verdicts_to_logs
+from collector_processor.simulate.arrival import SimClock
 from otel_straggler import schema as s
 
 
@@ -17,7 +18,7 @@ def _by(emitted, verdict):  # type: ignore[no-untyped-def]
 
 
 def test_slow_device_rank_is_found_attributed_and_recovers() -> None:
-    clock = Clock()
+    clock = SimClock()
     proc, emitted, _ = make_processor(clock=clock)
     sim = Sim(device_factor=_slow(3, "forward-compute", 50, 120))
     run(proc, sim, range(0, 110), clock=clock)
@@ -47,7 +48,7 @@ def test_slow_device_rank_is_found_attributed_and_recovers() -> None:
 
 
 def test_verdict_span_is_appended_to_the_forwarded_request() -> None:
-    clock = Clock()
+    clock = SimClock()
     proc, emitted, _ = make_processor(clock=clock)
     sim = Sim(device_factor=_slow(3, "forward-compute", 10, 100))
     found = None
@@ -73,7 +74,7 @@ def test_verdict_span_is_appended_to_the_forwarded_request() -> None:
 
 
 def test_host_only_rank_is_a_host_only_stall() -> None:
-    clock = Clock()
+    clock = SimClock()
     proc, emitted, _ = make_processor(clock=clock)
     sim = Sim(device=False, host_factor=_slow(3, "forward-compute", 50, 1000))
     run(proc, sim, range(0, 90), clock=clock)
@@ -85,7 +86,7 @@ def test_host_only_rank_is_a_host_only_stall() -> None:
 
 
 def test_healthy_run_with_heavy_tail_spikes_has_no_straggler() -> None:
-    clock = Clock()
+    clock = SimClock()
     proc, emitted, _ = make_processor(clock=clock)
     sim = Sim(seed=7, spike_prob=0.01)
     run(proc, sim, range(0, 500), per_request_steps=5, clock=clock)
@@ -97,7 +98,7 @@ def test_healthy_run_with_heavy_tail_spikes_has_no_straggler() -> None:
 def test_sampled_device_timing_never_mixes_device_and_host() -> None:
     """Device timing every 4th step: windows hold both kinds; the slow rank is judged device-vs-device and
     no rank's host time is ever compared with a peer's device time (host launch times are far smaller)."""
-    clock = Clock()
+    clock = SimClock()
     proc, emitted, _ = make_processor(clock=clock)
     sim = Sim(device_every=4, device_factor=_slow(3, "forward-compute", 40, 1000, 1.15))
     run(proc, sim, range(0, 120), clock=clock)
@@ -112,13 +113,13 @@ def test_large_cohort_uses_a_low_quantile_not_the_extreme_fastest() -> None:
     convict healthy ranks; the default 10th-percentile reference does not, and still finds a +10% rank."""
     from collector_processor.processor.straggler.config import Config
 
-    clock = Clock()
+    clock = SimClock()
     proc, emitted, _ = make_processor(clock=clock)
     sim = Sim(ranks=256, seed=11, device_factor=_slow(3, "forward-compute", 0, 1000))
     run(proc, sim, range(0, 40), clock=clock)
     assert _by(emitted, s.VERDICT_STRAGGLER) and {(v.rank, v.stage) for v in _by(emitted, s.VERDICT_STRAGGLER)} \
         == {(3, "forward-compute")}
-    clock0 = Clock()
+    clock0 = SimClock()
     # control: the single fastest as reference, and no noise-aware tolerance (which on its own also keeps
     # the extreme-value reference from convicting at 2 % noise)
     proc0, emitted0, _ = make_processor(Config(fastest_quantile=0.0, noise_z=0.0), clock=clock0)
@@ -134,7 +135,7 @@ def test_sampled_device_timing_is_pooled_across_recent_windows() -> None:
     from collector_processor.processor.straggler.config import Config
 
     def healthy(cfg):  # type: ignore[no-untyped-def]
-        clock = Clock()
+        clock = SimClock()
         proc, emitted, _ = make_processor(cfg, clock=clock)
         run(proc, Sim(seed=5, device_every=4, spike_prob=0.01), range(0, 400), per_request_steps=4, clock=clock)
         return _by(emitted, s.VERDICT_STRAGGLER)
