@@ -305,6 +305,7 @@ def _run_demo(opts: DemoOptions, children: list[Any]) -> DemoResult:
         # niced: beside a real job the collector has its own host; here it must not take the ranks' cores
         collector = subprocess.Popen([sys.executable, "-m", "collector_processor", "--config", str(cfg_path)],
                                      stdout=log_fh, stderr=subprocess.STDOUT, start_new_session=True)
+        log_fh.close()  # the collector holds its own descriptor of the log
         _yield_cpu(collector.pid)
         children.append(collector)
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
