@@ -7,7 +7,8 @@ Arms are interleaved over many repetitions and compared by medians. The ring is 
 repetitions (untimed), as the readout thread would.
 
 Last line: ``hot_path_ratio=<x> start_stop_ns=<ns> floor_ns=<ns>`` (plus, on CUDA, ``record_api=<api>
-start_stop_torch_record_ns=<ns> floor_driver_ns=<ns>``).
+start_stop_torch_record_ns=<ns> floor_driver_ns=<ns> start_stop_shared_ns=<ns> shared_records=<n>``: the pair
+back to back with the default ``share_gap_us``, each start reusing the previous stop's event).
 """
 
 from __future__ import annotations
@@ -168,7 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     if cuda and args.train_loop:
         train_loop_overhead(args.rounds, args.steps, [int(x) for x in args.every.split(",")])
 
-    cfg = EmitterConfig(enabled=True, device_every=1, ring_size=max(8192, args.n * 2), pool_size=2 * args.n + 16)
+    # every start and stop records its own event (share_gap_us=0): back to back, a start would reuse the previous
+    # stop's event (shared_event.py); that case is its own row
+    cfg = EmitterConfig(enabled=True, device_every=1, ring_size=max(8192, args.n * 2), pool_size=2 * args.n + 16,
+                        share_gap_us=0.0)
     pool = EventPool(cfg.pool_size) if cuda else HostOnlyPool()
     timers = Timers(2, "minmax", config=cfg, pool=pool, sink=_NullSink())
     timers.set_step(0)  # step 0 % device_every == 0: device timing on (CUDA) for every call
@@ -203,6 +207,14 @@ def main(argv: list[str] | None = None) -> int:
 
     ours = _pairs(timer.start, timer.stop)
 
+    # back to back with the default share gap: each start reuses the previous stop's event (one record per pair)
+    scfg = EmitterConfig(enabled=True, device_every=1, ring_size=cfg.ring_size, pool_size=cfg.pool_size)
+    stimers = Timers(2, "minmax", config=scfg, pool=EventPool(cfg.pool_size) if cuda else HostOnlyPool(),
+                     sink=_NullSink())
+    stimers.set_step(0)
+    stimer = stimers("forward-compute", 2)
+    shared = _pairs(stimer.start, stimer.stop)
+
     # the same path on a step that is not device-sampled (host clock only), for reference
     hcfg = EmitterConfig(enabled=True, device_every=4, ring_size=cfg.ring_size, pool_size=64)
     htimers = Timers(2, "minmax", config=hcfg, pool=pool, sink=_NullSink())
@@ -215,12 +227,14 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
         readout.drain(force=True)
         htimers.readout.drain(force=True)
+        stimers.readout.drain(force=True)
         if cuda:
             ttimers.readout.drain(force=True)
 
     floors: list[float] = []
     arms: list[float] = []
     hosts: list[float] = []
+    shareds: list[float] = []
     torch_arms: list[float] = []
     driver_floors: list[float] = []
     for _ in range(10):  # warm-up
@@ -236,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             floors.append(_per_call_ns(floor, args.n))
             arms.append(_per_call_ns(ours, args.n))
         hosts.append(_per_call_ns(host_only, args.n))
+        shareds.append(_per_call_ns(shared, args.n))
         if cuda:
             torch_arms.append(_per_call_ns(ours_torch, args.n))
             driver_floors.append(_per_call_ns(floor_driver, args.n))
@@ -243,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     snap = timers.counters.snapshot()
     timers.shutdown(1.0)
     htimers.shutdown(1.0)
+    stimers.shutdown(1.0)
     if cuda:
         ttimers.shutdown(1.0)
     med_arm, med_floor = statistics.median(arms), statistics.median(floors)
@@ -251,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'arm':<34}{'median ns':>12}{'p10 ns':>10}{'p90 ns':>10}")
     rows = [("timer.start()+timer.stop()", arms), (floor_name, floors)]
     if cuda:
-        rows += [("start+stop, step not sampled", hosts), ("start+stop, torch Event.record", torch_arms),
+        rows += [("start+stop, step not sampled", hosts), ("start+stop, start reusing the stop's", shareds),
+                 ("start+stop, torch Event.record", torch_arms),
                  (f"2x pool.record ({pool.record_api})", driver_floors)]
     for name, xs in rows:
         q = statistics.quantiles(xs, n=10)
@@ -264,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     extra = ""
     if cuda:
         extra = (f" record_api={pool.record_api} start_stop_torch_record_ns={statistics.median(torch_arms):.1f}"
-                 f" floor_driver_ns={statistics.median(driver_floors):.1f}")
+                 f" floor_driver_ns={statistics.median(driver_floors):.1f}"
+                 f" start_stop_shared_ns={statistics.median(shareds):.1f} shared_records={stimers.share.records}")
     print(f"hot_path_ratio={ratio:.2f} start_stop_ns={med_arm:.1f} floor_ns={med_floor:.1f}{extra}")
     return 0
 

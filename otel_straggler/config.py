@@ -14,6 +14,7 @@ bound, ``MAX_*`` below) is warned about once (``logging``), replaced by the defa
 | OTEL_STRAGGLER_DEVICE_EVERY_MAX | device_every_max | 4 | auto: largest N (>= 1 device sample per window) |
 | OTEL_STRAGGLER_POOL_SIZE | pool_size | 4096 | pre-created CUDA events (two per interval awaiting readout) |
 | OTEL_STRAGGLER_RECORD_API | record_api | auto | ``auto``/``driver``: cuEventRecord (checked), ``torch`` |
+| OTEL_STRAGGLER_SHARE_GAP_US | share_gap_us | 50 | a boundary this soon after the previous record reuses its event |
 | OTEL_STRAGGLER_RING_SIZE | ring_size | 8192 | interval ring slots (rounded up to a power of two) |
 | OTEL_STRAGGLER_READOUT_INTERVAL_MS | readout_interval_ms | 500 | readout thread poll period |
 | OTEL_STRAGGLER_READOUT_TIMEOUT_S | readout_timeout_s | 30 | an unfinished end event older than this -> host-only |
@@ -100,8 +101,8 @@ def _int_in(lo: int, hi: int) -> Callable[[Any], int]:
     return parse
 
 
-def _float_in(hi: float) -> Callable[[Any], float]:
-    """A finite number in (0, hi]."""
+def _float_in(hi: float, allow_zero: bool = False) -> Callable[[Any], float]:
+    """A finite number in (0, hi] (``allow_zero``: [0, hi])."""
 
     def parse(v: Any) -> float:
         if isinstance(v, bool):
@@ -110,8 +111,8 @@ def _float_in(hi: float) -> Callable[[Any], float]:
             x = float(v)
         except ValueError:
             raise ValueError("not a number") from None
-        if not 0.0 < x <= hi:  # also refuses nan and inf
-            raise ValueError(f"must be in (0, {hi}]")
+        if not (0.0 <= x if allow_zero else 0.0 < x) or not x <= hi:  # also refuses nan and inf
+            raise ValueError(f"must be in {'[' if allow_zero else '('}0, {hi}]")
         return x
 
     return parse
@@ -157,6 +158,9 @@ class EmitterConfig:
     # auto: the CUDA driver's cuEventRecord on raw handles when it passes the install check (a fraction of
     # torch's Event.record cost on the training thread), else torch's; torch: always torch's
     record_api: str = "auto"
+    # a start (or an outer stop) less than this after the previous boundary's record on the same stream reuses its
+    # event instead of recording one (shared_event.py); 0: every boundary records its own
+    share_gap_us: float = 50.0
     ring_size: int = 8192
     # 500 ms: every wake of the readout thread takes the GIL from a launch-bound training thread and hands it
     # back; fewer, larger drains cost it less (bench/results/gpu-h200.md section 3,
@@ -248,6 +252,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "device_every_max": _int_in(1, MAX_DEVICE_EVERY),
     "pool_size": _int_in(2, MAX_POOL_SIZE),
     "record_api": _choice(*RECORD_APIS),
+    "share_gap_us": _float_in(10_000.0, allow_zero=True),
     "ring_size": _int_in(2, MAX_RING_SIZE),
     "readout_interval_ms": _float_in(60_000.0),
     "readout_timeout_s": _float_in(86_400.0),

@@ -34,6 +34,7 @@ reason ``no_cuda``. A pool built with a ``factory`` uses its events' own ``recor
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import operator
 import time
@@ -104,19 +105,28 @@ def driver_query(hold_gil: bool = True) -> Callable[[Any], bool]:
     return query
 
 
-def driver_recorder(device_index: int, hold_gil: bool = True) -> Callable[[Any], None]:
-    """``record(ev)``: ``cuEventRecord(ev.handle, current raw stream of device_index)`` through ctypes; on a
-    non-zero result, torch's ``ev.record()`` (raises if that fails too)."""
-    import torch
-
+def driver_recorder(device_index: int, hold_gil: bool = True) -> Callable[[Any], Any]:
+    """``record(ev)``: ``cuEventRecord(ev.handle, current raw stream of device_index)`` through ctypes, returning
+    that stream (``raw_stream`` of ``driver_stream``); on a non-zero result, torch's ``ev.record()`` (raises if
+    that fails too) and None."""
     fn = _driver_call("cuEventRecord", ctypes.c_void_p, ctypes.c_void_p, hold_gil=hold_gil)
-    raw_stream = torch._C._cuda_getCurrentRawStream
+    stream_of = driver_stream(device_index)
 
-    def record(ev: Any) -> None:
-        if fn(ev.handle, raw_stream(device_index)):
+    def record(ev: Any) -> Any:
+        stream = stream_of()
+        if fn(ev.handle, stream):
             ev.record()
+            return None
+        return stream
 
     return record
+
+
+def driver_stream(device_index: int) -> Callable[[], int]:
+    """The current raw CUDA stream of ``device_index`` (an int), as ``driver_recorder`` records on it."""
+    import torch
+
+    return functools.partial(torch._C._cuda_getCurrentRawStream, device_index)
 
 
 def _check_driver(record: Callable[[Any], None], elapsed: Callable[[Any, Any], float | None],
@@ -143,15 +153,19 @@ def _check_driver(record: Callable[[Any], None], elapsed: Callable[[Any, Any], f
         raise RuntimeError(f"driver events disagree with torch's ({ms} ms vs {ref} ms)")
 
 
+def _none() -> None:
+    return None
+
+
 class EventPool:
     """``factory()`` makes one event (default: ``torch.cuda.Event(enable_timing=True)``)."""
 
     __slots__ = ("capacity", "cuda", "elapsed", "free", "orphans", "query", "reason", "record", "record_api",
-                 "record_cost_s", "warm_error")
+                 "record_cost_s", "stream", "warm_error")
 
     def __init__(
         self, size: int, factory: Callable[[], Any] | None = None, *, synchronize: Callable[[], Any] | None = None,
-        record_api: str = "auto",
+        record_api: str = "auto", stream: Callable[[], Any] | None = None,
     ):
         self.cuda = True
         self.reason: str | None = None
@@ -164,6 +178,9 @@ class EventPool:
         # whether a recorded event completed (readout thread only)
         self.query: Callable[[Any], bool] = operator.methodcaller("query")
         self.record_api = "event"
+        # the stream a record would use now, compared with what ``record`` returned (shared_event.py); None: no
+        # event is reused. A factory's events: ``stream`` (their record's result, None, by default)
+        self.stream: Callable[[], Any] | None = stream if stream is not None else _none
         torch_events = factory is None
         if factory is None:
             import torch
@@ -174,6 +191,8 @@ class EventPool:
             synchronize = synchronize or torch.cuda.synchronize
         events = [factory() for _ in range(int(size))]
         for ev in events:  # warm: force the lazy creation now, not in the first measured windows
+            ev.refs = 0  # references not yet published in the ring (training thread; shared_event.py)
+            ev.tag = 0  # the ring head at its release (shared_event.py)
             ev.record()
         if synchronize is not None:
             synchronize()
@@ -199,6 +218,7 @@ class EventPool:
 
         self.record = torch.cuda.Event.record
         self.record_api = "torch"
+        self.stream = None  # torch's record does not say on which stream
         if record_api == "torch" or len(events) < 2:
             return
         try:
@@ -216,6 +236,7 @@ class EventPool:
         self.record = record
         self.elapsed = elapsed
         self.query = query
+        self.stream = driver_stream(torch.cuda.current_device())
         self.record_api = "driver"
 
 
@@ -223,10 +244,11 @@ class HostOnlyPool:
     """No device timing at all: the timers read ``cuda`` False and never touch ``free``."""
 
     __slots__ = ("capacity", "cuda", "elapsed", "free", "orphans", "query", "reason", "record", "record_api",
-                 "record_cost_s", "warm_error")
+                 "record_cost_s", "stream", "warm_error")
 
     def __init__(self, reason: str = NO_CUDA, warm_error: str | None = None) -> None:
         self.cuda = False
+        self.stream: Callable[[], Any] | None = None
         self.record: Callable[[Any], None] = operator.methodcaller("record")  # never called: no events
         self.elapsed: Callable[[Any, Any], float | None] = query_then_elapsed
         self.query: Callable[[Any], bool] = operator.methodcaller("query")

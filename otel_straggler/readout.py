@@ -161,14 +161,15 @@ class Readout:
         n = pool.capacity - len(pool.free)
         if n > self.counters.pool_high_water:
             self.counters.pool_high_water = n
-        self._collect_orphans()
         self._release_quarantine(force=False)
         total = 0
         while True:
             n, more = self._drain_batch(force)
             total += n
             if not more:
-                return total
+                break
+        self._collect_orphans()  # after the slots: those published before an orphan's release are read now
+        return total
 
     def _drain_batch(self, force: bool) -> tuple[int, bool]:
         r = self.ring
@@ -185,7 +186,7 @@ class Readout:
         query = self.pool.query
         off = self._wall_offset
         timer_of, start_ns_of, end_ns_of = r.timer, r.start_ns, r.end_ns
-        start_ev_of, end_ev_of, reason_of = r.start_ev, r.end_ev, r.reason
+        start_ev_of, end_ev_of, reason_of, own_of = r.start_ev, r.end_ev, r.reason, r.own
         binding_of, repeat_of, injected_of = r.binding, r.repeat, r.injected
         degraded = c.degraded
         batch: list[Interval] = []
@@ -208,19 +209,21 @@ class Readout:
                             done = bool(query(eev if eev is not None else sev))
                     except Exception:
                         done = None
+                    own = own_of[i]  # the events this slot returns (another slot or the orphans return the rest)
                     if done is None:
                         reason = CUDA_ERROR
-                        self._quarantine(sev, eev)
+                        self._quarantine(sev if own & 1 else None, eev if own & 2 else None)
                     elif not done:
                         if force or now - end_ns_of[i] > timeout_ns:
                             reason = READOUT_TIMEOUT
-                            self._quarantine(sev, eev)
+                            self._quarantine(sev if own & 1 else None, eev if own & 2 else None)
                         else:
                             more = False
                             break  # head-of-line: later slots wait for this one
                     else:
-                        free.append(sev)
-                        if eev is not None:
+                        if own & 1:
+                            free.append(sev)
+                        if own & 2:
                             free.append(eev)
                 if device_ms is None and reason is None:
                     reason = CUDA_ERROR
@@ -235,7 +238,8 @@ class Readout:
                     degraded[reason] = degraded.get(reason, 0) + 1
             except Exception:
                 c.faults_readout += 1
-            # reset the fields the producer writes only when non-default, then free the slot
+            # reset the fields the producer writes only when non-default, then free the slot (``own`` is written
+            # with ``start_ev``)
             start_ev_of[i] = None
             end_ev_of[i] = None
             injected_of[i] = False
@@ -255,9 +259,22 @@ class Readout:
 
     # ---- quarantine ----------------------------------------------------------------------------
     def _collect_orphans(self) -> None:
+        """Events the training thread let go of without a slot that returns them (shared_event.py): each once
+        every slot published before it (its ``tag``) was read; back to the pool when complete, else quarantined."""
         orphans = self.pool.orphans
-        while orphans:
-            self._quarantine(orphans.popleft(), None)
+        tail = self.ring.tail
+        free = self.pool.free
+        query = self.pool.query
+        while orphans and orphans[0].tag <= tail:
+            ev = orphans.popleft()
+            try:
+                done = bool(query(ev))
+            except Exception:
+                done = False
+            if done:
+                free.append(ev)
+            else:
+                self._quarantine(ev, None)
 
     def _quarantine(self, sev: Any, eev: Any) -> None:
         group = tuple(e for e in (sev, eev) if e is not None)

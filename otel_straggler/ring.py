@@ -29,6 +29,7 @@ class Ring:
         "head",
         "injected",
         "mask",
+        "own",
         "reason",
         "repeat",
         "start_ev",
@@ -47,6 +48,8 @@ class Ring:
         self.end_ns: list[int] = [0] * n
         self.start_ev: list[Any] = [None] * n
         self.end_ev: list[Any] = [None] * n
+        # which of the slot's events it returns to the pool: 1 start, 2 end (shared_event.py); written with start_ev
+        self.own: list[int] = [0] * n
         self.binding: list[Any] = [None] * n
         self.repeat: list[int] = [0] * n
         self.reason: list[str | None] = [None] * n

@@ -16,7 +16,9 @@ the ring's interval count, keeps moving averages of the step period and of inter
 the smallest N in ``[1, max_every]`` whose event cost stays within ``budget`` (a fraction of the step time)
 when paid every N-th step. The cost of a device-sampled step is estimated two ways:
 
-* a prior: 2 records per interval x the record cost measured when the pool was warmed x ``PRIOR_FACTOR``.
+* a prior: the records of a device-sampled step (a moving average of what the timers recorded on such steps;
+  2 per interval until one was seen: adjacent boundaries share events, ``shared_event.py``) x the record cost
+  measured when the pool was warmed x ``PRIOR_FACTOR``.
   A record between kernel launches costs several times its warm micro-cost on a launch-bound step's
   sampled steps (``bench/results/gpu-h200.md`` section 3, whichever record API);
 * the measurement: what a device-sampled step takes longer than a host-only one, from per-kind running means
@@ -51,12 +53,13 @@ OUTLIER = 3.0  # a step longer than 3x the average period is not booked to eithe
 
 
 class StepContext:
-    __slots__ = ("_adaptive", "_budget", "_clock", "_cuda", "_every", "_intervals", "_last_count", "_last_t",
-                 "_max_every", "_measured", "_n_avg", "_period_avg", "_periods", "_record_cost_s", "auto",
-                 "binding", "device_on", "host_reason", "step")
+    __slots__ = ("_adaptive", "_budget", "_clock", "_cuda", "_every", "_intervals", "_last_count", "_last_records",
+                 "_last_t", "_max_every", "_measured", "_n_avg", "_period_avg", "_periods", "_r_avg", "_record_cost_s",
+                 "_records", "auto", "binding", "device_on", "host_reason", "step")
 
     def __init__(self, *, device_every: int = 4, cuda: bool = False, budget: float = 0.0025, max_every: int = 4,
                  record_cost_s: float = 10e-6, intervals: Callable[[], int] | None = None,
+                 records: Callable[[], int] | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self._adaptive = int(device_every) <= 0
         self._max_every = max(1, int(max_every))
@@ -64,6 +67,9 @@ class StepContext:
         self._budget = float(budget)
         self._record_cost_s = float(record_cost_s)
         self._intervals = intervals
+        self._records = records  # events recorded so far (the timers' count)
+        self._last_records = 0
+        self._r_avg = -1.0  # records per device-sampled step (moving average; < 0: none seen yet)
         self._clock = clock  # seconds, monotonic (tests pass a fake)
         self._last_t: float | None = None
         self._last_count = 0
@@ -87,6 +93,11 @@ class StepContext:
         """Once per step change: moving averages of step period and intervals per step -> N."""
         now = self._clock()
         count = self._intervals() if self._intervals is not None else 0
+        records = self._records() if self._records is not None else 0
+        if self.device_on and self._records is not None and self._last_t is not None:
+            r = records - self._last_records
+            self._r_avg = float(r) if self._r_avg < 0 else self._r_avg + 0.2 * (r - self._r_avg)
+        self._last_records = records
         if self._last_t is not None and self._measured:
             period = now - self._last_t
             n = count - self._last_count
@@ -104,7 +115,8 @@ class StepContext:
                     dev = period - k[1]
                     k[1] += w * dev
                     k[2] += w * (dev * dev * (1.0 - w) - k[2])
-                micro = 2.0 * self._n_avg * self._record_cost_s
+                per_step = self._r_avg if self._r_avg >= 0 else 2.0 * self._n_avg
+                micro = per_step * self._record_cost_s
                 cost = PRIOR_FACTOR * micro
                 allowed = self._budget * self._period_avg
                 off, on = self._periods

@@ -38,6 +38,7 @@ from otel_straggler.counters import CUDA_ERROR, POOL_EXHAUSTED, UNBALANCED, Emit
 from otel_straggler.event_pool import EventPool, HostOnlyPool
 from otel_straggler.interval import IntervalSink
 from otel_straggler.ring import Ring
+from otel_straggler.shared_event import SharedEvent
 from otel_straggler.stages import stage_group
 from otel_straggler.step_context import StepContext
 
@@ -106,6 +107,7 @@ class Timer:
         "_rep_step",
         "_ring",
         "_sev",
+        "_share",
         "_started",
         "_t0",
         "collective",
@@ -121,6 +123,7 @@ class Timer:
         ctx: StepContext,
         pool: EventPool | HostOnlyPool,
         counters: EmitterCounters,
+        share: SharedEvent,
         inject: Any = None,
         is_step: bool = False,
     ) -> None:
@@ -141,6 +144,7 @@ class Timer:
         self._free = pool.free
         self._orphans = pool.orphans
         self._record = pool.record
+        self._share = share
         self._c = counters
         self._inject = inject
         self._is_step = is_step
@@ -159,15 +163,37 @@ class Timer:
             if self._is_step:
                 ctx.step_timer_started()
             if ctx.device_on:
+                sh = self._share
+                t = _clock()
+                ev = sh.ev
+                if ev is not None and t - sh.ns < sh.gap_ns and sh.stream_of() == sh.stream:
+                    ev.refs += 1  # the previous boundary's event marks this point of the stream too
+                    self._sev = ev
+                    self._reason = None
+                    self._started = True
+                    self._t0 = t
+                    return
                 free = self._free
                 if free:
                     ev = free.popleft()
+                    ev.refs = 1
                     self._sev = ev
                     self._reason = None
                     try:
-                        self._record(ev)
+                        stream = self._record(ev)
                     except Exception:
                         self._reason = CUDA_ERROR
+                    else:
+                        sh.records += 1
+                        if sh.gap_ns:
+                            old = sh.ev
+                            if old is not None and old.refs <= 0:
+                                old.tag = self._ring.head
+                                self._orphans.append(old)
+                            sh.ev = ev
+                            sh.ns = t
+                            sh.stream = stream
+                            sh.at_stop = False
                 else:
                     self._reason = POOL_EXHAUSTED
             else:
@@ -200,26 +226,57 @@ class Timer:
             sev = self._sev
             reason = self._reason
             eev = None
+            own = 0
             if sev is not None:
                 self._sev = None
+                sh = self._share
                 if reason is None:
-                    free = self._free
-                    if free:
-                        eev = free.popleft()
-                        try:
-                            self._record(eev)
-                        except Exception:
-                            reason = CUDA_ERROR
+                    ev = sh.ev
+                    if (ev is not None and sh.at_stop and ev is not sev and now - sh.ns < sh.gap_ns
+                            and sh.stream_of() == sh.stream):
+                        ev.refs += 1  # an inner timer's stop just before this one's
+                        eev = ev
                     else:
-                        reason = POOL_EXHAUSTED
+                        free = self._free
+                        if free:
+                            eev = free.popleft()
+                            eev.refs = 1
+                            try:
+                                stream = self._record(eev)
+                            except Exception:
+                                reason = CUDA_ERROR
+                            else:
+                                sh.records += 1
+                                if sh.gap_ns:
+                                    old = sh.ev
+                                    if old is not None and old.refs <= 0:
+                                        old.tag = self._ring.head
+                                        self._orphans.append(old)
+                                    sh.ev = eev
+                                    sh.ns = now
+                                    sh.stream = stream
+                                    sh.at_stop = True
+                        else:
+                            reason = POOL_EXHAUSTED
+                # publish the references: the slot owns (returns to the pool) what nothing else refers to any more
+                sev.refs -= 1
+                last = sh.ev
+                if eev is not None:
+                    eev.refs -= 1
+                    if eev.refs <= 0 and eev is not last:
+                        own = 2
+                if sev is not eev and sev.refs <= 0 and sev is not last:
+                    own |= 1
             r = self._ring
             h = r.head
             if h - r.tail >= r.cap:
                 self._c.dropped_ring_full += 1
-                if sev is not None:
+                if own & 1:
+                    sev.tag = h
                     self._orphans.append(sev)
-                    if eev is not None:
-                        self._orphans.append(eev)
+                if own & 2:
+                    eev.tag = h
+                    self._orphans.append(eev)
                 return
             i = h & r.mask
             # start_ev/end_ev/injected are reset by the readout thread before it frees a slot, so
@@ -229,6 +286,7 @@ class Timer:
             r.end_ns[i] = now
             if sev is not None:
                 r.start_ev[i] = sev
+                r.own[i] = own
                 if eev is not None:
                     r.end_ev[i] = eev
             r.binding[i] = b
@@ -245,7 +303,7 @@ class Timer:
         """Megatron: zero the elapsed time (not the active time) and forget a running start."""
         try:
             if self._sev is not None:
-                self._orphans.append(self._sev)  # recorded: the readout thread frees it once complete
+                self._share.release(self._sev)  # recorded: the readout thread frees it once complete
                 self._sev = None
             self._active_ns += self._elapsed_ns  # active time survives reset (Megatron)
             self._elapsed_ns = 0
@@ -329,6 +387,7 @@ class Timers:
         "pool",
         "readout",
         "ring",
+        "share",
         "sink",
         "wall_anchor",
     )
@@ -370,11 +429,14 @@ class Timers:
         self._step_timer = cfg.step_timer
         # with no sink nothing consumes the ring: a 0-slot ring counts every interval as dropped
         self.ring = Ring(cfg.ring_size) if sink is not None else Ring(0)
+        self.share = SharedEvent(gap_us=cfg.share_gap_us, stream_of=getattr(self.pool, "stream", None),
+                                 orphans=self.pool.orphans, ring=self.ring)
         self.ctx = StepContext(device_every=cfg.device_every, cuda=self.pool.cuda,
                                budget=cfg.device_budget,
                                max_every=cfg.device_every_max,
                                record_cost_s=getattr(self.pool, "record_cost_s", 10e-6),
-                               intervals=self._interval_count)
+                               intervals=self._interval_count,
+                               records=self._record_count)
         self.names_dropped = 0
         # Wall clock derived from the monotonic clock: one anchor pair, no second clock read per call.
         self.wall_anchor = (time.time_ns(), _clock())
@@ -393,6 +455,10 @@ class Timers:
             )
             if start_readout:
                 self.readout.start()
+
+    def _record_count(self) -> int:
+        """Events recorded so far (read once per step change for adaptive sampling)."""
+        return self.share.records
 
     def _interval_count(self) -> int:
         """Intervals written so far (the ring's head; read once per step change for adaptive sampling)."""
@@ -425,6 +491,7 @@ class Timers:
             ctx=self.ctx,
             pool=self.pool,
             counters=self.counters,
+            share=self.share,
             inject=inj,
             is_step=(name == self._step_timer),
         )
@@ -583,6 +650,7 @@ class Timers:
         readout = self.readout
         if readout is not None:
             try:
+                self.share.retire()  # the latest event goes back with the rest
                 readout.stop(max(0.0, timeout_s * 0.6))
             except Exception:
                 self.counters.faults_readout += 1
@@ -630,4 +698,5 @@ def _inert_timer(name: str, level: int) -> Timer:
     if not _INERT:
         _INERT.append(Timers(MAX_LOG_LEVEL, "minmax"))
     owner = _INERT[0]
-    return Timer(name, level, ring=owner.ring, ctx=owner.ctx, pool=owner.pool, counters=owner.counters)
+    return Timer(name, level, ring=owner.ring, ctx=owner.ctx, pool=owner.pool, counters=owner.counters,
+                 share=owner.share)

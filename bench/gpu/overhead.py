@@ -27,6 +27,17 @@ Two model sizes: launch-bound (~30-40 ms steps: the host's launches are the crit
   every1-release  ``every1`` with the driver calls made through ``ctypes.CDLL`` (GIL released per call)
   every1-null     ``every1`` with the export side off (readout thread, no export child)
   every1-shared   ``every1`` with the export child on every core (no affinity away from training)
+  every1-own      ``every1`` with every boundary recording its own event (``share_gap_us=0``: no reuse of the
+                  previous boundary's event, ``otel_straggler/shared_event.py``)
+  every1-norecord ``every1-own`` whose record calls no driver (a diagnostic: the timers' own work on a
+                  device-sampled step; the readout reads the pool's stale, complete events)
+  every1-notiming ``every1-own`` recording events created without timing (``CU_EVENT_DISABLE_TIMING``: the same
+                  driver call, no timestamp on the GPU; a diagnostic: every interval degrades to ``cuda_error``)
+
+Before the arms, a boundary profile of the model: one device-timed run of ``--profile-steps`` steps through the
+timers (no export) prints the host gap before each start and stop (to the previous boundary of any timer), the
+records per step with the default ``share_gap_us`` and with every boundary recording, and the share of intervals
+whose device time changes with the reuse (their GPU work is launched within the gap of a neighbour's record).
 
 Each step ends with torch.cuda.synchronize() in every arm (Megatron's loss reduction syncs each step too).
 The shims' readout threads and export children stay alive during the other arms' blocks (idle there).
@@ -48,6 +59,7 @@ gpu_bound_mean_ratio=<shim/off> (each where measured).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -65,7 +77,8 @@ sys.path.insert(0, str(ROOT))
 
 from otel_straggler.demo.run import free_port  # noqa: E402
 
-SHIM_ARMS = ("shim", "every1", "host", "every1-hold", "every1-release", "every1-null", "every1-shared")
+SHIM_ARMS = ("shim", "every1", "host", "every1-hold", "every1-release", "every1-null", "every1-shared", "every1-own",
+             "every1-norecord", "every1-notiming")
 
 
 def start_collector(workdir: Path) -> tuple[subprocess.Popen, int, int]:
@@ -160,7 +173,28 @@ def _shim(name: str, every: int | None = None) -> Any:
         opts["export_mode"] = "off"
     if name == "every1-shared":
         opts["export_affinity"] = "all"
+    if name in ("every1-own", "every1-norecord", "every1-notiming"):
+        opts["share_gap_us"] = 0.0
     t = otel_straggler.install_megatron(enabled=True, set_global=False, **opts)
+    if name == "every1-norecord" and t.pool.stream is not None:
+        stream_of = t.pool.stream
+        t.pool.record = lambda ev: stream_of()
+        for timer in t._timers.values():
+            timer._record = t.pool.record
+    if name == "every1-notiming" and t.pool.record_api == "driver":
+        import torch
+
+        events = []
+        for _ in range(t.pool.capacity):
+            ev = torch.cuda.Event(enable_timing=False)
+            ev.record()
+            ev.handle = ev.cuda_event
+            ev.refs = 0
+            ev.tag = 0
+            events.append(ev)
+        torch.cuda.synchronize()
+        t.pool.free.clear()
+        t.pool.free.extend(events)
     if name in ("every1-hold", "every1-release") and t.pool.record_api == "driver":
         import torch
 
@@ -201,8 +235,69 @@ class DrainLog:
         self.readout._wake.set()
 
 
+def boundary_profile(model: Any, steps: int) -> dict:
+    """Host gaps between the model's timer boundaries, records per step with and without event reuse, and how
+    much device time the reuse moves between intervals (the same steps' intervals compared by position)."""
+    from otel_straggler.config import DEFAULTS, EmitterConfig
+    from otel_straggler.event_pool import EventPool
+    from otel_straggler.interval import NullSink
+    from otel_straggler.timers import Timers
+
+    class Keep(NullSink):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows: list[Any] = []
+
+        def submit(self, intervals: Any) -> None:
+            self.rows.extend(intervals)
+
+    out: dict[str, Any] = {"share_gap_us": DEFAULTS.share_gap_us}
+    runs = {}
+    for gap in (DEFAULTS.share_gap_us, 0.0):
+        sink = Keep()
+        cfg = EmitterConfig(enabled=True, device_every=1, share_gap_us=gap)
+        t = Timers(2, "minmax", config=cfg, pool=EventPool(1024), sink=sink)
+        model.set_timers(t)
+        r0 = t.share.records
+        for _ in range(steps):
+            model.train_step()
+            model.torch.cuda.synchronize()
+            t.readout.drain(force=True)
+        model.set_timers(None)
+        runs[gap] = (sink.rows, (t.share.records - r0) / steps)
+        t.shutdown(5.0)
+    rows, per_step = runs[DEFAULTS.share_gap_us]
+    rows0, per_step0 = runs[0.0]
+    out["records_per_step"] = per_step
+    out["records_per_step_own"] = per_step0
+    out["intervals_per_step"] = len(rows) / steps
+    # boundaries of each step in host order: the gap before each to the previous one
+    by_step: dict[int, list[tuple[int, str]]] = {}
+    for iv in rows0:
+        by_step.setdefault(iv.step, []).extend(((iv.host_start_ns, "start"), (iv.host_end_ns, "stop")))
+    gaps: dict[str, list[float]] = {"start": [], "stop": []}
+    for marks in by_step.values():
+        marks.sort()
+        for (a, _), (b, kind) in itertools.pairwise(marks):
+            gaps[kind].append((b - a) / 1000.0)
+    for kind, g in gaps.items():
+        if g:
+            q = statistics.quantiles(g, n=20)
+            out[f"gap_before_{kind}_us_p5_p50_p95"] = [round(q[0], 1), round(statistics.median(g), 1), round(q[-1], 1)]
+            for lim in (20, 50, 100):
+                out[f"gap_before_{kind}_under_{lim}us"] = sum(1 for x in g if x < lim) / len(g)
+    moved = [abs(a.device_ms - b.device_ms) for a, b in zip(rows, rows0)
+             if a.name == b.name and a.device_ms is not None and b.device_ms is not None]
+    rel = [abs(a.device_ms - b.device_ms) / b.device_ms for a, b in zip(rows, rows0)
+           if a.name == b.name and a.device_ms and b.device_ms]
+    out["device_ms_moved_mean"] = statistics.fmean(moved) if moved else None
+    out["device_relative_change_p50_p95"] = ([statistics.median(rel), statistics.quantiles(rel, n=20)[-1]]
+                                             if len(rel) > 20 else None)
+    return out
+
+
 def run_size(size_name: str, arm_names: list[str], rounds: int, steps: int, warmup: int, seconds: float,
-             train_cpu: int | None, gate: bool = False) -> dict:
+             train_cpu: int | None, gate: bool = False, profile_steps: int = 0) -> dict:
     from otel_straggler.demo.megatron_gpt import SIZES, MegatronGPT
 
     model = MegatronGPT(SIZES[size_name])
@@ -211,6 +306,9 @@ def run_size(size_name: str, arm_names: list[str], rounds: int, steps: int, warm
     for _ in range(10):  # compile/allocator warmup outside any arm
         model.train_step()
     torch.cuda.synchronize()
+    profile = boundary_profile(model, profile_steps) if profile_steps else None
+    if profile:
+        print(f"  {size_name} boundaries: {json.dumps(profile)}", flush=True)
     every = None
     if steps < 20 and "shim" in arm_names:
         # short blocks: each arm's step periods include the other arms' steps, which the auto rule would take
@@ -310,7 +408,7 @@ def run_size(size_name: str, arm_names: list[str], rounds: int, steps: int, warm
     model.set_timers(None)
     res: dict[str, Any] = {"size": size_name, "rounds": done, "steps_per_block": steps, "warmup_per_block": warmup,
                            "arms": names, "pinned": train_cpu is not None, "collector_pid": collector_pid,
-                           "gated": gate}
+                           "gated": gate, "boundaries": profile}
     for name, t in arms.items():
         if name in SHIM_ARMS:
             res[f"{name}_device_every"] = t.ctx.device_every
@@ -475,6 +573,8 @@ def main() -> int:
                     help="a shim's readout thread wakes only inside its own arm's steps, once per readout period "
                          "of the arm's own time (for short blocks: each arm's wakes, and so their GIL time, land "
                          "in its own steps, as often as in a run of that arm alone)")
+    ap.add_argument("--profile-steps", type=int, default=20,
+                    help="steps of the boundary profile before the arms (0: none)")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
     arm_names = args.arms.split(",")
@@ -500,7 +600,8 @@ def main() -> int:
           f"steps", flush=True)
     results, analyses = [], []
     for name, s in zip(sizes, secs):
-        res = run_size(name, arm_names, args.rounds, args.steps, args.warmup, s, train_cpu, args.gate)
+        res = run_size(name, arm_names, args.rounds, args.steps, args.warmup, s, train_cpu, args.gate,
+                       args.profile_steps)
         an = analyse(res)
         report(an)
         results.append(res)

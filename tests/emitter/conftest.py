@@ -88,11 +88,13 @@ def make_timers(sink: RecordingSink, device: FakeDevice) -> MakeTimers:
         start_readout: bool = False,
         fake: FakeDevice | None = None,
         sink_: Any = None,
+        share_gap_us: float = 0.0,
         **kw: Any,
     ) -> Timers:
         dev = fake or device
         cfg = EmitterConfig(
             enabled=True,
+            share_gap_us=share_gap_us,  # 0: every boundary records its own event (test_shared_event.py: reuse)
             device_every=device_every,
             pool_size=pool_size,
             ring_size=ring_size,

@@ -18,7 +18,8 @@ class FakeEvent:
     ``elapsed_time(end)`` returns the device-clock difference in ms. Each can be told to raise.
     """
 
-    __slots__ = ("device", "raise_on_elapsed", "raise_on_query", "raise_on_record", "recorded_at", "records")
+    __slots__ = ("device", "raise_on_elapsed", "raise_on_query", "raise_on_record", "recorded_at", "records", "refs",
+                 "tag")
 
     def __init__(self, device: FakeDevice) -> None:
         self.device = device
@@ -28,11 +29,13 @@ class FakeEvent:
         self.raise_on_query = False
         self.raise_on_elapsed = False
 
-    def record(self, stream: Any = None) -> None:
+    def record(self, stream: Any = None) -> Any:
+        """Returns the device's current ``stream`` (what the driver's record returns: the stream it used)."""
         if self.raise_on_record or self.device.raise_on_record:
             raise RuntimeError("fake CUDA error on record")
         self.records += 1
         self.recorded_at = self.device.enqueue()
+        return self.device.stream
 
     def query(self) -> bool:
         if self.raise_on_query or self.device.raise_on_query:
@@ -58,6 +61,7 @@ class FakeDevice:
         self.raise_on_record = False
         self.raise_on_query = False
         self.raise_on_elapsed = False
+        self.stream: Any = None  # the current stream (a test may switch it)
         self.events: list[FakeEvent] = []
 
     def work(self, ms: float) -> None:

@@ -42,6 +42,7 @@ ALLOWED_CALLS = {
     "_record",  # the pool's record (driver or torch)
     "fn",  # cuEventRecord (ctypes)
     "raw_stream",  # torch._C._cuda_getCurrentRawStream: the current stream's raw handle
+    "stream_of",  # the same through functools.partial (the pool's ``stream``; a reused event's stream check)
     "append",
     "apply",
     "step_timer_started",
@@ -62,6 +63,7 @@ ALLOWED_CALLS = {
     "_adapt",
     "perf_counter",
     "_intervals",
+    "_records",  # the timers' record count (once per step change)
     "ceil",
     "sqrt",
     "min",
@@ -182,9 +184,12 @@ class _Spy:
         return spy
 
 
-def test_runtime_spy_zero_forbidden_calls(make_timers, sink, device, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("gap_us", [0.0, 10_000.0])  # every boundary records / adjacent ones reuse events
+def test_runtime_spy_zero_forbidden_calls(make_timers, sink, device, monkeypatch: pytest.MonkeyPatch,
+                                          gap_us: float) -> None:
     inj = Injector("batch-generator", host_ms=0.01, from_step=5, until_step=6)
-    t = make_timers(start_readout=True, ring_size=8192, pool_size=64, device_every=2, injector=inj)
+    t = make_timers(start_readout=True, ring_size=8192, pool_size=64, device_every=2, injector=inj,
+                    share_gap_us=gap_us)
     spy = _Spy(threading.current_thread())
     targets = [
         (torch.cuda, "synchronize"),
@@ -234,7 +239,8 @@ def test_runtime_spy_zero_forbidden_calls(make_timers, sink, device, monkeypatch
     assert sum(iv.injected for iv in sink.intervals) == 8
 
 
-def test_steady_state_start_stop_allocates_nothing_that_grows(make_timers, device) -> None:
+@pytest.mark.parametrize("gap_us", [0.0, 10_000.0])
+def test_steady_state_start_stop_allocates_nothing_that_grows(make_timers, device, gap_us: float) -> None:
     class Null:
         def submit(self, b):
             pass
@@ -248,7 +254,7 @@ def test_steady_state_start_stop_allocates_nothing_that_grows(make_timers, devic
         def shutdown(self, t):
             pass
 
-    t = make_timers(ring_size=256, sink_=Null())
+    t = make_timers(ring_size=256, sink_=Null(), share_gap_us=gap_us)
     x = t("forward-compute")
 
     def cycle(n: int) -> None:

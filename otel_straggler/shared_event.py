@@ -1,0 +1,68 @@
+"""The CUDA event of the latest interval boundary, reused by the boundaries that follow it closely.
+
+Megatron's timers meet back to back: ``forward-compute`` stops and ``backward-compute`` starts a few
+microseconds later, the next microbatch's ``forward-compute`` starts right after ``backward-compute`` stops, an
+outer timer starts just before its first inner one and stops just after its last. Two events recorded at such
+adjacent boundaries mark the same point of the stream, and each record costs the training thread several
+microseconds on a launch-bound step (``bench/results/gpu-h200.md`` section 3). So a boundary reuses the event
+recorded at the previous one when, by the host clock, it comes less than ``share_gap_us`` after that record on
+the same stream (GPU work launched in that gap, glue code between two timers, counts to the later interval):
+
+* a start reuses it whatever recorded it (the previous timer's stop, or an outer timer's start);
+* a stop reuses it only when a stop recorded it (an inner timer's stop, just before an outer one's) and it is
+  not the stopping timer's own start event: an interval's own work is always between two distinct records, so
+  a stage launched in microseconds (one all-reduce, one fused optimizer kernel) keeps its device time.
+
+Ownership (which ring slot returns an event to the pool): each pool event carries ``refs``, the references to
+it not yet published in the ring (training thread only). A slot owns an event when publishing it leaves no
+reference behind and the event can no longer be reused (it is not the latest boundary's). The latest event
+with no reference left when a new record replaces it is released with ``tag`` = the ring's head: the readout
+returns it to the pool once every slot before that head was read (``readout.py``). Ring order is publication
+order, so an event is never returned while a slot that reads it is unread.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+
+class SharedEvent:
+    """Training-thread state of one timer group: the latest recorded event, when and on which stream."""
+
+    __slots__ = ("at_stop", "ev", "gap_ns", "ns", "orphans", "records", "ring", "stream", "stream_of")
+
+    def __init__(self, *, gap_us: float, stream_of: Any, orphans: deque, ring: Any) -> None:
+        # no stream function (torch's own record API, no CUDA): nothing says two records share a stream
+        self.gap_ns = int(gap_us * 1000) if stream_of is not None else 0
+        self.stream_of = stream_of if stream_of is not None else _no_stream
+        self.orphans = orphans
+        self.ring = ring
+        self.ev: Any = None  # the latest boundary's event while it may still be reused (gap_ns > 0)
+        self.ns = 0  # host clock of its record
+        self.stream: Any = None  # the stream it was recorded on (what the pool's record returned)
+        self.at_stop = False  # recorded by a stop
+        self.records = 0  # events recorded (adaptive sampling prices a device-sampled step with it)
+
+    def release(self, ev: Any) -> None:
+        """A reference that will not be published (a reset, a dropped slot): the event goes back through the
+        readout once nothing else refers to it."""
+        ev.refs -= 1
+        if ev.refs <= 0 and ev is not self.ev:
+            ev.tag = self.ring.head
+            self.orphans.append(ev)
+
+    def retire(self) -> None:
+        """Stop reusing the latest event (shutdown): released like a replaced one."""
+        ev = self.ev
+        self.ev = None
+        if ev is not None and ev.refs <= 0:
+            ev.tag = self.ring.head
+            self.orphans.append(ev)
+
+
+def _no_stream() -> Any:
+    return _NO_STREAM
+
+
+_NO_STREAM = object()  # never equal to what a record returns

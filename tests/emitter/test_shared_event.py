@@ -1,0 +1,354 @@
+"""Event reuse at adjacent boundaries (``shared_event.py``), on the fake device with a fake host clock.
+
+The host clock is the timers' ``_clock`` replaced by a counter the test advances, so which boundaries are
+"adjacent" (less than ``share_gap_us`` apart) is exact whatever the machine's load.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from conftest import RecordingSink
+from fake_cuda import FakeDevice
+
+import otel_straggler.readout as readout_mod
+import otel_straggler.timers as timers_mod
+from otel_straggler.config import EmitterConfig
+from otel_straggler.event_pool import EventPool
+from otel_straggler.timers import Timers
+
+GAP_US = 50.0
+
+
+class HostClock:
+    def __init__(self) -> None:
+        self.ns = 1_000_000_000
+
+    def __call__(self) -> int:
+        return self.ns
+
+    def advance_us(self, us: float) -> None:
+        self.ns += int(us * 1000)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> HostClock:
+    c = HostClock()
+    monkeypatch.setattr(timers_mod, "_clock", c)
+    monkeypatch.setattr(readout_mod, "_clock", c)  # the readout's timeout reads the same clock
+    return c
+
+
+def build(dev: FakeDevice, sink: RecordingSink, *, gap_us: float, pool_size: int = 256, ring_size: int = 256,
+          device_every: int = 1) -> Timers:
+    cfg = EmitterConfig(enabled=True, device_every=device_every, pool_size=pool_size, ring_size=ring_size,
+                        share_gap_us=gap_us)
+    pool = EventPool(pool_size, dev.factory, synchronize=None, stream=lambda: dev.stream)
+    return Timers(2, "minmax", config=cfg, pool=pool, sink=sink)
+
+
+def megatron_step(t: Timers, dev: FakeDevice, clock: HostClock, microbatches: int = 4) -> None:
+    """Megatron's no-pipelining order: glue of 5 us between timers, 1 ms of host and device work inside the
+    compute stages, a 20 us data fetch, the gradient all-reduce launched in 20 us of host time."""
+
+    def glue() -> None:
+        clock.advance_us(5)
+
+    def work(host_us: float, dev_ms: float) -> None:
+        clock.advance_us(host_us)
+        dev.work(dev_ms)
+
+    t("forward-backward", 1).start()
+    for _ in range(microbatches):
+        glue()
+        t("forward-compute", 2).start()
+        glue()
+        t("batch-generator", 2).start()
+        work(20, 0.0)
+        t("batch-generator").stop()
+        work(1000, 1.0)
+        t("forward-compute").stop()
+        glue()
+        t("backward-compute", 2).start()
+        work(1000, 2.0)
+        t("backward-compute").stop()
+    glue()
+    t("all-grads-sync", 1).start()
+    work(20, 3.0)  # one collective: launched in microseconds, long on the stream
+    t("all-grads-sync").stop()
+    glue()
+    t("forward-backward").stop()
+    glue()
+    t("optimizer", 1).start()
+    for name in ("optimizer-copy-to-main-grad", "optimizer-inner-step"):
+        glue()
+        t(name, 1).start()
+        work(200, 0.5)
+        t(name).stop()
+    glue()
+    t("optimizer").stop()
+    clock.advance_us(3000)  # the step's end: logging, the next batch
+
+
+def run(clock: HostClock, gap_us: float, steps: int = 3) -> tuple[Timers, RecordingSink, FakeDevice]:
+    dev = FakeDevice(auto_complete=True)
+    sink = RecordingSink()
+    t = build(dev, sink, gap_us=gap_us)
+    for s in range(steps):
+        t.set_step(s)
+        megatron_step(t, dev, clock)
+    t.readout.drain()
+    return t, sink, dev
+
+
+def timeline(sink: RecordingSink) -> list[tuple[Any, ...]]:
+    return [(iv.name, iv.step, iv.repeat, iv.device_ms, iv.degraded) for iv in sink.intervals]
+
+
+def test_adjacent_boundaries_reuse_events_and_every_device_time_is_unchanged(clock: HostClock) -> None:
+    """The same step with every boundary recording its own event and with reuse: identical device time for every
+    interval (no GPU work in the glue), 16 records per step instead of 34."""
+    own, own_sink, _ = run(clock, gap_us=0.0)
+    shared, shared_sink, _ = run(clock, gap_us=GAP_US)
+    assert timeline(shared_sink) == timeline(own_sink)
+    assert len(shared_sink.intervals) == 3 * 17
+    assert all(iv.device_ms is not None for iv in shared_sink.intervals)
+    # per step: forward-backward's start, then per microbatch batch-generator's, forward-compute's and
+    # backward-compute's stops, all-grads-sync's stop, the two optimizer stages' stops
+    assert shared.share.records == 3 * (1 + 3 * 4 + 1 + 2)
+    assert own.share.records == 3 * 2 * 17
+    by = {(iv.name, iv.step, iv.repeat): iv.device_ms for iv in shared_sink.intervals}
+    assert by[("all-grads-sync", 1, 0)] == pytest.approx(3.0)  # its own two records: launched in 20 us
+    assert by[("batch-generator", 0, 0)] == pytest.approx(0.0)
+    assert by[("forward-backward", 2, 0)] == pytest.approx(4 * 3.0 + 3.0)
+    for t in (own, shared):
+        t.shutdown(1.0)
+        assert len(t.pool.free) == t.pool.capacity and len(set(map(id, t.pool.free))) == t.pool.capacity
+        assert t.counters.quarantined == 0
+
+
+def test_gpu_work_in_a_short_gap_counts_to_the_later_interval(clock: HostClock) -> None:
+    dev = FakeDevice()
+    sink = RecordingSink()
+    t = build(dev, sink, gap_us=GAP_US)
+    a, b = t("forward-compute"), t("backward-compute")
+    a.start()
+    dev.work(1.0)
+    clock.advance_us(100)
+    a.stop()
+    dev.work(0.25)  # launched in the 10 us between the two timers
+    clock.advance_us(10)
+    b.start()
+    dev.work(2.0)
+    clock.advance_us(100)
+    b.stop()
+    dev.work(0.5)
+    clock.advance_us(GAP_US + 1)  # not adjacent: its own record
+    a.start()
+    dev.work(1.0)
+    clock.advance_us(100)
+    a.stop()
+    t.readout.drain()
+    assert [iv.device_ms for iv in sink.intervals] == pytest.approx([1.0, 2.25, 1.0])
+    assert t.share.records == 5
+
+
+def test_a_stop_never_reuses_its_own_start_nor_an_event_recorded_by_a_start(clock: HostClock) -> None:
+    """A stage launched in 1 us (one kernel) keeps its device time; a stop right after an inner START records."""
+    dev = FakeDevice()
+    sink = RecordingSink()
+    t = build(dev, sink, gap_us=GAP_US)
+    outer, inner = t("optimizer"), t("optimizer-inner-step")
+    outer.start()
+    clock.advance_us(1)
+    inner.start()  # reuses outer's start event
+    dev.work(4.0)
+    clock.advance_us(1)
+    inner.stop()  # must record: the only other event is its own start
+    clock.advance_us(1)
+    outer.stop()  # reuses inner's stop
+    t.readout.drain()
+    assert [(iv.name, iv.device_ms) for iv in sink.intervals] == [("optimizer-inner-step", 4.0), ("optimizer", 4.0)]
+    assert t.share.records == 2
+
+
+def test_a_new_stream_gets_its_own_record(clock: HostClock) -> None:
+    dev = FakeDevice()
+    sink = RecordingSink()
+    t = build(dev, sink, gap_us=GAP_US)
+    dev.stream = "s1"
+    a, b = t("forward-compute"), t("backward-compute")
+    a.start()
+    dev.work(1.0)
+    clock.advance_us(100)
+    a.stop()
+    dev.stream = "s2"  # e.g. a side stream's context
+    clock.advance_us(1)
+    b.start()
+    dev.work(1.0)
+    clock.advance_us(100)
+    b.stop()
+    t.readout.drain()
+    assert t.share.records == 4
+    assert [iv.device_ms for iv in sink.intervals] == pytest.approx([1.0, 1.0])
+
+
+def test_sharing_off_for_a_pool_that_cannot_name_its_stream() -> None:
+    dev = FakeDevice()
+    pool = EventPool(8, dev.factory, synchronize=None)
+    pool.stream = None  # torch's own record API
+    t = Timers(2, "minmax", config=EmitterConfig(enabled=True, device_every=1, pool_size=8), pool=pool,
+               sink=RecordingSink())
+    assert t.share.gap_ns == 0
+
+
+# ---- random programs: the ownership rules never return an event that is still to be read ------------------------
+
+NAMES = ("forward-backward", "forward-compute", "backward-compute", "batch-generator", "optimizer", "x-a", "x-b")
+
+
+def random_program(rng: random.Random, n_ops: int) -> list[tuple[str, Any]]:
+    """Starts and stops of random (not always nested, sometimes unbalanced) timers, with host gaps around the
+    share gap, device work while a timer is open, resets, step changes and drains."""
+    ops: list[tuple[str, Any]] = []
+    open_: list[str] = []
+    step = 0
+    for _ in range(n_ops):
+        r = rng.random()
+        ops.append(("gap", rng.choice((1, 5, 30, 49, 51, 200, 2000))))
+        if r < 0.35 or not open_:
+            name = rng.choice(NAMES)
+            ops.append(("start", name))
+            if name not in open_:
+                open_.append(name)
+        elif r < 0.75:
+            name = open_.pop(rng.randrange(len(open_))) if rng.random() < 0.3 else open_.pop()
+            ops.append(("stop", name))
+        elif r < 0.8:
+            name = open_.pop(rng.randrange(len(open_)))
+            ops.append(("reset", name))
+        elif r < 0.9:
+            ops.append(("drain", rng.random() < 0.5))
+        elif r < 0.95:
+            step += 1
+            ops.append(("step", step))
+        else:
+            ops.append(("stop", rng.choice(NAMES)))  # maybe a stop without start
+        if open_:
+            ops.append(("work", rng.choice((0.0, 0.1, 1.0))))
+    for name in reversed(open_):
+        ops.append(("stop", name))
+    return ops
+
+
+def play(ops: list[tuple[str, Any]], clock: HostClock, *, gap_us: float, pool_size: int, ring_size: int,
+         device_every: int, check: Callable[[Timers], None] | None = None) -> tuple[Timers, RecordingSink]:
+    dev = FakeDevice(auto_complete=False)
+    sink = RecordingSink()
+    t = build(dev, sink, gap_us=gap_us, pool_size=pool_size, ring_size=ring_size, device_every=device_every)
+    for op, arg in ops:
+        if op == "gap":
+            clock.advance_us(arg)
+        elif op == "work":
+            dev.work(arg)
+            if arg:
+                clock.advance_us(GAP_US + 1)  # launching GPU work takes host time: no reuse across it
+        elif op == "start":
+            t(arg).start()
+        elif op == "stop":
+            t(arg).stop()
+        elif op == "reset":
+            t(arg).reset()
+        elif op == "step":
+            t.set_step(arg)
+        elif op == "drain":
+            if arg:
+                dev.complete_all()
+            else:
+                dev.completed_ms = (dev.completed_ms + dev.queued_ms) / 2
+            if check is not None:
+                check(t)
+            t.readout.drain()
+            if check is not None:
+                check(t)
+    dev.complete_all()
+    t.readout.drain()
+    return t, sink
+
+
+def in_use(t: Timers) -> set[int]:
+    """Events an unread slot, an open timer or the latest boundary still refers to."""
+    r = t.ring
+    used = set()
+    for idx in range(r.tail, r.head):
+        i = idx & r.mask
+        for ev in (r.start_ev[i], r.end_ev[i]):
+            if ev is not None:
+                used.add(id(ev))
+    for timer in t._timers.values():
+        if timer._sev is not None:
+            used.add(id(timer._sev))
+    if t.share.ev is not None:
+        used.add(id(t.share.ev))
+    return used
+
+
+def check_free(t: Timers) -> None:
+    free = [id(ev) for ev in t.pool.free]
+    assert len(free) == len(set(free)), "an event is twice in the free list"
+    assert not (set(free) & in_use(t)), "an event in the free list is still referred to"
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_programs_never_free_an_event_in_use_and_return_every_event(clock: HostClock, seed: int) -> None:
+    rng = random.Random(seed)
+    ops = random_program(rng, 400)
+    small = seed % 3 == 0  # a small pool and ring: exhaustion and ring-full drops on the way
+    t, sink = play(ops, clock, gap_us=GAP_US, pool_size=6 if small else 512, ring_size=8 if small else 1024,
+                   device_every=1 + seed % 2, check=check_free)
+    check_free(t)
+    t.shutdown(1.0)
+    assert len(t.pool.free) == t.pool.capacity
+    assert len({id(ev) for ev in t.pool.free}) == t.pool.capacity
+    assert all(ev.refs == 0 for ev in t.pool.free)
+    assert t.counters.faults_training == 0 and t.counters.faults_readout == 0
+    if not small:
+        # GPU work is launched over more than the gap: reuse changes no device time, only the records
+        t0, sink0 = play(ops, clock, gap_us=0.0, pool_size=512, ring_size=1024, device_every=1 + seed % 2)
+        assert timeline(sink) == timeline(sink0)
+        assert t.share.records < t0.share.records
+        t0.shutdown(1.0)
+
+
+def test_a_released_event_waits_for_the_slots_before_it(clock: HostClock) -> None:
+    """An event released when a later record replaced it returns to the pool only once every slot published
+    before the release was read, even when it completed long before (another stream's unfinished interval holds
+    the readout at an earlier slot)."""
+    dev = FakeDevice()
+    sink = RecordingSink()
+    t = build(dev, sink, gap_us=GAP_US)
+    x, a, c = t("x-other-stream"), t("forward-compute"), t("backward-compute")
+    x.start()
+    clock.advance_us(100)
+    x.stop()
+    x_end = t.ring.end_ev[0]
+    x_end.recorded_at = 1e9  # still running (on another stream)
+    clock.advance_us(100)
+    a.start()
+    dev.work(1.0)
+    clock.advance_us(100)
+    a.stop()  # its end event stays the latest boundary's: no slot owns it
+    a_end = t.share.ev
+    clock.advance_us(GAP_US + 1)
+    c.start()  # records: a's end event is released behind a's slot
+    assert list(t.pool.orphans) == [x_end, a_end] and a_end.tag == t.ring.head == 2  # x's went the same way
+    t.readout.drain()
+    check_free(t)
+    assert a_end not in t.pool.free and len(t.ring) == 2  # x holds the readout, a's slot is unread
+    x_end.recorded_at = dev.queued_ms
+    t.readout.drain()
+    assert a_end in t.pool.free and len(t.ring) == 0
+    assert [iv.name for iv in sink.intervals] == ["x-other-stream", "forward-compute"]
