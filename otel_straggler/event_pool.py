@@ -193,6 +193,7 @@ class EventPool:
         for ev in events:  # warm: force the lazy creation now, not in the first measured windows
             ev.refs = 0  # references not yet published in the ring (training thread; shared_event.py)
             ev.tag = 0  # the ring head at its release (shared_event.py)
+            ev.tainted = False  # released with its state unknown: the readout queries it before reuse
             ev.record()
         if synchronize is not None:
             synchronize()

@@ -212,11 +212,11 @@ class Readout:
                     own = own_of[i]  # the events this slot returns (another slot or the orphans return the rest)
                     if done is None:
                         reason = CUDA_ERROR
-                        self._quarantine(sev if own & 1 else None, eev if own & 2 else None)
+                        self._quarantine_slot(sev, eev, own)
                     elif not done:
                         if force or now - end_ns_of[i] > timeout_ns:
                             reason = READOUT_TIMEOUT
-                            self._quarantine(sev if own & 1 else None, eev if own & 2 else None)
+                            self._quarantine_slot(sev, eev, own)
                         else:
                             more = False
                             break  # head-of-line: later slots wait for this one
@@ -258,23 +258,30 @@ class Readout:
         return len(batch), more
 
     # ---- quarantine ----------------------------------------------------------------------------
+    def _quarantine_slot(self, sev: Any, eev: Any, own: int) -> None:
+        """A slot whose events' state is unknown (an error, a timeout): quarantine those it owns, taint the others
+        (their owner, a later slot or an orphan, then waits for them to complete)."""
+        self._quarantine(sev if own & 1 else None, eev if own & 2 else None)
+        if sev is not None and not own & 1:
+            sev.tainted = True
+        if eev is not None and not own & 2:
+            eev.tainted = True
+
     def _collect_orphans(self) -> None:
-        """Events the training thread let go of without a slot that returns them (shared_event.py): each once
-        every slot published before it (its ``tag``) was read; back to the pool when complete, else quarantined."""
+        """Events the training thread let go of without a slot that returns them (shared_event.py), each once
+        every slot published before it (its ``tag``) was read. Every slot that referred to it read it complete,
+        so it goes straight back to the pool, unless it is ``tainted`` (a reference was dropped, reset, timed out
+        or failed: its state is unknown): then it is quarantined until ``pool.query`` says it completed."""
         orphans = self.pool.orphans
         tail = self.ring.tail
         free = self.pool.free
-        query = self.pool.query
         while orphans and orphans[0].tag <= tail:
             ev = orphans.popleft()
-            try:
-                done = bool(query(ev))
-            except Exception:
-                done = False
-            if done:
-                free.append(ev)
-            else:
+            if ev.tainted:
+                ev.tainted = False
                 self._quarantine(ev, None)
+            else:
+                free.append(ev)
 
     def _quarantine(self, sev: Any, eev: Any) -> None:
         group = tuple(e for e in (sev, eev) if e is not None)

@@ -18,7 +18,8 @@ it not yet published in the ring (training thread only). A slot owns an event wh
 reference behind and the event can no longer be reused (it is not the latest boundary's). The latest event
 with no reference left when a new record replaces it is released with ``tag`` = the ring's head: the readout
 returns it to the pool once every slot before that head was read (``readout.py``). Ring order is publication
-order, so an event is never returned while a slot that reads it is unread.
+order, so an event is never returned while a slot that reads it is unread; and since those slots read it
+complete, it needs no query of its own unless one of them could not (``tainted``).
 """
 
 from __future__ import annotations
@@ -45,9 +46,10 @@ class SharedEvent:
         self.records = 0  # events recorded (adaptive sampling prices a device-sampled step with it)
 
     def release(self, ev: Any) -> None:
-        """A reference that will not be published (a reset, a dropped slot): the event goes back through the
-        readout once nothing else refers to it."""
+        """A reference that will not be published (a reset): the event goes back through the readout once nothing
+        else refers to it, and only once it completed (``tainted``: no slot read it)."""
         ev.refs -= 1
+        ev.tainted = True
         if ev.refs <= 0 and ev is not self.ev:
             ev.tag = self.ring.head
             self.orphans.append(ev)

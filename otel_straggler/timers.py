@@ -271,12 +271,16 @@ class Timer:
             h = r.head
             if h - r.tail >= r.cap:
                 self._c.dropped_ring_full += 1
-                if own & 1:
-                    sev.tag = h
-                    self._orphans.append(sev)
-                if own & 2:
-                    eev.tag = h
-                    self._orphans.append(eev)
+                if sev is not None:  # no slot reads them: whoever returns them waits for them to complete
+                    sev.tainted = True
+                    if own & 1:
+                        sev.tag = h
+                        self._orphans.append(sev)
+                    if eev is not None:
+                        eev.tainted = True
+                        if own & 2:
+                            eev.tag = h
+                            self._orphans.append(eev)
                 return
             i = h & r.mask
             # start_ev/end_ev/injected are reset by the readout thread before it frees a slot, so

@@ -19,7 +19,7 @@ class FakeEvent:
     """
 
     __slots__ = ("device", "raise_on_elapsed", "raise_on_query", "raise_on_record", "recorded_at", "records", "refs",
-                 "tag")
+                 "tag", "tainted")
 
     def __init__(self, device: FakeDevice) -> None:
         self.device = device

@@ -352,3 +352,42 @@ def test_a_released_event_waits_for_the_slots_before_it(clock: HostClock) -> Non
     t.readout.drain()
     assert a_end in t.pool.free and len(t.ring) == 0
     assert [iv.name for iv in sink.intervals] == ["x-other-stream", "forward-compute"]
+
+
+def test_a_released_event_needs_no_query_unless_a_slot_could_not_read_it(clock: HostClock) -> None:
+    dev = FakeDevice(auto_complete=False)
+    sink = RecordingSink()
+    t = build(dev, sink, gap_us=GAP_US)
+    asked: list[Any] = []
+    query = t.pool.query
+
+    def spy(ev: Any) -> bool:
+        asked.append(ev)
+        return query(ev)
+
+    t.pool.query = spy
+    a, b = t("forward-compute"), t("backward-compute")
+    a.start()
+    dev.work(1.0)
+    clock.advance_us(100)
+    a.stop()
+    first_end = t.share.ev
+    clock.advance_us(GAP_US + 1)
+    b.start()  # records: a's end event is released behind a's slot
+    dev.complete_all()
+    t.readout.drain()
+    assert first_end in t.pool.free and asked == [] and t.counters.quarantined == 0  # a's slot read it complete
+    dev.work(1.0)
+    clock.advance_us(100)
+    b.stop()  # its end is unfinished (the device is behind) ...
+    clock.advance_us(t.readout.timeout_ns / 1000 + 1)
+    t.readout.drain()  # ... past the readout timeout: b goes out host-only, its end event's state unknown
+    assert sink.intervals[-1].degraded == "readout_timeout"
+    second_end = t.share.ev
+    clock.advance_us(GAP_US + 1)
+    a.start()  # releases b's end event, tainted
+    t.readout.drain()
+    assert second_end not in t.pool.free and t.counters.quarantined == 2  # b's start (its slot's) and its end
+    dev.complete_all()
+    t.readout.drain()
+    assert second_end in t.pool.free and second_end in asked
