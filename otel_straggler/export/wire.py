@@ -83,43 +83,60 @@ class WireEncoder:
         return nid
 
     def encode_intervals(self, intervals: Sequence[Interval]) -> bytes:
+        """The NAME frames of strings not sent yet and one INTERVALS frame per ``MAX_BATCH`` intervals. Runs on
+        the readout thread with the GIL held, once per interval: each record is packed in place into one
+        preallocated frame, and a string already known costs one dict lookup."""
         out = bytearray()
+        known = self._ids
+        size = RECORD.size
+        pack_into = RECORD.pack_into
         for start in range(0, len(intervals), MAX_BATCH):
             chunk = intervals[start : start + MAX_BATCH]
-            body = bytearray(COUNT.pack(len(chunk)))
+            n = len(chunk)
+            frame = bytearray(FRAME.size + COUNT.size + n * size)
+            FRAME.pack_into(frame, 0, T_INTERVALS, COUNT.size + n * size)
+            COUNT.pack_into(frame, FRAME.size, n)
+            off = FRAME.size + COUNT.size
             for iv in chunk:
+                name, group, degraded, dev = iv.name, iv.group, iv.degraded, iv.device_ms
+                tokens, sequences, microbatches = iv.tokens, iv.sequences, iv.microbatches
+                name_id = known.get(name)
+                if name_id is None:
+                    name_id = self._id(name, out)
+                group_id = known.get(group)
+                if group_id is None:
+                    group_id = self._id(group, out)
+                if degraded:
+                    degraded_id = known.get(degraded)
+                    if degraded_id is None:
+                        degraded_id = self._id(degraded, out)
+                else:
+                    degraded_id = NONE_ID
                 flags = 0
-                dev = 0.0
-                if iv.device_ms is not None:
-                    flags |= F_DEVICE
-                    dev = float(iv.device_ms)
-                if iv.tokens is not None:
+                if dev is not None:
+                    flags = F_DEVICE
+                else:
+                    dev = 0.0
+                if tokens is not None:
                     flags |= F_TOKENS
-                if iv.sequences is not None:
+                else:
+                    tokens = 0
+                if sequences is not None:
                     flags |= F_SEQUENCES
-                if iv.microbatches is not None:
+                else:
+                    sequences = 0
+                if microbatches is not None:
                     flags |= F_MICROBATCHES
+                else:
+                    microbatches = 0
                 if iv.injected:
                     flags |= F_INJECTED
                 if iv.collective:
                     flags |= F_COLLECTIVE
-                body += RECORD.pack(
-                    self._id(iv.name, out),
-                    self._id(iv.group, out),
-                    self._id(iv.degraded, out) if iv.degraded else NONE_ID,
-                    int(iv.level),
-                    flags,
-                    int(iv.step),
-                    int(iv.repeat),
-                    int(iv.host_start_ns),
-                    int(iv.host_end_ns),
-                    dev,
-                    int(iv.tokens or 0),
-                    int(iv.sequences or 0),
-                    int(iv.microbatches or 0),
-                )
-            out += FRAME.pack(T_INTERVALS, len(body))
-            out += body
+                pack_into(frame, off, name_id, group_id, degraded_id, iv.level, flags, iv.step, iv.repeat,
+                          iv.host_start_ns, iv.host_end_ns, dev, tokens, sequences, microbatches)
+                off += size
+            out += frame
         return bytes(out)
 
 
