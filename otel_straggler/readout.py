@@ -205,8 +205,8 @@ class Readout:
                         if reason is None and eev is not None:
                             device_ms = elapsed(sev, eev)  # None while unfinished
                             done: bool | None = device_ms is not None
-                        else:
-                            done = bool(query(eev if eev is not None else sev))
+                        else:  # host-only with events: both must have completed before either is reused
+                            done = bool(query(sev)) and (eev is None or bool(query(eev)))
                     except Exception:
                         done = None
                     own = own_of[i]  # the events this slot returns (another slot or the orphans return the rest)
@@ -220,10 +220,12 @@ class Readout:
                         else:
                             more = False
                             break  # head-of-line: later slots wait for this one
-                    else:
+                    else:  # read complete: whatever tainted them in this life is over
                         if own & 1:
+                            sev.tainted = False
                             free.append(sev)
                         if own & 2:
+                            eev.tainted = False
                             free.append(eev)
                 if device_ms is None and reason is None:
                     reason = CUDA_ERROR
@@ -306,6 +308,8 @@ class Readout:
                 except Exception:
                     done = False
             if done:
+                for ev in group:
+                    ev.tainted = False
                 free.extend(group)
                 self.counters.quarantine_released += 1
             else:

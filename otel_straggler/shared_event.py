@@ -6,12 +6,16 @@ outer timer starts just before its first inner one and stops just after its last
 adjacent boundaries mark the same point of the stream, and each record costs the training thread several
 microseconds on a launch-bound step (``bench/results/gpu-h200.md`` section 3). So a boundary reuses the event
 recorded at the previous one when, by the host clock, it comes less than ``share_gap_us`` after that record on
-the same stream (GPU work launched in that gap, glue code between two timers, counts to the later interval):
+the same stream:
 
 * a start reuses it whatever recorded it (the previous timer's stop, or an outer timer's start);
 * a stop reuses it only when a stop recorded it (an inner timer's stop, just before an outer one's) and it is
   not the stopping timer's own start event: an interval's own work is always between two distinct records, so
   a stage launched in microseconds (one all-reduce, one fused optimizer kernel) keeps its device time.
+
+GPU work launched inside such a gap (glue code between two timers) moves: after a reused start it counts to
+the interval that starts; before a reused stop it is left out of the outer interval that stops (which ends
+where its inner one did), and is in no interval unless a later start reuses that event too.
 
 Ownership (which ring slot returns an event to the pool): each pool event carries ``refs``, the references to
 it not yet published in the ring (training thread only). A slot owns an event when publishing it leaves no

@@ -20,9 +20,10 @@ Megatron's text format. Differences, all deliberate:
 * ``copy.deepcopy(timers)`` returns the same object (Megatron deep-copies configs that carry it);
   ``pickle`` gives an inert copy (host-only, no pool, no thread, no sink) that still works.
 
-Hot path (start/stop on the training thread): one ``perf_counter_ns()``; on device-sampled steps a
-pre-created event from the pool recorded on the current stream (``pool.record``: the driver's
-``cuEventRecord`` on the raw handles where available, ``event_pool.py``); at stop one ring slot written
+Hot path (start/stop on the training thread): one ``perf_counter_ns()`` (two at a device-sampled start that
+records); on device-sampled steps a pre-created event from the pool recorded on the current stream
+(``pool.record``: the driver's ``cuEventRecord`` on the raw handles where available, ``event_pool.py``), or the
+previous boundary's event when this one follows it closely (``shared_event.py``); at stop one ring slot written
 (step, repeat index and workload bound here, at completion). No lock, no I/O, no logging, no sync.
 """
 
@@ -47,6 +48,15 @@ _clock = time.perf_counter_ns
 
 MAX_LOG_LEVEL = 2
 MAX_TIMER_NAMES = 1024
+
+
+def _same_stream(sh: SharedEvent) -> bool:
+    """Whether the current stream is the one ``sh.ev`` was recorded on; False when that cannot be told (the
+    lookup raised): the boundary then records its own event, and no reference is left half taken."""
+    try:
+        return sh.stream_of() == sh.stream
+    except Exception:
+        return False
 
 
 class DummyTimer:
@@ -166,7 +176,7 @@ class Timer:
                 sh = self._share
                 t = _clock()
                 ev = sh.ev
-                if ev is not None and t - sh.ns < sh.gap_ns and sh.stream_of() == sh.stream:
+                if ev is not None and t - sh.ns < sh.gap_ns and _same_stream(sh):
                     ev.refs += 1  # the previous boundary's event marks this point of the stream too
                     self._sev = ev
                     self._reason = None
@@ -233,7 +243,7 @@ class Timer:
                 if reason is None:
                     ev = sh.ev
                     if (ev is not None and sh.at_stop and ev is not sev and now - sh.ns < sh.gap_ns
-                            and sh.stream_of() == sh.stream):
+                            and _same_stream(sh)):
                         ev.refs += 1  # an inner timer's stop just before this one's
                         eev = ev
                     else:

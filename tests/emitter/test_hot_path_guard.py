@@ -28,7 +28,7 @@ PKG = Path(otel_straggler.__file__).parent
 
 # (module file, qualified function names on the hot path; "*" = every function in the module)
 HOT = {
-    "timers.py": ["Timer.start", "Timer.stop", "Timers.__call__"],
+    "timers.py": ["Timer.start", "Timer.stop", "Timers.__call__", "_same_stream"],
     "step_context.py": ["*"],
     "ring.py": ["*"],
     "inject.py": ["Injector.apply"],
@@ -43,6 +43,7 @@ ALLOWED_CALLS = {
     "fn",  # cuEventRecord (ctypes)
     "raw_stream",  # torch._C._cuda_getCurrentRawStream: the current stream's raw handle
     "stream_of",  # the same through functools.partial (the pool's ``stream``; a reused event's stream check)
+    "_same_stream",  # that check, False when the lookup raises
     "append",
     "apply",
     "step_timer_started",

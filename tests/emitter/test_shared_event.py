@@ -391,3 +391,105 @@ def test_a_released_event_needs_no_query_unless_a_slot_could_not_read_it(clock: 
     dev.complete_all()
     t.readout.drain()
     assert second_end in t.pool.free and second_end in asked
+
+
+def test_a_stream_lookup_that_raises_means_no_reuse_and_leaves_no_reference(clock: HostClock) -> None:
+    dev = FakeDevice()
+    boom = [False]
+
+    def stream() -> Any:
+        if boom[0]:
+            raise RuntimeError("CUDA error")
+        return dev.stream
+
+    sink = RecordingSink()
+    cfg = EmitterConfig(enabled=True, device_every=1, pool_size=8, ring_size=8, share_gap_us=GAP_US)
+    t = Timers(2, "minmax", config=cfg, pool=EventPool(8, dev.factory, synchronize=None, stream=stream), sink=sink)
+    outer, inner, nxt = t("forward-backward"), t("forward-compute"), t("backward-compute")
+    outer.start()
+    clock.advance_us(100)
+    inner.start()
+    dev.work(1.0)
+    clock.advance_us(100)
+    inner.stop()
+    clock.advance_us(1)
+    boom[0] = True
+    outer.stop()  # would reuse inner's stop event: the lookup raises, so it records its own
+    clock.advance_us(1)
+    nxt.start()  # the same for a start
+    boom[0] = False
+    dev.work(1.0)
+    clock.advance_us(100)
+    nxt.stop()
+    assert t.counters.faults_training == 0 and t.share.records == 6
+    t.readout.drain()
+    assert [iv.device_ms for iv in sink.intervals] == pytest.approx([1.0, 1.0, 1.0])
+    t.shutdown(1.0)
+    assert len(t.pool.free) == t.pool.capacity and all(ev.refs == 0 for ev in t.pool.free)
+
+
+def test_an_outer_stop_that_reuses_ends_where_its_inner_one_did(clock: HostClock) -> None:
+    """As documented (``shared_event.py``): work launched in the gap before a reused stop is in no interval."""
+    dev = FakeDevice()
+    sink = RecordingSink()
+    t = build(dev, sink, gap_us=GAP_US)
+    outer, inner = t("forward-backward"), t("forward-compute")
+    outer.start()
+    clock.advance_us(100)
+    inner.start()
+    dev.work(1.0)
+    clock.advance_us(100)
+    inner.stop()
+    dev.work(0.25)  # launched 10 us after the inner stop
+    clock.advance_us(10)
+    outer.stop()
+    t.readout.drain()
+    assert [(iv.name, iv.device_ms) for iv in sink.intervals] == [("forward-compute", 1.0), ("forward-backward", 1.0)]
+
+
+def test_a_failed_record_at_stop_returns_the_start_event_only_once_it_completed(clock: HostClock) -> None:
+    dev = FakeDevice(auto_complete=False)
+    sink = RecordingSink()
+    t = build(dev, sink, gap_us=GAP_US, pool_size=4)
+    a = t("forward-compute")
+    dev.work(1.0)
+    a.start()
+    started = a._sev
+    dev.work(1.0)
+    clock.advance_us(100)
+    dev.raise_on_record = True
+    a.stop()  # its end event was never recorded: cuda_error
+    dev.raise_on_record = False
+    t.readout.drain()
+    assert started not in t.pool.free and sink.intervals == []  # the start event is still running
+    dev.complete_all()
+    t.readout.drain()
+    assert [iv.degraded for iv in sink.intervals] == ["cuda_error"]
+    clock.advance_us(GAP_US + 1)
+    t("backward-compute").start()  # the latest boundary's event until now: released
+    t.readout.drain()
+    assert started in t.pool.free
+
+
+def test_a_taint_ends_with_the_life_of_the_event(clock: HostClock) -> None:
+    """A reference that timed out taints the shared event; once its owner reads it complete the taint is gone, so
+    its next life, ended by a release, returns it without a query."""
+    dev = FakeDevice(auto_complete=False)
+    sink = RecordingSink()
+    t = build(dev, sink, gap_us=GAP_US, pool_size=3)
+    outer, inner = t("optimizer"), t("optimizer-inner-step")
+    outer.start()
+    shared = outer._sev
+    clock.advance_us(5)
+    inner.start()  # reuses outer's start event
+    dev.work(1.0)
+    clock.advance_us(100)
+    inner.stop()
+    clock.advance_us(t.readout.timeout_ns / 1000 + 1)
+    t.readout.drain()  # inner's slot times out: the shared event, which outer's slot owns, is tainted
+    assert shared.tainted
+    outer.stop()
+    dev.complete_all()
+    t.readout.drain()
+    assert shared in t.pool.free and not shared.tainted
+
