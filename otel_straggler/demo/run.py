@@ -100,7 +100,7 @@ def collector_config(*, grpc_port: int, http_port: int, metrics_port: int, tap_p
     }
 
 
-def _yield_cpu(pid: int) -> None:
+def yield_cpu(pid: int) -> None:
     """Lower a child's priority (niceness +10) so that it yields to the rank processes. Set from here, not in a
     ``preexec_fn``: that forces a plain fork, whose handlers make gRPC (the trace tap) log a warning."""
     try:
@@ -306,7 +306,7 @@ def _run_demo(opts: DemoOptions, children: list[Any]) -> DemoResult:
         collector = subprocess.Popen([sys.executable, "-m", "collector_processor", "--config", str(cfg_path)],
                                      stdout=log_fh, stderr=subprocess.STDOUT, start_new_session=True)
         log_fh.close()  # the collector holds its own descriptor of the log
-        _yield_cpu(collector.pid)
+        yield_cpu(collector.pid)
         children.append(collector)
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         if not _wait_http(f"http://127.0.0.1:{metrics_port}/healthz", 300.0, collector):
