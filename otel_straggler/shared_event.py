@@ -38,9 +38,10 @@ class SharedEvent:
     __slots__ = ("at_stop", "ev", "gap_ns", "ns", "orphans", "records", "ring", "stream", "stream_of")
 
     def __init__(self, *, gap_us: float, stream_of: Any, orphans: deque, ring: Any) -> None:
-        # no stream function (torch's own record API, no CUDA): nothing says two records share a stream
+        # no stream function (torch's own record API, no CUDA): nothing says two records share a stream, so no
+        # event is ever kept for reuse (``ev`` stays None and ``stream_of`` is never called)
         self.gap_ns = int(gap_us * 1000) if stream_of is not None else 0
-        self.stream_of = stream_of if stream_of is not None else _no_stream
+        self.stream_of = stream_of
         self.orphans = orphans
         self.ring = ring
         self.ev: Any = None  # the latest boundary's event while it may still be reused (gap_ns > 0)
@@ -48,6 +49,20 @@ class SharedEvent:
         self.stream: Any = None  # the stream it was recorded on (what the pool's record returned)
         self.at_stop = False  # recorded by a stop
         self.records = 0  # events recorded (adaptive sampling prices a device-sampled step with it)
+
+    def recorded(self, ev: Any, ns: int, stream: Any, at_stop: bool) -> None:
+        """A boundary recorded ``ev`` at host time ``ns`` on ``stream``: later boundaries may reuse it, and the
+        event it replaces goes back through the readout once nothing refers to it."""
+        self.records += 1
+        if self.gap_ns:
+            old = self.ev
+            if old is not None and old.refs <= 0:
+                old.tag = self.ring.head
+                self.orphans.append(old)
+            self.ev = ev
+            self.ns = ns
+            self.stream = stream
+            self.at_stop = at_stop
 
     def release(self, ev: Any) -> None:
         """A reference that will not be published (a reset): the event goes back through the readout once nothing
@@ -65,10 +80,3 @@ class SharedEvent:
         if ev is not None and ev.refs <= 0:
             ev.tag = self.ring.head
             self.orphans.append(ev)
-
-
-def _no_stream() -> Any:
-    return _NO_STREAM
-
-
-_NO_STREAM = object()  # never equal to what a record returns

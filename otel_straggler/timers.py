@@ -194,16 +194,7 @@ class Timer:
                     except Exception:
                         self._reason = CUDA_ERROR
                     else:
-                        sh.records += 1
-                        if sh.gap_ns:
-                            old = sh.ev
-                            if old is not None and old.refs <= 0:
-                                old.tag = self._ring.head
-                                self._orphans.append(old)
-                            sh.ev = ev
-                            sh.ns = t
-                            sh.stream = stream
-                            sh.at_stop = False
+                        sh.recorded(ev, t, stream, False)
                 else:
                     self._reason = POOL_EXHAUSTED
             else:
@@ -256,16 +247,7 @@ class Timer:
                             except Exception:
                                 reason = CUDA_ERROR
                             else:
-                                sh.records += 1
-                                if sh.gap_ns:
-                                    old = sh.ev
-                                    if old is not None and old.refs <= 0:
-                                        old.tag = self._ring.head
-                                        self._orphans.append(old)
-                                    sh.ev = eev
-                                    sh.ns = now
-                                    sh.stream = stream
-                                    sh.at_stop = True
+                                sh.recorded(eev, now, stream, True)
                         else:
                             reason = POOL_EXHAUSTED
                 # publish the references: the slot owns (returns to the pool) what nothing else refers to any more
