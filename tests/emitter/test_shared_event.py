@@ -93,6 +93,12 @@ def megatron_step(t: Timers, dev: FakeDevice, clock: HostClock, microbatches: in
     clock.advance_us(3000)  # the step's end: logging, the next batch
 
 
+def busy(dev: FakeDevice, clock: HostClock, ms: float, us: float) -> None:
+    """``ms`` of GPU work launched over ``us`` of host time."""
+    dev.work(ms)
+    clock.advance_us(us)
+
+
 def run(clock: HostClock, gap_us: float, steps: int = 3) -> tuple[Timers, RecordingSink, FakeDevice]:
     dev = FakeDevice(auto_complete=True)
     sink = RecordingSink()
@@ -136,20 +142,15 @@ def test_gpu_work_in_a_short_gap_counts_to_the_later_interval(clock: HostClock) 
     t = build(dev, sink, gap_us=GAP_US)
     a, b = t("forward-compute"), t("backward-compute")
     a.start()
-    dev.work(1.0)
-    clock.advance_us(100)
+    busy(dev, clock, 1.0, 100)
     a.stop()
-    dev.work(0.25)  # launched in the 10 us between the two timers
-    clock.advance_us(10)
+    busy(dev, clock, 0.25, 10)  # launched in the 10 us between the two timers
     b.start()
-    dev.work(2.0)
-    clock.advance_us(100)
+    busy(dev, clock, 2.0, 100)
     b.stop()
-    dev.work(0.5)
-    clock.advance_us(GAP_US + 1)  # not adjacent: its own record
+    busy(dev, clock, 0.5, GAP_US + 1)  # not adjacent: its own record
     a.start()
-    dev.work(1.0)
-    clock.advance_us(100)
+    busy(dev, clock, 1.0, 100)
     a.stop()
     t.readout.drain()
     assert [iv.device_ms for iv in sink.intervals] == pytest.approx([1.0, 2.25, 1.0])
@@ -165,8 +166,7 @@ def test_a_stop_never_reuses_its_own_start_nor_an_event_recorded_by_a_start(cloc
     outer.start()
     clock.advance_us(1)
     inner.start()  # reuses outer's start event
-    dev.work(4.0)
-    clock.advance_us(1)
+    busy(dev, clock, 4.0, 1)
     inner.stop()  # must record: the only other event is its own start
     clock.advance_us(1)
     outer.stop()  # reuses inner's stop
@@ -182,14 +182,12 @@ def test_a_new_stream_gets_its_own_record(clock: HostClock) -> None:
     dev.stream = "s1"
     a, b = t("forward-compute"), t("backward-compute")
     a.start()
-    dev.work(1.0)
-    clock.advance_us(100)
+    busy(dev, clock, 1.0, 100)
     a.stop()
     dev.stream = "s2"  # e.g. a side stream's context
     clock.advance_us(1)
     b.start()
-    dev.work(1.0)
-    clock.advance_us(100)
+    busy(dev, clock, 1.0, 100)
     b.stop()
     t.readout.drain()
     assert t.share.records == 4
@@ -338,8 +336,7 @@ def test_a_released_event_waits_for_the_slots_before_it(clock: HostClock) -> Non
     x_end.recorded_at = 1e9  # still running (on another stream)
     clock.advance_us(100)
     a.start()
-    dev.work(1.0)
-    clock.advance_us(100)
+    busy(dev, clock, 1.0, 100)
     a.stop()  # its end event stays the latest boundary's: no slot owns it
     a_end = t.share.ev
     clock.advance_us(GAP_US + 1)
@@ -368,8 +365,7 @@ def test_a_released_event_needs_no_query_unless_a_slot_could_not_read_it(clock: 
     t.pool.query = spy
     a, b = t("forward-compute"), t("backward-compute")
     a.start()
-    dev.work(1.0)
-    clock.advance_us(100)
+    busy(dev, clock, 1.0, 100)
     a.stop()
     first_end = t.share.ev
     clock.advance_us(GAP_US + 1)
@@ -377,8 +373,7 @@ def test_a_released_event_needs_no_query_unless_a_slot_could_not_read_it(clock: 
     dev.complete_all()
     t.readout.drain()
     assert first_end in t.pool.free and asked == [] and t.counters.quarantined == 0  # a's slot read it complete
-    dev.work(1.0)
-    clock.advance_us(100)
+    busy(dev, clock, 1.0, 100)
     b.stop()  # its end is unfinished (the device is behind) ...
     clock.advance_us(t.readout.timeout_ns / 1000 + 1)
     t.readout.drain()  # ... past the readout timeout: b goes out host-only, its end event's state unknown
@@ -409,8 +404,7 @@ def test_a_stream_lookup_that_raises_means_no_reuse_and_leaves_no_reference(cloc
     outer.start()
     clock.advance_us(100)
     inner.start()
-    dev.work(1.0)
-    clock.advance_us(100)
+    busy(dev, clock, 1.0, 100)
     inner.stop()
     clock.advance_us(1)
     boom[0] = True
@@ -418,8 +412,7 @@ def test_a_stream_lookup_that_raises_means_no_reuse_and_leaves_no_reference(cloc
     clock.advance_us(1)
     nxt.start()  # the same for a start
     boom[0] = False
-    dev.work(1.0)
-    clock.advance_us(100)
+    busy(dev, clock, 1.0, 100)
     nxt.stop()
     assert t.counters.faults_training == 0 and t.share.records == 6
     t.readout.drain()
@@ -437,11 +430,9 @@ def test_an_outer_stop_that_reuses_ends_where_its_inner_one_did(clock: HostClock
     outer.start()
     clock.advance_us(100)
     inner.start()
-    dev.work(1.0)
-    clock.advance_us(100)
+    busy(dev, clock, 1.0, 100)
     inner.stop()
-    dev.work(0.25)  # launched 10 us after the inner stop
-    clock.advance_us(10)
+    busy(dev, clock, 0.25, 10)  # launched 10 us after the inner stop
     outer.stop()
     t.readout.drain()
     assert [(iv.name, iv.device_ms) for iv in sink.intervals] == [("forward-compute", 1.0), ("forward-backward", 1.0)]
@@ -455,8 +446,7 @@ def test_a_failed_record_at_stop_returns_the_start_event_only_once_it_completed(
     dev.work(1.0)
     a.start()
     started = a._sev
-    dev.work(1.0)
-    clock.advance_us(100)
+    busy(dev, clock, 1.0, 100)
     dev.raise_on_record = True
     a.stop()  # its end event was never recorded: cuda_error
     dev.raise_on_record = False
@@ -482,8 +472,7 @@ def test_a_taint_ends_with_the_life_of_the_event(clock: HostClock) -> None:
     shared = outer._sev
     clock.advance_us(5)
     inner.start()  # reuses outer's start event
-    dev.work(1.0)
-    clock.advance_us(100)
+    busy(dev, clock, 1.0, 100)
     inner.stop()
     clock.advance_us(t.readout.timeout_ns / 1000 + 1)
     t.readout.drain()  # inner's slot times out: the shared event, which outer's slot owns, is tainted
