@@ -6,6 +6,7 @@ waits are bounded by generous timeouts, never measured."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import logging
@@ -297,7 +298,10 @@ def test_the_bearer_scheme_is_case_insensitive(start_service, header: str) -> No
 # ---- busy, aborted -------------------------------------------------------------------------------------------
 
 
-def test_a_busy_http_receiver_answers_503_with_retry_after_not_a_reset(start_service, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+@contextlib.contextmanager
+def _busy_http(start_service, monkeypatch):  # type: ignore[no-untyped-def]
+    """An HTTP receiver allowed one request at a time, busy with one that is being processed (1.5 s); the
+    block's own request is the second. After it: exactly one request was refused as throttled."""
     monkeypatch.setattr(otlp_http, "MAX_CONCURRENT", 1)
     run = start_service(_cfg(receiver_extra="    wait_for_processing: 5s", delay="1500ms"))
     first = threading.Thread(target=_post, args=(run.http + "/v1/traces", _request()))
@@ -305,30 +309,26 @@ def test_a_busy_http_receiver_answers_503_with_retry_after_not_a_reset(start_ser
     try:
         proc = DoubleProcessor.instances[0]
         assert wait_for(lambda: proc.concurrent == 1, timeout=10)
+        yield run
+    finally:
+        first.join(20)
+    assert run.sample("otel_straggler_collector_requests_total", receiver="otlp/http", outcome="throttled") == 1
+
+
+def test_a_busy_http_receiver_answers_503_with_retry_after_not_a_reset(start_service, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    with _busy_http(start_service, monkeypatch) as run:
         big = _request(1) + b"\x0a\x00" * (2 * MIB)  # a 4 MiB body the client sends in full
         code, body, headers = _post(run.http + "/v1/traces", big)
         assert code == 503 and headers.get("Retry-After") == "1"
         assert Status.FromString(body).code == 14
-    finally:
-        first.join(20)
-    assert run.sample("otel_straggler_collector_requests_total", receiver="otlp/http", outcome="throttled") == 1
 
 
 def test_a_busy_http_receiver_refuses_before_reading_the_body(start_service, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(otlp_http, "MAX_CONCURRENT", 1)
-    run = start_service(_cfg(receiver_extra="    wait_for_processing: 5s", delay="1500ms"))
-    first = threading.Thread(target=_post, args=(run.http + "/v1/traces", _request()))
-    first.start()
-    try:
-        proc = DoubleProcessor.instances[0]
-        assert wait_for(lambda: proc.concurrent == 1, timeout=10)
+    with _busy_http(start_service, monkeypatch) as run:
         # headers only: the 4 MiB body is never sent, so only an answer on the headers can come back
         ans, _ = _raw(run.port("http"), "POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: "
                       f"application/x-protobuf\r\nContent-Length: {4 * MIB}\r\n\r\n", wait_close=False)
         assert ans.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in ans, ans[:300]
-    finally:
-        first.join(20)
-    assert run.sample("otel_straggler_collector_requests_total", receiver="otlp/http", outcome="throttled") == 1
 
 
 def test_aborted_requests_are_counted_and_logged_once(start_service, caplog, capfd) -> None:  # type: ignore[no-untyped-def]
