@@ -12,6 +12,7 @@ bound, ``MAX_*`` below) is warned about once (``logging``), replaced by the defa
 | OTEL_STRAGGLER_DEVICE_EVERY | device_every | auto (0) | events on every N-th step; ``auto`` adapts N |
 | OTEL_STRAGGLER_DEVICE_BUDGET | device_budget | 0.0025 | auto: event cost allowed, as a fraction of step time |
 | OTEL_STRAGGLER_DEVICE_EVERY_MAX | device_every_max | 4 | auto: largest N (>= 1 device sample per window) |
+| OTEL_STRAGGLER_DEVICE_REPEATS | device_repeats | middle | ``middle``: one repeat per timer, step on device; ``all`` |
 | OTEL_STRAGGLER_POOL_SIZE | pool_size | 4096 | pre-created CUDA events (two per interval awaiting readout) |
 | OTEL_STRAGGLER_RECORD_API | record_api | auto | ``auto``/``driver``: cuEventRecord (checked), ``torch`` |
 | OTEL_STRAGGLER_SHARE_GAP_US | share_gap_us | 50 | a boundary this soon after the previous record reuses its event |
@@ -41,6 +42,14 @@ events cost next to nothing (``bench/results/gpu-h200.md`` sections 2 and 3). Au
 until the measured difference between device-sampled and host-only step periods resolves the budget
 (``step_context.py``): N = 4 launch-bound, N = 1 for long steps. The other steps are timed on the host
 (``sampled_out``). A fixed N >= 1 disables the adaptation.
+``device_repeats`` defaults to ``middle``: a timer that runs once per microbatch (``forward-compute``,
+``backward-compute``, ``batch-generator``, the P2P timers) records events on a device-sampled step for one of its
+repeats only, the middle one by its previous step's count (away from the first microbatch's parameter gather and
+the last one's gradient reduction), and times the others on the host (``sampled_out``). The stage's device time of
+the step is that repeat's x the step's repeats (``straggler.duration.device_repeats`` on the stage span says how
+many were measured; ``docs/schema.md``). Every rank of a cohort times the same repeat of a step, so the collector
+compares like with like, and the records per step no longer grow with the microbatches: device time on every
+step of a pipeline schedule with 32 microbatches costs what one microbatch's does. ``all`` times every repeat.
 The readout thread wakes every 500 ms: each wake takes the GIL from the training thread and hands it back, and
 on a launch-bound step those hand-offs, not the drain's work, are most of what the readout costs, so fewer wakes
 cost less (``bench/results/gpu-h200.md`` section 3; ``bench/results/cpu-gil-handoff.md``).
@@ -154,6 +163,10 @@ class EmitterConfig:
     device_every: int = 0  # 0 = auto
     device_budget: float = 0.0025
     device_every_max: int = 4
+    # middle: on a device-sampled step each timer's middle repeat (microbatch) of its previous step's count is timed
+    # on the device and its other repeats on the host (``sampled_out``); the stage's device time is that repeat's
+    # x the step's repeats (module docstring); all: every repeat records its events
+    device_repeats: str = "middle"
     pool_size: int = 4096  # events in flight over a readout period (module docstring)
     # auto: the CUDA driver's cuEventRecord on raw handles when it passes the install check (a fraction of
     # torch's Event.record cost on the training thread), else torch's; torch: always torch's
@@ -250,6 +263,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "device_every": _device_every,
     "device_budget": _float_in(1.0),
     "device_every_max": _int_in(1, MAX_DEVICE_EVERY),
+    "device_repeats": _choice("middle", "all"),
     "pool_size": _int_in(2, MAX_POOL_SIZE),
     "record_api": _choice(*RECORD_APIS),
     "share_gap_us": _float_in(10_000.0, allow_zero=True),

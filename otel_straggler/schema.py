@@ -70,6 +70,9 @@ ATTR_STAGE_GROUP: Final = "straggler.stage.group"  # str, one of STAGE_GROUPS
 ATTR_STAGE_LEVEL: Final = "straggler.stage.level"  # int, Megatron log level 0..2
 ATTR_DEVICE_MS: Final = "straggler.duration.device_ms"  # double, ms of GPU stream time (absent if none)
 ATTR_HOST_MS: Final = "straggler.duration.host_ms"  # double, ms of host wall time
+# int, step detail: the repeats whose device time was measured when fewer than straggler.count (device_ms is then
+# their sum x count / this); absent when every repeat was
+ATTR_DEVICE_REPEATS: Final = "straggler.duration.device_repeats"
 ATTR_MEASUREMENT: Final = "straggler.measurement"  # str, MEASUREMENT_DEVICE or MEASUREMENT_HOST_ONLY
 ATTR_DEGRADED_REASON: Final = "straggler.degraded.reason"  # str, why device time is absent
 ATTR_COUNT: Final = "straggler.count"  # int, intervals aggregated into this span (microbatch repeats)
@@ -95,12 +98,16 @@ MEASUREMENT_HOST_ONLY: Final = "host_only"
 DETAIL_STEP: Final = "step"
 DETAIL_INTERVAL: Final = "interval"
 
+# device timing not sampled on this step (OTEL_STRAGGLER_DEVICE_EVERY), or on this repeat of the step
+# (OTEL_STRAGGLER_DEVICE_REPEATS: another microbatch of the timer carries the step's device time)
+DEGRADED_SAMPLED_OUT: Final = "sampled_out"
+DEGRADED_CUDA_ERROR: Final = "cuda_error"  # recording or reading an event raised
 DEGRADED_REASONS: Final = (
     "no_cuda",  # CPU-only process: host timing by design
-    "sampled_out",  # device timing not sampled on this step (OTEL_STRAGGLER_DEVICE_EVERY)
+    DEGRADED_SAMPLED_OUT,
     "pool_exhausted",  # every pre-created event was in flight
     "readout_timeout",  # the end event did not complete within the readout timeout
-    "cuda_error",  # recording or reading an event raised
+    DEGRADED_CUDA_ERROR,
     "unbalanced",  # stop without start, or a stop of another start's stream
 )
 

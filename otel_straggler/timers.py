@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from otel_straggler.config import DEFAULTS, EmitterConfig
-from otel_straggler.counters import CUDA_ERROR, POOL_EXHAUSTED, UNBALANCED, EmitterCounters
+from otel_straggler.counters import CUDA_ERROR, POOL_EXHAUSTED, SAMPLED_OUT, UNBALANCED, EmitterCounters
 from otel_straggler.event_pool import EventPool, HostOnlyPool
 from otel_straggler.interval import IntervalSink
 from otel_straggler.ring import Ring
@@ -111,6 +111,7 @@ class Timer:
         "_is_step",
         "_level",
         "_orphans",
+        "_pick",
         "_reason",
         "_record",
         "_rep",
@@ -149,6 +150,9 @@ class Timer:
         self._reason: str | None = None
         self._rep_step = -1
         self._rep = -1
+        # the repeat of a step that gets device time (ctx.sample_repeats; -1: every repeat): the middle one of
+        # the timer's previous step, set at its first device-sampled start of each step (0 until a step was seen)
+        self._pick = 0 if ctx.sample_repeats else -1
         self._ring = ring
         self._ctx = ctx
         self._free = pool.free
@@ -173,6 +177,18 @@ class Timer:
             if self._is_step:
                 ctx.step_timer_started()
             if ctx.device_on:
+                pick = self._pick
+                if pick >= 0:
+                    if self._rep_step == ctx.step:
+                        nxt = self._rep + 1
+                    else:  # the timer's first start in this step: the middle repeat of its previous step's count
+                        nxt = 0
+                        self._pick = pick = (self._rep + 1) >> 1
+                    if nxt != pick:
+                        self._reason = SAMPLED_OUT  # another repeat (microbatch) of this step has its device time
+                        self._started = True
+                        self._t0 = _clock()
+                        return
                 sh = self._share
                 t = _clock()
                 ev = sh.ev
@@ -432,7 +448,8 @@ class Timers:
                                max_every=cfg.device_every_max,
                                record_cost_s=getattr(self.pool, "record_cost_s", 10e-6),
                                intervals=self._interval_count,
-                               records=self._record_count)
+                               records=self._record_count,
+                               sample_repeats=cfg.device_repeats == "middle")
         self.names_dropped = 0
         # Wall clock derived from the monotonic clock: one anchor pair, no second clock read per call.
         self.wall_anchor = (time.time_ns(), _clock())

@@ -1,7 +1,10 @@
 """Per-step aggregation of one rank's intervals into span records (no OpenTelemetry here).
 
-Detail ``step``: the intervals of one timer in one step become ONE stage span (host ms summed, device
-ms summed only when every repeat has device time, ``straggler.count`` = repeats). Detail ``interval``:
+Detail ``step``: the intervals of one timer in one step become ONE stage span (host ms summed,
+``straggler.count`` = repeats). Device ms: the sum over the repeats that have it, scaled to all repeats when the
+others were only sampled out (``device_repeats`` ``middle``, config.py: one repeat per step measured;
+``straggler.duration.device_repeats`` = how many were); none when a repeat lacks it for any other reason (its
+reason is the stage's) or no repeat has it. Detail ``interval``:
 one stage span per interval, emitted at once. In both, each step yields a ``rank-step`` span (earliest
 start .. latest stop of the step) carrying the step summary (every timer's per-step aggregate as parallel
 arrays: what the collector reads), and rank 0 also yields the job-level ``train-step`` root.
@@ -52,8 +55,9 @@ class _TimerAgg:
     end_ns: int
     host_ms: float
     device_ms: float  # sum over repeats that had device time
-    all_device: bool
-    degraded: str | None  # first degraded reason
+    device_n: int  # repeats that had device time
+    degraded: str | None  # first degraded reason other than sampled_out (that one: sampled)
+    sampled: bool  # a repeat was sampled out
     injected: bool
     collective: bool = False  # the timer holds a wait in a collective
 
@@ -74,6 +78,15 @@ def _workload(attrs: dict[str, Any], iv: Interval) -> None:
         attrs[schema.ATTR_WORKLOAD_SEQUENCES] = int(iv.sequences)
     if iv.microbatches is not None:
         attrs[schema.ATTR_WORKLOAD_MICROBATCHES] = int(iv.microbatches)
+
+
+def _stage_device(t: _TimerAgg) -> tuple[float | None, str | None]:
+    """(device ms of the step's repeats, None when not measured; the degraded reason when not measured)."""
+    if t.degraded is not None or t.device_n == 0:
+        return None, t.degraded or (schema.DEGRADED_SAMPLED_OUT if t.sampled else None)
+    if t.device_n == t.count:
+        return t.device_ms, None
+    return t.device_ms * t.count / t.device_n, None
 
 
 def _measurement(
@@ -170,20 +183,22 @@ class StepAggregator:
                 end_ns=iv.host_end_ns,
                 host_ms=0.0,
                 device_ms=0.0,
-                all_device=True,
+                device_n=0,
                 degraded=None,
+                sampled=False,
                 injected=False,
             )
         t.count += 1
         t.start_ns = min(t.start_ns, iv.host_start_ns)
         t.end_ns = max(t.end_ns, iv.host_end_ns)
         t.host_ms += (iv.host_end_ns - iv.host_start_ns) / 1e6
-        if iv.device_ms is None:
-            t.all_device = False
-            if t.degraded is None:
-                t.degraded = iv.degraded
-        else:
+        if iv.device_ms is not None:
             t.device_ms += iv.device_ms
+            t.device_n += 1
+        elif iv.degraded == schema.DEGRADED_SAMPLED_OUT:
+            t.sampled = True
+        elif t.degraded is None:
+            t.degraded = iv.degraded or schema.DEGRADED_CUDA_ERROR
         t.injected = t.injected or bool(iv.injected)
         t.collective = t.collective or iv.collective
 
@@ -221,8 +236,9 @@ class StepAggregator:
         timers = agg.timers.values()
         rs_attrs[schema.ATTR_SUMMARY_STAGES] = [t.name for t in timers]
         rs_attrs[schema.ATTR_SUMMARY_GROUPS] = [t.group for t in timers]
-        rs_attrs[schema.ATTR_SUMMARY_DEVICE_MS] = [t.device_ms if t.all_device else schema.SUMMARY_NOT_MEASURED
-                                                   for t in timers]
+        measured = [_stage_device(t) for t in timers]
+        rs_attrs[schema.ATTR_SUMMARY_DEVICE_MS] = [schema.SUMMARY_NOT_MEASURED if d is None else d
+                                                   for d, _ in measured]
         rs_attrs[schema.ATTR_SUMMARY_HOST_MS] = [t.host_ms for t in timers]
         rs_attrs[schema.ATTR_SUMMARY_COUNTS] = [t.count for t in timers]
         collective = [t.name for t in timers if t.collective]
@@ -231,7 +247,7 @@ class StepAggregator:
         out.append(SpanRecord(KIND_RANK_STEP, schema.SPAN_RANK_STEP, step, agg.start_ns, agg.end_ns, rs_attrs))
         if self.detail == schema.DETAIL_INTERVAL:
             return  # the stage spans went out per interval
-        for t in timers:
+        for t, (device_ms, degraded) in zip(timers, measured, strict=True):
             attrs: dict[str, Any] = {
                 schema.ATTR_STAGE: t.name,
                 schema.ATTR_STAGE_GROUP: t.group,
@@ -241,7 +257,9 @@ class StepAggregator:
                 schema.ATTR_COUNT: t.count,
                 schema.ATTR_DETAIL: schema.DETAIL_STEP,
             }
-            _measurement(attrs, t.device_ms if t.all_device else None, t.degraded, t.injected, agg.last, t.collective)
+            _measurement(attrs, device_ms, degraded, t.injected, agg.last, t.collective)
+            if device_ms is not None and t.device_n != t.count:
+                attrs[schema.ATTR_DEVICE_REPEATS] = t.device_n
             out.append(SpanRecord(KIND_STAGE, t.name, step, t.start_ns, t.end_ns, attrs))
 
     @staticmethod

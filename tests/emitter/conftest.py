@@ -89,12 +89,14 @@ def make_timers(sink: RecordingSink, device: FakeDevice) -> MakeTimers:
         fake: FakeDevice | None = None,
         sink_: Any = None,
         share_gap_us: float = 0.0,
+        device_repeats: str = "all",
         **kw: Any,
     ) -> Timers:
         dev = fake or device
         cfg = EmitterConfig(
             enabled=True,
             share_gap_us=share_gap_us,  # 0: every boundary records its own event (test_shared_event.py: reuse)
+            device_repeats=device_repeats,  # all: every repeat on device (test_repeat_sampling.py: middle)
             device_every=device_every,
             pool_size=pool_size,
             ring_size=ring_size,

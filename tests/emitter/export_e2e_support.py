@@ -80,12 +80,17 @@ def run_ranks(env: dict[str, str], world: int, **args: Any) -> list[dict[str, An
 def expected_stage(rank: int, step: int, name: str) -> dict[str, Any]:
     ivs = [i for i in make_intervals(rank, step) if i.name == name]
     host = sum((i.host_end_ns - i.host_start_ns) / 1e6 for i in ivs)
-    dev = [i.device_ms for i in ivs]
+    dev = [i.device_ms for i in ivs if i.device_ms is not None]
+    # a repeat degraded for another reason than sampling makes the stage host-only; repeats only sampled out leave
+    # the measured ones' sum, scaled to every repeat
+    other = next((i.degraded for i in ivs if i.device_ms is None and i.degraded != "sampled_out"), None)
+    device = None if other or not dev else sum(dev) * len(ivs) / len(dev)
     return {
         "count": len(ivs),
         "host_ms": host,
-        "device_ms": sum(dev) if all(d is not None for d in dev) else None,
-        "degraded": next((i.degraded for i in ivs if i.device_ms is None), None),
+        "device_ms": device,
+        "device_repeats": len(dev),
+        "degraded": other or (None if device is not None else "sampled_out"),
         "start": min(i.host_start_ns for i in ivs),
         "end": max(i.host_end_ns for i in ivs),
         "injected": any(i.injected for i in ivs),
@@ -187,6 +192,8 @@ def check_spans(store: Store, job: str, world: int, steps: int, detail: str = sc
                     exp = expected_stage(rank, step, s.name)
                     assert s.a(schema.ATTR_COUNT) == exp["count"]
                     assert s.a(schema.ATTR_HOST_MS) == pytest.approx(exp["host_ms"])
+                    assert s.attrs.get(schema.ATTR_DEVICE_REPEATS, ("int_value", exp["count"])) == (
+                        "int_value", exp["device_repeats"] if exp["device_ms"] is not None else exp["count"])
                     if exp["device_ms"] is None:
                         assert schema.ATTR_DEVICE_MS not in s.attrs
                     else:

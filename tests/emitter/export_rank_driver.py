@@ -33,7 +33,8 @@ def identity(rank: int, world: int, job_id: str) -> Identity:
 
 def make_intervals(rank: int, step: int) -> list[Interval]:
     """Per step: forward/backward x MICROBATCHES, optimizer x1. Backward repeat 1 is host-only
-    (sampled_out), so its aggregate is host_only; forward keeps device time on every repeat."""
+    (sampled_out), so its aggregate's device time is the other repeats' scaled to all; forward keeps device time
+    on every repeat."""
     out = []
     base = BASE_NS + step * 1_000_000_000
     t = base + rank * 1000

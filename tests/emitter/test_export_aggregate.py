@@ -71,9 +71,9 @@ def test_step_detail_sums_counts_and_device_rules() -> None:
     assert schema.ATTR_DEGRADED_REASON not in fwd
     assert fwd[schema.ATTR_INJECTED] is True and schema.ATTR_INJECTED not in bwd
     assert bwd[schema.ATTR_HOST_MS] == pytest.approx(10.0)
-    assert schema.ATTR_DEVICE_MS not in bwd  # one repeat had no device time
+    assert schema.ATTR_DEVICE_MS not in bwd  # one repeat lost its device time (not by sampling)
     assert bwd[schema.ATTR_MEASUREMENT] == schema.MEASUREMENT_HOST_ONLY
-    assert bwd[schema.ATTR_DEGRADED_REASON] == "sampled_out"  # the first degraded repeat
+    assert bwd[schema.ATTR_DEGRADED_REASON] == "readout_timeout"  # the first repeat degraded by a fault
     # span covers first start .. last stop; workload from the step's latest interval
     assert stages["bwd"].start_ns == int(3e6) and stages["bwd"].end_ns == int(19e6)
     assert fwd[schema.ATTR_WORKLOAD_TOKENS] == 3072 and bwd[schema.ATTR_WORKLOAD_MICROBATCHES] == 3
@@ -85,6 +85,38 @@ def test_step_detail_sums_counts_and_device_rules() -> None:
     assert rank_step.attributes[schema.ATTR_STAGE] == schema.SPAN_RANK_STEP
     assert (job_step.start_ns, job_step.end_ns) == (rank_step.start_ns, rank_step.end_ns)
     assert job_step.attributes == {schema.ATTR_ITERATION: 5, schema.ATTR_STAGE_GROUP: "step"}
+
+
+def test_step_detail_scales_a_sampled_repeat_to_the_step() -> None:
+    """device_repeats=middle: one repeat measured, the others sampled out -> its device time x the repeats."""
+    agg = StepAggregator(rank=0)
+    out: list = []
+    agg.add(
+        [
+            iv("fwd", 5, 0, 0, 2, device=None, degraded="sampled_out"),
+            iv("fwd", 5, 1, 3, 2, device=None, degraded="sampled_out"),
+            iv("fwd", 5, 2, 6, 2, device=1.5),
+            iv("fwd", 5, 3, 9, 2, device=None, degraded="sampled_out"),
+            iv("bwd", 5, 0, 12, 3, device=None, degraded="sampled_out"),  # a host-only step: no repeat measured
+            iv("bwd", 5, 1, 16, 3, device=None, degraded="sampled_out"),
+            iv("opt", 5, 0, 20, 1, device=0.8),
+        ],
+        0,
+        out,
+    )
+    agg.close_all(out)
+    stages = {r.name: r.attributes for r in by_kind(out, KIND_STAGE)}
+    fwd, bwd, opt = stages["fwd"], stages["bwd"], stages["opt"]
+    assert fwd[schema.ATTR_DEVICE_MS] == pytest.approx(6.0) and fwd[schema.ATTR_DEVICE_REPEATS] == 1
+    assert fwd[schema.ATTR_MEASUREMENT] == schema.MEASUREMENT_DEVICE and fwd[schema.ATTR_COUNT] == 4
+    assert schema.ATTR_DEGRADED_REASON not in fwd
+    assert schema.ATTR_DEVICE_MS not in bwd and bwd[schema.ATTR_DEGRADED_REASON] == "sampled_out"
+    assert schema.ATTR_DEVICE_REPEATS not in bwd
+    assert opt[schema.ATTR_DEVICE_MS] == pytest.approx(0.8) and schema.ATTR_DEVICE_REPEATS not in opt  # all measured
+    (rank_step,) = by_kind(out, KIND_RANK_STEP)
+    a = rank_step.attributes
+    assert dict(zip(a[schema.ATTR_SUMMARY_STAGES], a[schema.ATTR_SUMMARY_DEVICE_MS], strict=True)) == pytest.approx(
+        {"fwd": 6.0, "bwd": schema.SUMMARY_NOT_MEASURED, "opt": 0.8})
 
 
 def test_only_rank_zero_emits_train_step_and_interval_detail_is_per_interval() -> None:

@@ -187,12 +187,13 @@ class _Spy:
         return spy
 
 
-@pytest.mark.parametrize("gap_us", [0.0, 10_000.0])  # every boundary records / adjacent ones reuse events
+# every boundary records / adjacent ones reuse events / and one repeat per step records (device_repeats)
+@pytest.mark.parametrize(("gap_us", "repeats"), [(0.0, "all"), (10_000.0, "all"), (10_000.0, "middle")])
 def test_runtime_spy_zero_forbidden_calls(make_timers, sink, device, monkeypatch: pytest.MonkeyPatch,
-                                          gap_us: float) -> None:
+                                          gap_us: float, repeats: str) -> None:
     inj = Injector("batch-generator", host_ms=0.01, from_step=5, until_step=6)
     t = make_timers(start_readout=True, ring_size=8192, pool_size=64, device_every=2, injector=inj,
-                    share_gap_us=gap_us)
+                    share_gap_us=gap_us, device_repeats=repeats)
     spy = _Spy(threading.current_thread())
     targets = [
         (torch.cuda, "synchronize"),
@@ -242,8 +243,9 @@ def test_runtime_spy_zero_forbidden_calls(make_timers, sink, device, monkeypatch
     assert sum(iv.injected for iv in sink.intervals) == 8
 
 
-@pytest.mark.parametrize("gap_us", [0.0, 10_000.0])
-def test_steady_state_start_stop_allocates_nothing_that_grows(make_timers, device, gap_us: float) -> None:
+@pytest.mark.parametrize(("gap_us", "repeats"), [(0.0, "all"), (10_000.0, "all"), (10_000.0, "middle")])
+def test_steady_state_start_stop_allocates_nothing_that_grows(make_timers, device, gap_us: float,
+                                                              repeats: str) -> None:
     class Null:
         def submit(self, b):
             pass
@@ -257,7 +259,7 @@ def test_steady_state_start_stop_allocates_nothing_that_grows(make_timers, devic
         def shutdown(self, t):
             pass
 
-    t = make_timers(ring_size=256, sink_=Null(), share_gap_us=gap_us)
+    t = make_timers(ring_size=256, sink_=Null(), share_gap_us=gap_us, device_repeats=repeats)
     x = t("forward-compute")
 
     def cycle(n: int) -> None:

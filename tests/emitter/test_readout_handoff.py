@@ -158,9 +158,10 @@ def test_default_pool_and_ring_hold_a_readout_period_of_device_timed_steps(sink)
     """Device time on every step, 26 intervals per 20 ms step (the launch-bound H200 model's stages at a short
     step), the device finishing each step while the host runs the next, drained once per default readout
     period: no interval loses its device time or its ring slot, and half of the pool and most of the ring are
-    left. Every boundary records its own event here (``share_gap_us=0``), the most a step can hold in flight."""
+    left. Every boundary of every repeat records its own event here (``share_gap_us=0``, ``device_repeats=all``),
+    the most a step can hold in flight."""
     dev = FakeDevice(auto_complete=False)
-    cfg = replace(DEFAULTS, enabled=True, device_every=1, share_gap_us=0.0)
+    cfg = replace(DEFAULTS, enabled=True, device_every=1, share_gap_us=0.0, device_repeats="all")
     t = Timers(2, "minmax", config=cfg, pool=EventPool(cfg.pool_size, dev.factory, synchronize=None), sink=sink)
     steps_per_period = math.ceil(cfg.readout_interval_ms / 20.0)
     ring_peak = 0

@@ -43,9 +43,9 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> HostClock:
 
 
 def build(dev: FakeDevice, sink: RecordingSink, *, gap_us: float, pool_size: int = 256, ring_size: int = 256,
-          device_every: int = 1) -> Timers:
+          device_every: int = 1, device_repeats: str = "all") -> Timers:
     cfg = EmitterConfig(enabled=True, device_every=device_every, pool_size=pool_size, ring_size=ring_size,
-                        share_gap_us=gap_us)
+                        share_gap_us=gap_us, device_repeats=device_repeats)
     pool = EventPool(pool_size, dev.factory, synchronize=None, stream=lambda: dev.stream)
     return Timers(2, "minmax", config=cfg, pool=pool, sink=sink)
 
@@ -243,10 +243,12 @@ def random_program(rng: random.Random, n_ops: int) -> list[tuple[str, Any]]:
 
 
 def play(ops: list[tuple[str, Any]], clock: HostClock, *, gap_us: float, pool_size: int, ring_size: int,
-         device_every: int, check: Callable[[Timers], None] | None = None) -> tuple[Timers, RecordingSink]:
+         device_every: int, check: Callable[[Timers], None] | None = None,
+         device_repeats: str = "all") -> tuple[Timers, RecordingSink]:
     dev = FakeDevice(auto_complete=False)
     sink = RecordingSink()
-    t = build(dev, sink, gap_us=gap_us, pool_size=pool_size, ring_size=ring_size, device_every=device_every)
+    t = build(dev, sink, gap_us=gap_us, pool_size=pool_size, ring_size=ring_size, device_every=device_every,
+              device_repeats=device_repeats)
     for op, arg in ops:
         if op == "gap":
             clock.advance_us(arg)
@@ -305,17 +307,21 @@ def test_random_programs_never_free_an_event_in_use_and_return_every_event(clock
     rng = random.Random(seed)
     ops = random_program(rng, 400)
     small = seed % 3 == 0  # a small pool and ring: exhaustion and ring-full drops on the way
+    repeats = "middle" if seed % 4 >= 2 else "all"  # middle: repeats other than a step's middle one record nothing
     t, sink = play(ops, clock, gap_us=GAP_US, pool_size=6 if small else 512, ring_size=8 if small else 1024,
-                   device_every=1 + seed % 2, check=check_free)
+                   device_every=1 + seed % 2, check=check_free, device_repeats=repeats)
     check_free(t)
     t.shutdown(1.0)
+    if repeats == "middle":  # repeats of device-sampled steps went host-only
+        assert any(iv.degraded == "sampled_out" and iv.step % (1 + seed % 2) == 0 for iv in sink.intervals)
     assert len(t.pool.free) == t.pool.capacity
     assert len({id(ev) for ev in t.pool.free}) == t.pool.capacity
     assert all(ev.refs == 0 for ev in t.pool.free)
     assert t.counters.faults_training == 0 and t.counters.faults_readout == 0
     if not small:
         # GPU work is launched over more than the gap: reuse changes no device time, only the records
-        t0, sink0 = play(ops, clock, gap_us=0.0, pool_size=512, ring_size=1024, device_every=1 + seed % 2)
+        t0, sink0 = play(ops, clock, gap_us=0.0, pool_size=512, ring_size=1024, device_every=1 + seed % 2,
+                         device_repeats=repeats)
         assert timeline(sink) == timeline(sink0)
         assert t.share.records < t0.share.records
         t0.shutdown(1.0)
@@ -398,7 +404,8 @@ def test_a_stream_lookup_that_raises_means_no_reuse_and_leaves_no_reference(cloc
         return dev.stream
 
     sink = RecordingSink()
-    cfg = EmitterConfig(enabled=True, device_every=1, pool_size=8, ring_size=8, share_gap_us=GAP_US)
+    cfg = EmitterConfig(enabled=True, device_every=1, pool_size=8, ring_size=8, share_gap_us=GAP_US,
+                        device_repeats="all")
     t = Timers(2, "minmax", config=cfg, pool=EventPool(8, dev.factory, synchronize=None, stream=stream), sink=sink)
     outer, inner, nxt = t("forward-backward"), t("forward-compute"), t("backward-compute")
     outer.start()

@@ -56,9 +56,11 @@ def _gpu_sleep_ms(ms: float) -> None:
     torch.cuda._sleep(int(ms * _CYCLES_PER_MS[0]))
 
 
-def _timers(device_every: int = 1, **kw) -> tuple[Timers, RecordingSink]:
+def _timers(device_every: int = 1, device_repeats: str = "all", **kw) -> tuple[Timers, RecordingSink]:
+    """Every repeat of a step on the device unless ``device_repeats`` says otherwise (test_repeat_sampling.py)."""
     _gpu_sleep_ms(0.0)  # calibrate before any timed interval (calibration synchronises the device)
-    cfg = EmitterConfig.from_env({}, enabled=True, device_every=device_every, readout_interval_ms=5)
+    cfg = EmitterConfig.from_env({}, enabled=True, device_every=device_every, readout_interval_ms=5,
+                                 device_repeats=device_repeats)
     sink = RecordingSink()
     t = Timers(2, "minmax", config=cfg, pool=create_pool(64), sink=sink, start_readout=True, **kw)
     return t, sink
@@ -217,6 +219,27 @@ def test_device_time_measures_gpu_work_not_launch_time() -> None:
         assert iv.device_ms > 4.0, iv.device_ms
         assert host_ms < 0.5 * iv.device_ms, (host_ms, iv.device_ms)
     assert [iv.repeat for iv in got] == [0, 1, 2, 3, 4]
+
+
+def test_the_middle_repeat_carries_the_step_device_time() -> None:
+    """The default ``device_repeats=middle`` on real events: repeat k of 4 sleeps 2 x (k + 1)^2 ms on the GPU; step
+    0 measures repeat 0 (2 ms), later steps repeat 2 alone (18 ms: 9x repeat 0's, where repeats 1 and 3 would give
+    4x and 16x; a ratio, since the spin's speed moves with the SM clock)."""
+    timers, sink = _timers(device_repeats="middle")
+    for step in range(3):
+        timers.set_step(step)
+        for k in range(4):
+            timers("forward-compute", log_level=2).start()
+            _gpu_sleep_ms(2.0 * (k + 1) ** 2)
+            timers("forward-compute").stop()
+    assert timers.flush(10.0)
+    timers.shutdown(5.0)
+    measured = [(iv.step, iv.repeat, iv.device_ms) for iv in sink.intervals if iv.device_ms is not None]
+    assert [(s, r) for s, r, _ in measured] == [(0, 0), (1, 2), (2, 2)]
+    assert all(iv.degraded == "sampled_out" for iv in sink.intervals if iv.device_ms is None)
+    first = measured[0][2]
+    for _, _, ms in measured[1:]:
+        assert 6.0 < ms / first < 12.0, (ms, first)
 
 
 def test_no_device_sync_on_the_training_thread(monkeypatch: pytest.MonkeyPatch) -> None:
