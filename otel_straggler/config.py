@@ -250,7 +250,7 @@ def warn_once(key: str, msg: str) -> None:
 # Upper bounds of the numeric settings (a value beyond is a bad value: warned, default, counted).
 MAX_DEVICE_EVERY = 1000
 MAX_POOL_SIZE = 65536  # CUDA events
-MAX_RING_SIZE = 1 << 20  # slots (nine preallocated lists of this length)
+MAX_RING_SIZE = 1 << 20  # slots (preallocated objects of ~100 bytes each)
 MAX_OPEN_STEPS = 1024
 MAX_TIMERS_PER_STEP = 4096
 MAX_STEP_CLOSE_LAG = 64

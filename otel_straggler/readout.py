@@ -185,20 +185,18 @@ class Readout:
         elapsed = self.pool.elapsed
         query = self.pool.query
         off = self._wall_offset
-        timer_of, start_ns_of, end_ns_of = r.timer, r.start_ns, r.end_ns
-        start_ev_of, end_ev_of, reason_of, own_of = r.start_ev, r.end_ev, r.reason, r.own
-        binding_of, repeat_of, injected_of = r.binding, r.repeat, r.injected
+        slots = r.slots
         degraded = c.degraded
         batch: list[Interval] = []
         append = batch.append
         first = tail
-        first_end_ns = end_ns_of[tail & mask] if tail < head else 0  # read before the slot is freed
+        first_end_ns = slots[tail & mask].end_ns if tail < head else 0  # read before the slot is freed
         while tail < head:
-            i = tail & mask
+            sl = slots[tail & mask]
             try:
-                sev = start_ev_of[i]
-                eev = end_ev_of[i]
-                reason = reason_of[i]
+                sev = sl.start_ev
+                eev = sl.end_ev
+                reason = sl.reason
                 device_ms = None
                 if sev is not None:
                     try:
@@ -209,12 +207,12 @@ class Readout:
                             done = bool(query(sev)) and (eev is None or bool(query(eev)))
                     except Exception:
                         done = None
-                    own = own_of[i]  # the events this slot returns (another slot or the orphans return the rest)
+                    own = sl.own  # the events this slot returns (another slot or the orphans return the rest)
                     if done is None:
                         reason = CUDA_ERROR
                         self._quarantine_slot(sev, eev, own)
                     elif not done:
-                        if force or now - end_ns_of[i] > timeout_ns:
+                        if force or now - sl.end_ns > timeout_ns:
                             reason = READOUT_TIMEOUT
                             self._quarantine_slot(sev, eev, own)
                         else:
@@ -229,22 +227,22 @@ class Readout:
                             free.append(eev)
                 if device_ms is None and reason is None:
                     reason = CUDA_ERROR
-                timer = timer_of[i]
-                b = binding_of[i]
+                timer = sl.timer
+                b = sl.binding
                 # positional: Interval's field order (name, level, group, step, repeat, host start/end, device
                 # ms, degraded, tokens, sequences, microbatches, injected, collective)
-                append(Interval(timer.name, timer._level, timer._group, b[0], repeat_of[i], start_ns_of[i] + off,
-                                end_ns_of[i] + off, device_ms, None if device_ms is not None else reason, b[1], b[2],
-                                b[3], injected_of[i], timer.collective))
+                append(Interval(timer.name, timer._level, timer._group, b[0], sl.repeat, sl.start_ns + off,
+                                sl.end_ns + off, device_ms, None if device_ms is not None else reason, b[1], b[2],
+                                b[3], sl.injected, timer.collective))
                 if device_ms is None:
                     degraded[reason] = degraded.get(reason, 0) + 1
             except Exception:
                 c.faults_readout += 1
             # reset the fields the producer writes only when non-default, then free the slot (``own`` is written
             # with ``start_ev``)
-            start_ev_of[i] = None
-            end_ev_of[i] = None
-            injected_of[i] = False
+            sl.start_ev = None
+            sl.end_ev = None
+            sl.injected = False
             tail += 1
             r.tail = tail
         if tail > first:

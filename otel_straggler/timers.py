@@ -290,22 +290,22 @@ class Timer:
                             eev.tag = h
                             self._orphans.append(eev)
                 return
-            i = h & r.mask
+            sl = r.slots[h & r.mask]
             # start_ev/end_ev/injected are reset by the readout thread before it frees a slot, so
             # only non-default values are written here.
-            r.timer[i] = self
-            r.start_ns[i] = self._t0
-            r.end_ns[i] = now
+            sl.timer = self
+            sl.start_ns = self._t0
+            sl.end_ns = now
             if sev is not None:
-                r.start_ev[i] = sev
-                r.own[i] = own
+                sl.start_ev = sev
+                sl.own = own
                 if eev is not None:
-                    r.end_ev[i] = eev
-            r.binding[i] = b
-            r.repeat[i] = rep
-            r.reason[i] = reason
+                    sl.end_ev = eev
+            sl.binding = b
+            sl.repeat = rep
+            sl.reason = reason
             if injected:
-                r.injected[i] = True
+                sl.injected = True
             r.head = h + 1
         except Exception:
             self._c.faults_training += 1

@@ -56,6 +56,7 @@ ALLOWED_CALLS = {
     "bool",
     "max",
     "_pow2",
+    "Slot",  # Ring.__init__: the ring's slots, made once at install
     "range",
     "sleep",
     "_gpu_fn",

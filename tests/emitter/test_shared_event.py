@@ -284,8 +284,8 @@ def in_use(t: Timers) -> set[int]:
     r = t.ring
     used = set()
     for idx in range(r.tail, r.head):
-        i = idx & r.mask
-        for ev in (r.start_ev[i], r.end_ev[i]):
+        sl = r.slots[idx & r.mask]
+        for ev in (sl.start_ev, sl.end_ev):
             if ev is not None:
                 used.add(id(ev))
     for timer in t._timers.values():
@@ -338,7 +338,7 @@ def test_a_released_event_waits_for_the_slots_before_it(clock: HostClock) -> Non
     x.start()
     clock.advance_us(100)
     x.stop()
-    x_end = t.ring.end_ev[0]
+    x_end = t.ring.slots[0].end_ev
     x_end.recorded_at = 1e9  # still running (on another stream)
     clock.advance_us(100)
     a.start()
