@@ -13,6 +13,11 @@ the same stream:
   not the stopping timer's own start event: an interval's own work is always between two distinct records, so
   a stage launched in microseconds (one all-reduce, one fused optimizer kernel) keeps its device time.
 
+A boundary that records nothing on a device-sampled step (a repeat sampled out, ``device_repeats``; an event the
+pool could not give or the driver could not record) ends the adjacency: its interval's GPU work may be launched in
+microseconds (one CUDA graph, one big kernel), and a later boundary that reused the event recorded before it
+would take that work into its own interval. It sets ``ns`` to ``NO_REUSE``, so the next boundary records.
+
 GPU work launched inside such a gap (glue code between two timers) moves: after a reused start it counts to
 the interval that starts; before a reused stop it is left out of the outer interval that stops (which ends
 where its inner one did), and is in no interval unless a later start reuses that event too.
@@ -29,7 +34,9 @@ complete, it needs no query of its own unless one of them could not (``tainted``
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import Any, Final
+
+NO_REUSE: Final = -(1 << 62)  # ``SharedEvent.ns`` after a boundary that recorded nothing: no reuse before a record
 
 
 class SharedEvent:

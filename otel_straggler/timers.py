@@ -39,7 +39,7 @@ from otel_straggler.counters import CUDA_ERROR, POOL_EXHAUSTED, SAMPLED_OUT, UNB
 from otel_straggler.event_pool import EventPool, HostOnlyPool
 from otel_straggler.interval import IntervalSink
 from otel_straggler.ring import Ring
-from otel_straggler.shared_event import SharedEvent
+from otel_straggler.shared_event import NO_REUSE, SharedEvent
 from otel_straggler.stages import stage_group
 from otel_straggler.step_context import StepContext
 
@@ -186,6 +186,7 @@ class Timer:
                         self._pick = pick = (self._rep + 1) >> 1
                     if nxt != pick:
                         self._reason = SAMPLED_OUT  # another repeat (microbatch) of this step has its device time
+                        self._share.ns = NO_REUSE  # its GPU work is in no later boundary's reused event
                         self._started = True
                         self._t0 = _clock()
                         return
@@ -209,10 +210,12 @@ class Timer:
                         stream = self._record(ev)
                     except Exception:
                         self._reason = CUDA_ERROR
+                        sh.ns = NO_REUSE
                     else:
                         sh.recorded(ev, t, stream, False)
                 else:
                     self._reason = POOL_EXHAUSTED
+                    sh.ns = NO_REUSE
             else:
                 self._reason = ctx.host_reason
             self._started = True

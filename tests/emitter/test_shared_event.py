@@ -489,3 +489,32 @@ def test_a_taint_ends_with_the_life_of_the_event(clock: HostClock) -> None:
     t.readout.drain()
     assert shared in t.pool.free and not shared.tainted
 
+
+
+@pytest.mark.parametrize("repeats", ["middle", "all"])
+def test_work_of_a_boundary_that_records_nothing_is_never_taken_into_a_reused_event(clock: HostClock,
+                                                                                  repeats: str) -> None:
+    """Microbatches launched in microseconds (a CUDA graph, one big kernel each): with one repeat per step on the
+    device, the sampled-out repeats' boundaries record nothing, and the measured repeat must not reuse an event
+    recorded before their work (found on the H200: repeat 2 read 58 ms, the work of three repeats, for its 18)."""
+    dev = FakeDevice()
+    sink = RecordingSink()
+    t = build(dev, sink, gap_us=GAP_US, device_repeats=repeats)
+    work = [2.0, 8.0, 18.0, 32.0]
+    for step in range(3):
+        t.set_step(step)
+        for ms in work:
+            t("forward-compute").start()
+            busy(dev, clock, ms, 5)  # launched in 5 us of host time
+            t("forward-compute").stop()
+            clock.advance_us(5)
+    t.readout.drain()
+    for iv in sink.intervals:
+        if iv.device_ms is not None:
+            assert iv.device_ms == pytest.approx(work[iv.repeat]), (iv.step, iv.repeat, iv.device_ms)
+    measured = [(iv.step, iv.repeat) for iv in sink.intervals if iv.device_ms is not None]
+    if repeats == "middle":
+        assert measured == [(0, 0), (1, 2), (2, 2)]
+    else:
+        assert len(measured) == 12
+    check_free(t)
