@@ -40,7 +40,7 @@ a launch-bound step, where a device-sampled step pays a measurable share of the 
 events cost next to nothing (``bench/results/gpu-h200.md`` sections 2 and 3). Auto sampling picks the smallest N
 (1..``device_every_max``) whose cost stays within ``device_budget``: a prior of 5x the records' micro-cost
 until the measured difference between device-sampled and host-only step periods resolves the budget
-(``step_context.py``): N = 4 launch-bound, N = 1 for long steps. The other steps are timed on the host
+(``step_context.py``): N = 3-4 launch-bound, N = 1 for long steps. The other steps are timed on the host
 (``sampled_out``). A fixed N >= 1 disables the adaptation.
 ``device_repeats`` defaults to ``middle``: a timer that runs once per microbatch (``forward-compute``,
 ``backward-compute``, ``batch-generator``, the P2P timers) records events on a device-sampled step for one of its

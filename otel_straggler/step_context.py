@@ -31,7 +31,7 @@ budget allows per step) it is the cost: on steady, long (GPU-bound) steps the re
 device work and N drops to 1. Until then the cost is the larger of the prior and the
 measurement's lower 2-standard-error bound: step jitter on a launch-bound step is far larger than the
 budget (``bench/results/gpu-h200.md`` section 3), so an unproven difference must not lower N, and a proven
-one raises it. The launch-bound model of that section gets N = 4; steps of a few hundred ms or more get
+one raises it. The launch-bound model of that section gets N = 3-4; steps of a few hundred ms or more get
 N = 1, so the detector sees device time on every step where it is cheap.
 """
 

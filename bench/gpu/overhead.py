@@ -27,6 +27,8 @@ Two model sizes: launch-bound (~30-40 ms steps: the host's launches are the crit
   every1-release  ``every1`` with the driver calls made through ``ctypes.CDLL`` (GIL released per call)
   every1-null     ``every1`` with the export side off (readout thread, no export child)
   every1-shared   ``every1`` with the export child on every core (no affinity away from training)
+  every1-all      ``every1`` with every repeat (microbatch) of a timer on the device (``device_repeats=all``; the
+                  default times the middle repeat of each timer per step on the device, the others on the host)
   every1-own      ``every1`` with every boundary recording its own event (``share_gap_us=0``: no reuse of the
                   previous boundary's event, ``otel_straggler/shared_event.py``)
   every1-norecord ``every1-own`` whose record calls no driver (a diagnostic: the timers' own work on a
@@ -36,7 +38,8 @@ Two model sizes: launch-bound (~30-40 ms steps: the host's launches are the crit
 
 Before the arms, a boundary profile of the model: device-timed runs of ``--profile-steps`` steps through the
 timers (no export) print the host gap before each start and stop (to the previous boundary of any timer) and the
-records per step with the default ``share_gap_us`` and with every boundary recording.
+records per step with the defaults, with every boundary of every repeat recording, and with the default
+``share_gap_us`` and every repeat on the device.
 
 Each step ends with torch.cuda.synchronize() in every arm (Megatron's loss reduction syncs each step too).
 The collector runs on the same machine, niced (+10) as in the demo (runs 1-8 ran it at the bench's priority).
@@ -78,7 +81,7 @@ sys.path.insert(0, str(ROOT))
 from otel_straggler.demo.run import free_port, yield_cpu  # noqa: E402
 
 SHIM_ARMS = ("shim", "every1", "host", "every1-hold", "every1-release", "every1-null", "every1-shared", "every1-own",
-             "every1-norecord", "every1-notiming")
+             "every1-norecord", "every1-notiming", "every1-all")
 
 
 def start_collector(workdir: Path) -> tuple[subprocess.Popen, int, int]:
@@ -176,6 +179,8 @@ def _shim(name: str, every: int | None = None) -> Any:
         opts["export_affinity"] = "all"
     if name in ("every1-own", "every1-norecord", "every1-notiming"):
         opts["share_gap_us"] = 0.0
+    if name == "every1-all":
+        opts["device_repeats"] = "all"
     t = otel_straggler.install_megatron(enabled=True, set_global=False, **opts)
     if name == "every1-norecord" and t.pool.stream is not None:
         stream_of = t.pool.stream
@@ -235,9 +240,10 @@ class DrainLog:
 
 
 def boundary_profile(model: Any, steps: int) -> dict:
-    """Host gaps between the model's timer boundaries and records per step with and without event reuse (two
-    runs of ``steps`` steps each; what reuse does to device times is checked on a fake clock in
-    ``tests/emitter/test_shared_event.py``, where two runs can time the same work)."""
+    """Host gaps between the model's timer boundaries and records per step with the defaults, without event reuse
+    or repeat sampling, and with every repeat on the device (three runs of ``steps`` steps each; what reuse does
+    to device times is checked on a fake clock in ``tests/emitter/test_shared_event.py``, where two runs can time
+    the same work)."""
     from otel_straggler.config import DEFAULTS, EmitterConfig
     from otel_straggler.event_pool import EventPool
     from otel_straggler.interval import NullSink
@@ -251,11 +257,13 @@ def boundary_profile(model: Any, steps: int) -> dict:
         def submit(self, intervals: Any) -> None:
             self.rows.extend(intervals)
 
-    out: dict[str, Any] = {"share_gap_us": DEFAULTS.share_gap_us}
+    out: dict[str, Any] = {"share_gap_us": DEFAULTS.share_gap_us, "device_repeats": DEFAULTS.device_repeats}
     runs = {}
-    for gap in (DEFAULTS.share_gap_us, 0.0):
+    # the defaults; every boundary of every repeat recording (the gaps below come from that run); every repeat
+    gap1 = DEFAULTS.share_gap_us
+    for gap, repeats in ((gap1, DEFAULTS.device_repeats), (0.0, "all"), (gap1, "all")):
         sink = Keep()
-        cfg = EmitterConfig(enabled=True, device_every=1, share_gap_us=gap)
+        cfg = EmitterConfig(enabled=True, device_every=1, share_gap_us=gap, device_repeats=repeats)
         t = Timers(2, "minmax", config=cfg, pool=EventPool(1024), sink=sink)
         model.set_timers(t)
         r0 = t.share.records
@@ -264,12 +272,13 @@ def boundary_profile(model: Any, steps: int) -> dict:
             model.torch.cuda.synchronize()
             t.readout.drain(force=True)
         model.set_timers(None)
-        runs[gap] = (sink.rows, (t.share.records - r0) / steps)
+        runs[(gap, repeats)] = (sink.rows, (t.share.records - r0) / steps)
         t.shutdown(5.0)
-    rows, per_step = runs[DEFAULTS.share_gap_us]
-    rows0, per_step0 = runs[0.0]
+    rows, per_step = runs[(DEFAULTS.share_gap_us, DEFAULTS.device_repeats)]
+    rows0, per_step0 = runs[(0.0, "all")]
     out["records_per_step"] = per_step
     out["records_per_step_own"] = per_step0
+    out["records_per_step_all_repeats"] = runs[(DEFAULTS.share_gap_us, "all")][1]
     out["intervals_per_step"] = len(rows) / steps
     # boundaries of each step in host order: the gap before each to the previous one
     by_step: dict[int, list[tuple[int, str]]] = {}
