@@ -4,6 +4,7 @@ from the environment alone (no job id given), times a few Megatron-like steps, p
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import otel_straggler
@@ -16,7 +17,9 @@ def main() -> None:
         otel_straggler.step(step)
         with otel_straggler.stage("forward-compute"):
             time.sleep(0.002)
-    print(json.dumps({"rank": timers.identity.rank, "job_id": timers.identity.job_id}), flush=True)
+    # one write of the whole line: both workers share torchrun's stdout, and print() writes the text and its newline
+    # separately when stdout is unbuffered (PYTHONUNBUFFERED), so two ranks' lines could interleave
+    os.write(1, (json.dumps({"rank": timers.identity.rank, "job_id": timers.identity.job_id}) + "\n").encode())
     otel_straggler.shutdown(5.0)
 
 
