@@ -49,7 +49,10 @@ the last one's gradient reduction), and times the others on the host (``sampled_
 the step is that repeat's x the step's repeats (``straggler.duration.device_repeats`` on the stage span says how
 many were measured; ``docs/schema.md``). Every rank of a cohort times the same repeat of a step, so the collector
 compares like with like, and the records per step no longer grow with the microbatches: device time on every
-step of a pipeline schedule with 32 microbatches costs what one microbatch's does. ``all`` times every repeat.
+step of a pipeline schedule with 32 microbatches costs what one microbatch's does. Repeats are counted by the
+step current at their start; an ``elapsed()`` read of a running timer continues its repeat. A step that runs fewer
+repeats than the previous step's middle index (the first after a change of microbatches) has none measured for
+that timer. ``all`` times every repeat.
 The readout thread wakes every 500 ms: each wake takes the GIL from the training thread and hands it back, and
 on a launch-bound step those hand-offs, not the drain's work, are most of what the readout costs, so fewer wakes
 cost less (``bench/results/gpu-h200.md`` section 3; ``bench/results/cpu-gil-handoff.md``).

@@ -13,10 +13,12 @@ the same stream:
   not the stopping timer's own start event: an interval's own work is always between two distinct records, so
   a stage launched in microseconds (one all-reduce, one fused optimizer kernel) keeps its device time.
 
-A boundary that records nothing on a device-sampled step (a repeat sampled out, ``device_repeats``; an event the
-pool could not give or the driver could not record) ends the adjacency: its interval's GPU work may be launched in
-microseconds (one CUDA graph, one big kernel), and a later boundary that reused the event recorded before it
-would take that work into its own interval. It sets ``ns`` to ``NO_REUSE``, so the next boundary records.
+A start that records nothing on a device-sampled step (a repeat sampled out, ``device_repeats``; an event the
+pool could not give or the driver could not record), and a stop whose record failed, end the adjacency: the
+interval's GPU work may be launched in microseconds (one CUDA graph, one big kernel), and a later boundary that
+reused the event recorded before it would take that work into its own interval. They set ``ns`` to ``NO_REUSE``,
+so the next boundary records. (A stop that records nothing because its interval was sampled out leaves it: the
+work launched between the last record and that stop is glue, which moves as below.)
 
 GPU work launched inside such a gap (glue code between two timers) moves: after a reused start it counts to
 the interval that starts; before a reused stop it is left out of the outer interval that stops (which ends

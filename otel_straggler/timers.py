@@ -119,7 +119,9 @@ class Timer:
         "_ring",
         "_sev",
         "_share",
+        "_sstep",
         "_started",
+        "_starts",
         "_t0",
         "collective",
         "name",
@@ -150,9 +152,13 @@ class Timer:
         self._reason: str | None = None
         self._rep_step = -1
         self._rep = -1
-        # the repeat of a step that gets device time (ctx.sample_repeats; -1: every repeat): the middle one of
-        # the timer's previous step, set at its first device-sampled start of each step (0 until a step was seen)
+        # the repeat of a step that gets device time (ctx.sample_repeats; -1: every repeat): the middle one of the
+        # timer's starts in the last device-sampled step it started in, set at its first start of each such step (0
+        # until one was seen). Counted at start, by the step current at the start: an interval that straddles a
+        # step change (started before set_step, stopped after) is bound to its stop's step, the pick to its start's
         self._pick = 0 if ctx.sample_repeats else -1
+        self._sstep = -1  # the step of those starts
+        self._starts = 0  # device-sampled starts in it
         self._ring = ring
         self._ctx = ctx
         self._free = pool.free
@@ -179,11 +185,12 @@ class Timer:
             if ctx.device_on:
                 pick = self._pick
                 if pick >= 0:
-                    if self._rep_step == ctx.step:
-                        nxt = self._rep + 1
-                    else:  # the timer's first start in this step: the middle repeat of its previous step's count
+                    nxt = self._starts
+                    if self._sstep != ctx.step:  # its first start in this step: the middle of its previous count
+                        self._pick = pick = nxt >> 1
+                        self._sstep = ctx.step
                         nxt = 0
-                        self._pick = pick = (self._rep + 1) >> 1
+                    self._starts = nxt + 1
                     if nxt != pick:
                         self._reason = SAMPLED_OUT  # another repeat (microbatch) of this step has its device time
                         self._share.ns = NO_REUSE  # its GPU work is in no later boundary's reused event
@@ -265,10 +272,12 @@ class Timer:
                                 stream = self._record(eev)
                             except Exception:
                                 reason = CUDA_ERROR
+                                sh.ns = NO_REUSE
                             else:
                                 sh.recorded(eev, now, stream, True)
                         else:
                             reason = POOL_EXHAUSTED
+                            sh.ns = NO_REUSE
                 # publish the references: the slot owns (returns to the pool) what nothing else refers to any more
                 sev.refs -= 1
                 last = sh.ev
@@ -346,6 +355,8 @@ class Timer:
         if started:
             is_step = self._is_step
             self._is_step = False  # a restart inside elapsed() is not a new step
+            if self._sstep == self._ctx.step and self._starts > 0:
+                self._starts -= 1  # nor a new repeat: its second half is measured iff its first was
             try:
                 self.start(barrier=barrier)
             finally:

@@ -120,3 +120,52 @@ def test_device_repeats_setting_parses_and_falls_back(monkeypatch: pytest.Monkey
     assert EmitterConfig.from_env({"OTEL_STRAGGLER_DEVICE_REPEATS": "ALL"}).device_repeats == "all"
     bad = EmitterConfig.from_env({"OTEL_STRAGGLER_DEVICE_REPEATS": "some"})
     assert bad.device_repeats == "middle" and "device_repeats" in bad.config_errors
+
+
+def test_a_timer_restarted_by_elapsed_keeps_its_repeat(make_timers, sink, device) -> None:
+    """Megatron's ``training_log`` reads ``interval-time`` with ``elapsed()``, a stop and restart of the running
+    timer; a stage read while running is one repeat too: both halves are measured or neither, so the step's device
+    time is the whole interval's, not half of it scaled."""
+    t = make_timers(device_repeats="middle", pool_size=64)
+    t.set_step(0)
+    t("interval-time", 0).start()
+    for step in range(1, 9):
+        t.set_step(step)
+        x = t("optimizer", 1)
+        x.start()
+        device.work(1.0)
+        x.elapsed(reset=False)
+        device.work(3.0)
+        x.stop()
+        if step % 2 == 0:
+            t("interval-time").elapsed(barrier=True)
+    t.readout.drain()
+    agg = StepAggregator(rank=0, config=EmitterConfig())
+    out: list = []
+    agg.add(sink.intervals, 0, out)
+    agg.close_all(out)
+    opt = {r.step: r.attributes for r in out if r.kind == KIND_STAGE and r.name == "optimizer"}
+    assert sorted(opt) == list(range(1, 9))
+    for a in opt.values():
+        assert a[schema.ATTR_DEVICE_MS] == pytest.approx(4.0) and a[schema.ATTR_COUNT] == 2
+        assert schema.ATTR_DEVICE_REPEATS not in a
+    assert all(iv.device_ms is not None for iv in sink.intervals if iv.name == "interval-time")
+
+
+def test_a_timer_that_straddles_the_step_change_is_measured(make_timers, sink, device) -> None:
+    """Started before ``set_step`` and stopped after it (bound to the new step): repeats are counted by the step
+    of their start, so the timer keeps device time once its count settled (the first two steps count the start
+    made before the first ``set_step`` of the loop)."""
+    t = make_timers(device_repeats="middle", pool_size=64)
+    for step in range(8):
+        t("batch-generator", 2).start()
+        t.set_step(step)
+        device.work(1.0)
+        t("batch-generator").stop()
+        t("forward-backward", 1).start()
+        device.work(1.0)
+        t("forward-backward").stop()
+    t.readout.drain()
+    got = [iv for iv in sink.intervals if iv.name == "batch-generator"]
+    assert [iv.step for iv in got] == list(range(8))
+    assert all(iv.device_ms == pytest.approx(1.0) for iv in got[3:])

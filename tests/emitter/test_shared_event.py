@@ -518,3 +518,35 @@ def test_work_of_a_boundary_that_records_nothing_is_never_taken_into_a_reused_ev
     else:
         assert len(measured) == 12
     check_free(t)
+
+
+@pytest.mark.parametrize("failure", ["record_error", "pool_exhausted"])
+def test_a_stop_that_could_not_record_ends_the_adjacency(clock: HostClock, failure: str) -> None:
+    """A stop whose record failed leaves the interval's GPU work after the last record; the next start, even within
+    the gap, records its own event instead of reusing the failed interval's start event (which would take that
+    work: 11 ms for its 1)."""
+    dev = FakeDevice()
+    sink = RecordingSink()
+    t = build(dev, sink, gap_us=GAP_US, pool_size=3)
+    t.set_step(0)
+    c, a, b = t("optimizer"), t("forward-compute"), t("backward-compute")
+    clock.advance_us(1000)
+    c.start()
+    busy(dev, clock, 1.0, 200)
+    c.stop()
+    clock.advance_us(1000)
+    a.start()  # the pool's last event
+    busy(dev, clock, 10.0, 5)  # A's 10 ms launched in 5 us
+    dev.raise_on_record = failure == "record_error"
+    a.stop()  # records nothing: the driver raised, or the pool is empty
+    dev.raise_on_record = False
+    t.readout.drain()  # returns c's events: b can record
+    clock.advance_us(5)
+    b.start()
+    busy(dev, clock, 1.0, 200)
+    b.stop()
+    t.readout.drain()
+    got = {iv.name: (iv.device_ms, iv.degraded) for iv in sink.intervals}
+    assert got["forward-compute"][0] is None
+    assert got["backward-compute"][0] == pytest.approx(1.0), got
+    check_free(t)
