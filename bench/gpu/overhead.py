@@ -55,6 +55,7 @@ drain against those that do not.
 Usage (on a GPU machine, from the checkout's root; wheels: scripts/gpu-wheels):
   python bench/gpu/overhead.py --sizes launch-bound --arms off,shim,every1 --seconds 300
   python bench/gpu/overhead.py --sizes launch-bound --arms off,shim,every1 --steps 1 --warmup 0 --gate
+  python bench/gpu/overhead.py --analyse bench/results/gpu-h200/overhead-launch-10.json   (anywhere: a saved run)
 Last line: launch_bound_mean_ratio=<shim/off> launch_bound_every_step_mean_ratio=<every1/off>
 gpu_bound_mean_ratio=<shim/off> (each where measured).
 """
@@ -510,6 +511,8 @@ def analyse(res: dict) -> dict:
             a["steps_with_drain"] = len(hit) / len(walls)
             a["mean_ms_with_drain"] = statistics.fmean(hit) if hit else None
             a["mean_ms_without_drain"] = statistics.fmean(miss) if miss else None
+            if res["steps_per_block"] == 1 and len(walls) == len(off["wall"]):
+                a["paired_split"] = paired_split(st, off, over)
         ticks = [t for t in st["child_ticks"]]
         if any(ticks):
             hz = os.sysconf("SC_CLK_TCK")
@@ -517,6 +520,22 @@ def analyse(res: dict) -> dict:
             a["child_same_core"] = statistics.fmean(
                 1.0 if c == t else 0.0 for c, t in zip(st["child_core"], st["core"]))
         out[arm] = a
+    return out
+
+
+def paired_split(st: dict, off: dict, over: list[float]) -> dict[str, dict[str, float]]:
+    """Per kind of step (device-sampled or host-only without a drain, any step with one), its share of the steps
+    and its mean wall and CPU time over ``off``'s step of the same round (1-step blocks: adjacent steps share the
+    host's drift)."""
+    kinds = {"host_only": [], "sampled": [], "wake": []}
+    for i, o in enumerate(over):
+        kinds["wake" if o > 0 else "sampled" if st["sampled"][i] else "host_only"].append(i)
+    out = {}
+    for kind, idx in kinds.items():
+        if idx:
+            out[kind] = {"share": len(idx) / len(over),
+                         "wall_ms": statistics.fmean(st["wall"][i] - off["wall"][i] for i in idx),
+                         "cpu_ms": statistics.fmean(st["cpu"][i] - off["cpu"][i] for i in idx)}
     return out
 
 
@@ -551,6 +570,11 @@ def report(an: dict) -> None:
                   f"others {a['unsampled_mean_ms'] or 0:.2f}; export child "
                   f"{a.get('child_cpu_ms_per_step', 0):.2f} ms cpu/step, on the training core "
                   f"{100 * a.get('child_same_core', 0):.1f} % of samples")
+            split = a.get("paired_split")
+            if split:
+                print(f"   {arm} over off's step of the same round: " + "; ".join(
+                    f"{k.replace('_', '-')} steps ({100 * v['share']:.1f} %) wall {v['wall_ms']:+.3f} ms, "
+                    f"cpu {v['cpu_ms']:+.3f}" for k, v in split.items()))
 
 
 def _pin_others() -> int:
@@ -578,7 +602,13 @@ def main() -> int:
     ap.add_argument("--profile-steps", type=int, default=20,
                     help="steps of the boundary profile before the arms (0: none)")
     ap.add_argument("--json-out", default=None)
+    ap.add_argument("--analyse", metavar="JSON", default=None,
+                    help="print the analysis of a saved --json-out file again (no GPU) and exit")
     args = ap.parse_args()
+    if args.analyse:
+        for res in json.loads(Path(args.analyse).read_text())["raw"]:
+            report(analyse(res))
+        return 0
     arm_names = args.arms.split(",")
     if arm_names[0] != "off":
         ap.error("the first arm must be off")
