@@ -21,7 +21,8 @@ Megatron's text format. Differences, all deliberate:
   ``pickle`` gives an inert copy (host-only, no pool, no thread, no sink) that still works.
 
 Hot path (start/stop on the training thread): one ``perf_counter_ns()`` (two at a device-sampled start that
-records); on device-sampled steps a pre-created event from the pool recorded on the current stream
+records); on device-sampled steps, for one repeat of each timer per step (``device_repeats``: the middle one of
+its previous step's; every repeat with ``all``), a pre-created event from the pool recorded on the current stream
 (``pool.record``: the driver's ``cuEventRecord`` on the raw handles where available, ``event_pool.py``), or the
 previous boundary's event when this one follows it closely (``shared_event.py``); at stop one ring slot written
 (step, repeat index and workload bound here, at completion). No lock, no I/O, no logging, no sync.
