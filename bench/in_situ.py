@@ -42,8 +42,10 @@ class NoopTimers:
         return self.dummy
 
 
-def boundaries_in_situ(ops: int, iters: int, blocks: int, device: str = "cpu") -> dict[str, Any]:
-    """Mean (and median, standard error) extra microseconds per start+stop of each arm over ``blocks`` rounds."""
+def boundaries_in_situ(ops: int, iters: int, blocks: int, device: str = "cpu",
+                       extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Mean (and median, standard error) extra microseconds per start+stop of each arm over ``blocks`` rounds;
+    ``extra``: more arms (name -> a timers object with Megatron's call shape)."""
     import torch
 
     cuda = device == "cuda"
@@ -59,6 +61,7 @@ def boundaries_in_situ(ops: int, iters: int, blocks: int, device: str = "cpu") -
     arms: dict[str, Any] = {"none": None, "noop": NoopTimers(), "host": real(1 << 40)}
     if cuda:
         arms["device"] = real(1)
+    arms.update(extra or {})
 
     def run(t: Any) -> float:
         t0 = time.perf_counter_ns()
