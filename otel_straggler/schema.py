@@ -98,16 +98,14 @@ MEASUREMENT_HOST_ONLY: Final = "host_only"
 DETAIL_STEP: Final = "step"
 DETAIL_INTERVAL: Final = "interval"
 
-# device timing not sampled on this step (OTEL_STRAGGLER_DEVICE_EVERY), or on this repeat of the step
-# (OTEL_STRAGGLER_DEVICE_REPEATS: another microbatch of the timer carries the step's device time)
-DEGRADED_SAMPLED_OUT: Final = "sampled_out"
-DEGRADED_CUDA_ERROR: Final = "cuda_error"  # recording or reading an event raised
 DEGRADED_REASONS: Final = (
     "no_cuda",  # CPU-only process: host timing by design
-    DEGRADED_SAMPLED_OUT,
+    # device timing not sampled on this step (OTEL_STRAGGLER_DEVICE_EVERY), or on this repeat of the step
+    # (OTEL_STRAGGLER_DEVICE_REPEATS: another microbatch of the timer carries the step's device time)
+    "sampled_out",
     "pool_exhausted",  # every pre-created event was in flight
     "readout_timeout",  # the end event did not complete within the readout timeout
-    DEGRADED_CUDA_ERROR,
+    "cuda_error",  # recording or reading an event raised
     "unbalanced",  # stop without start, or a stop of another start's stream
 )
 

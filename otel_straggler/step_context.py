@@ -55,15 +55,12 @@ OUTLIER = 3.0  # a step longer than 3x the average period is not booked to eithe
 class StepContext:
     __slots__ = ("_adaptive", "_budget", "_clock", "_cuda", "_every", "_intervals", "_last_count", "_last_records",
                  "_last_t", "_max_every", "_measured", "_n_avg", "_period_avg", "_periods", "_r_avg", "_record_cost_s",
-                 "_records", "auto", "binding", "device_on", "host_reason", "sample_repeats", "step")
+                 "_records", "auto", "binding", "device_on", "host_reason", "step")
 
     def __init__(self, *, device_every: int = 4, cuda: bool = False, budget: float = 0.0025, max_every: int = 4,
                  record_cost_s: float = 10e-6, intervals: Callable[[], int] | None = None,
                  records: Callable[[], int] | None = None,
-                 clock: Callable[[], float] = time.perf_counter, sample_repeats: bool = False) -> None:
-        # a device-sampled step times one repeat (microbatch) of each timer on the device, the others on the host
-        # (timers.py reads it when a timer is made; ``device_repeats`` in config.py)
-        self.sample_repeats = bool(sample_repeats)
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self._adaptive = int(device_every) <= 0
         self._max_every = max(1, int(max_every))
         self._every = self._max_every if self._adaptive else max(1, int(device_every))

@@ -140,6 +140,7 @@ class Timer:
         share: SharedEvent,
         inject: Any = None,
         is_step: bool = False,
+        sample_repeats: bool = False,
     ) -> None:
         self.name = name
         self._level = level
@@ -153,11 +154,11 @@ class Timer:
         self._reason: str | None = None
         self._rep_step = -1
         self._rep = -1
-        # the repeat of a step that gets device time (ctx.sample_repeats; -1: every repeat): the middle one of the
+        # the repeat of a step that gets device time (device_repeats middle; -1: every repeat): the middle one of the
         # timer's starts in the last device-sampled step it started in, set at its first start of each such step (0
         # until one was seen). Counted at start, by the step current at the start: an interval that straddles a
         # step change (started before set_step, stopped after) is bound to its stop's step, the pick to its start's
-        self._pick = 0 if ctx.sample_repeats else -1
+        self._pick = 0 if sample_repeats else -1
         self._sstep = -1  # the step of those starts
         self._starts = 0  # device-sampled starts in it
         self._ring = ring
@@ -402,6 +403,7 @@ class Timers:
         "_log_option",
         "_max_log_level",
         "_rank",
+        "_sample_repeats",
         "_step_timer",
         "_timers",
         "_world_size",
@@ -454,6 +456,8 @@ class Timers:
         self.sink = sink
         self.injector = injector
         self._step_timer = cfg.step_timer
+        # a device-sampled step times one repeat (microbatch) of each timer on the device (config.py)
+        self._sample_repeats = cfg.device_repeats == "middle"
         # with no sink nothing consumes the ring: a 0-slot ring counts every interval as dropped
         self.ring = Ring(cfg.ring_size) if sink is not None else Ring(0)
         self.share = SharedEvent(gap_us=cfg.share_gap_us, stream_of=getattr(self.pool, "stream", None),
@@ -463,8 +467,7 @@ class Timers:
                                max_every=cfg.device_every_max,
                                record_cost_s=getattr(self.pool, "record_cost_s", 10e-6),
                                intervals=self._interval_count,
-                               records=self._record_count,
-                               sample_repeats=cfg.device_repeats == "middle")
+                               records=self._record_count)
         self.names_dropped = 0
         # Wall clock derived from the monotonic clock: one anchor pair, no second clock read per call.
         self.wall_anchor = (time.time_ns(), _clock())
@@ -522,6 +525,7 @@ class Timers:
             share=self.share,
             inject=inj,
             is_step=(name == self._step_timer),
+            sample_repeats=self._sample_repeats,
         )
         self._timers[name] = timer
         self._log_levels[name] = log_level

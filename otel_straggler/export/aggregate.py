@@ -26,6 +26,7 @@ from typing import Any
 
 from otel_straggler import schema
 from otel_straggler.config import DEFAULTS, EmitterConfig
+from otel_straggler.counters import CUDA_ERROR, SAMPLED_OUT
 from otel_straggler.interval import Interval
 
 KIND_JOB_STEP = 0
@@ -83,7 +84,7 @@ def _workload(attrs: dict[str, Any], iv: Interval) -> None:
 def _stage_device(t: _TimerAgg) -> tuple[float | None, str | None]:
     """(device ms of the step's repeats, None when not measured; the degraded reason when not measured)."""
     if t.degraded is not None or t.device_n == 0:
-        return None, t.degraded or (schema.DEGRADED_SAMPLED_OUT if t.sampled else None)
+        return None, t.degraded or (SAMPLED_OUT if t.sampled else None)
     if t.device_n == t.count:
         return t.device_ms, None
     return t.device_ms * t.count / t.device_n, None
@@ -195,10 +196,10 @@ class StepAggregator:
         if iv.device_ms is not None:
             t.device_ms += iv.device_ms
             t.device_n += 1
-        elif iv.degraded == schema.DEGRADED_SAMPLED_OUT:
+        elif iv.degraded == SAMPLED_OUT:
             t.sampled = True
         elif t.degraded is None:
-            t.degraded = iv.degraded or schema.DEGRADED_CUDA_ERROR
+            t.degraded = iv.degraded or CUDA_ERROR
         t.injected = t.injected or bool(iv.injected)
         t.collective = t.collective or iv.collective
 

@@ -9,6 +9,7 @@ from fake_cuda import FakeDevice
 
 from otel_straggler import schema
 from otel_straggler.config import EmitterConfig
+from otel_straggler.counters import SAMPLED_OUT
 from otel_straggler.export.aggregate import KIND_RANK_STEP, KIND_STAGE, StepAggregator
 
 MICRO = ("forward-compute", "batch-generator", "backward-compute")
@@ -60,7 +61,7 @@ def test_the_middle_repeat_of_the_previous_step_gets_device_time(make_timers, si
                 if iv.repeat == pick:
                     assert iv.device_ms is not None and iv.degraded is None, (step, name)
                 else:
-                    assert iv.device_ms is None and iv.degraded == schema.DEGRADED_SAMPLED_OUT, (step, name)
+                    assert iv.device_ms is None and iv.degraded == SAMPLED_OUT, (step, name)
         if pick < n:
             fc = steps[step]["forward-compute"][pick]
             assert fc.device_ms == pytest.approx(0.1 + 1.0 * (pick + 1))  # that repeat's own work
