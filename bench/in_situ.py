@@ -99,16 +99,25 @@ def boundaries_in_situ(ops: int, iters: int, blocks: int, device: str = "cpu",
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(doc: str | None, argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--iters", type=int, default=1200, help="iterations per block with 1 op between intervals")
     ap.add_argument("--blocks", type=int, default=300)
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def after_3_and_30(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> dict[int, dict[str, Any]]:
+    """``boundaries_in_situ`` after 3 and after 30 operations, each printed."""
     res = {}
     for ops in (3, 30):
-        res[ops] = boundaries_in_situ(ops, max(50, args.iters // ops), args.blocks, args.device)
+        res[ops] = boundaries_in_situ(ops, max(50, args.iters // ops), args.blocks, args.device, extra)
         print(f"start+stop between {ops} ops:", json.dumps(res[ops]), flush=True)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    res = after_3_and_30(arguments(__doc__, argv))
     print(f"in_situ_host_us_ops3={res[3]['host']['mean_us']:.2f} "
           f"in_situ_host_us_ops30={res[30]['host']['mean_us']:.2f} "
           f"in_situ_noop_us_ops30={res[30]['noop']['mean_us']:.2f}")

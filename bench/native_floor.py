@@ -14,9 +14,7 @@ Usage: ``python bench/native_floor.py`` (``--device cuda`` on a GPU machine). La
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
 import shutil
 import subprocess
 import sys
@@ -27,7 +25,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from in_situ import boundaries_in_situ  # noqa: E402
+from in_situ import after_3_and_30, arguments  # noqa: E402
 
 
 def build() -> object | None:
@@ -47,21 +45,13 @@ def build() -> object | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    ap.add_argument("--iters", type=int, default=1200, help="iterations per block with 1 op between intervals")
-    ap.add_argument("--blocks", type=int, default=300)
-    args = ap.parse_args(argv)
+    args = arguments(__doc__, argv)
     floor = build()
     if floor is None:
         print("no C compiler or Python headers: nothing measured")
         return 0
     native = floor.Timers()
-    res = {}
-    for ops in (3, 30):
-        res[ops] = boundaries_in_situ(ops, max(50, args.iters // ops), args.blocks, args.device,
-                                      extra={"native": native})
-        print(f"start+stop between {ops} ops:", json.dumps(res[ops]), flush=True)
+    res = after_3_and_30(args, {"native": native})
     assert native.intervals() > 0
     print(" ".join(f"{arm}_us_ops{ops}={res[ops][arm]['mean_us']:.2f}"
                    for arm, ops in (("native", 3), ("native", 30), ("host", 3), ("host", 30), ("noop", 30))))

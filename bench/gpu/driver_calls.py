@@ -14,9 +14,9 @@ splits it (``bench/results/gpu-h200.md`` section 3):
 * ``elapsed cold``: the first ``cuEventElapsedTime`` on each of many completed pairs recorded between launches,
   then the second read of the same pairs;
 * ``drain``: ``Readout.drain`` through the real ``Timers``, ring and pool over ``--steps`` Megatron-like steps
-  (``megatron_step``: 21 intervals, one small kernel in each innermost one), per interval, for device time on
-  every step, without event reuse, and host-only;
-  then the wire encoding of the same intervals (the process sink's part of a wake).
+  (``bench/readout_cost.py``'s ``megatron_step`` and ``time_drains``: 21 intervals, one small kernel in each
+  innermost one), per interval, for device time on every step, without event reuse, and host-only; then the wire
+  encoding of the same intervals (the process sink's part of a wake).
 
 Usage (GPU machine, checkout root): ``python bench/gpu/driver_calls.py``; last line
 ``record_tight_us= record_in_situ_us= elapsed_cold_us= drain_device_us= drain_host_us= encode_us=``.
@@ -38,52 +38,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from in_situ import boundaries_in_situ  # noqa: E402
+from readout_cost import Keep, time_drains  # noqa: E402
 
 from otel_straggler.config import EmitterConfig  # noqa: E402
 from otel_straggler.event_pool import EventPool  # noqa: E402
-from otel_straggler.export.wire import WireEncoder  # noqa: E402
-from otel_straggler.interval import NullSink  # noqa: E402
 from otel_straggler.timers import Timers  # noqa: E402
-
-OPTIMIZER = ("optimizer-copy-to-main-grad", "optimizer-unscale-and-check-inf", "optimizer-clip-main-grad",
-             "optimizer-count-zeros", "optimizer-inner-step", "optimizer-copy-main-to-model-params")
-
-
-def megatron_step(t: Any, step: int, work: Any, microbatches: int = 4) -> None:
-    """Megatron's timer order for one step without pipelining (21 intervals with 4 microbatches): forward-backward
-    holds per microbatch forward-compute (holding batch-generator) and backward-compute, then all-grads-sync;
-    optimizer holds its stages. ``work()`` launches a small kernel inside every innermost interval."""
-    t.set_step(step)
-    t("forward-backward", 1).start()
-    for _ in range(microbatches):
-        t("forward-compute", 2).start()
-        t("batch-generator", 2).start()
-        work()
-        t("batch-generator").stop()
-        work()
-        t("forward-compute").stop()
-        t("backward-compute", 2).start()
-        work()
-        t("backward-compute").stop()
-    t("all-grads-sync", 1).start()
-    work()
-    t("all-grads-sync").stop()
-    t("forward-backward").stop()
-    t("optimizer", 1).start()
-    for name in OPTIMIZER:
-        t(name, 1).start()
-        work()
-        t(name).stop()
-    t("optimizer").stop()
-
-
-class Keep(NullSink):
-    def __init__(self) -> None:
-        super().__init__()
-        self.last: list[Any] = []
-
-    def submit(self, intervals: Any) -> None:
-        self.last = list(intervals)
 
 
 def tight(pool: EventPool, n: int) -> dict[str, float]:
@@ -177,38 +136,17 @@ def drains(pool_size: int, steps: int, reps: int) -> dict[str, Any]:
     import torch
 
     x = torch.zeros(1024, device="cuda")
-
-    def work() -> None:
-        x.add_(1.0)
-
     arms = {"device": EmitterConfig(enabled=True, device_every=1, pool_size=pool_size),
             "device-own": EmitterConfig(enabled=True, device_every=1, pool_size=pool_size, share_gap_us=0.0),
             "host": EmitterConfig(enabled=True, device_every=1 << 40, pool_size=pool_size)}
     out: dict[str, Any] = {}
-    enc = WireEncoder()
     for name, cfg in arms.items():
         sink = Keep()
         t = Timers(2, "minmax", config=cfg, pool=EventPool(cfg.pool_size), sink=sink)
-        per, encs = [], []
-        step = 0
-        for rep in range(reps + 3):
-            for _ in range(steps):
-                megatron_step(t, step, work)
-                step += 1
-            torch.cuda.synchronize()
-            n = len(t.ring)
-            t0 = time.perf_counter_ns()
-            t.readout.drain()
-            t1 = time.perf_counter_ns()
-            enc.encode_intervals(sink.last)
-            enc.commit()
-            t2 = time.perf_counter_ns()
-            if rep >= 3 and n:
-                per.append((t1 - t0) / n / 1000)
-                encs.append((t2 - t1) / n / 1000)
+        per, encs, n = time_drains(t, sink, lambda: x.add_(1.0), steps, reps, warm=3, settle=torch.cuda.synchronize)
         out[name] = {"drain_us": statistics.median(per), "drain_us_mean": statistics.fmean(per),
                      "encode_us": statistics.median(encs), "intervals_per_drain": n,
-                     "records_per_step": t.share.records / max(1, step)}
+                     "records_per_step": t.share.records / ((reps + 3) * steps)}
         t.shutdown(2.0)
     return out
 
