@@ -42,6 +42,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from otel_straggler import hot_path
 from otel_straggler.counters import CUDA_ERROR, NO_CUDA
 
 _log = logging.getLogger(__name__)
@@ -70,11 +71,14 @@ def query_then_elapsed(sev: Any, eev: Any) -> float | None:
 
 
 def driver_elapsed(hold_gil: bool = True) -> Callable[[Any, Any], float | None]:
-    """``elapsed(sev, eev)``: one ``cuEventElapsedTime`` through ctypes on the events' ``handle`` instead of
-    torch's ``query()`` and ``elapsed_time()``; None while either event is unfinished, raises on any other
-    error. Not thread-safe (one result buffer): the readout thread's alone."""
+    """``elapsed(sev, eev)``: one ``cuEventElapsedTime`` on the events' ``handle`` instead of torch's ``query()``
+    and ``elapsed_time()``; None while either event is unfinished, raises on any other error. Called from the C
+    hot path's module (``_hotpath.event_elapsed``) where it runs and the GIL is kept, else through ctypes. Not
+    thread-safe (one result buffer): the readout thread's alone."""
     fn = _driver_call("cuEventElapsedTime", ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p,
                       hold_gil=hold_gil)
+    if hold_gil and hot_path.core is not None:  # the same call from C: no ctypes argument conversion per call
+        return functools.partial(hot_path.core.event_elapsed, ctypes.cast(fn, ctypes.c_void_p).value)
     out = ctypes.c_float()
     ref = ctypes.byref(out)
 
@@ -89,10 +93,23 @@ def driver_elapsed(hold_gil: bool = True) -> Callable[[Any, Any], float | None]:
     return elapsed
 
 
+def driver_elapsed_batch() -> Callable[[Any, int, int], int] | None:
+    """``elapsed_many(ring, tail, head)``: the C module's ``elapsed_batch`` on ``cuEventElapsedTime``: the device
+    times of the ring's pending slots read with the GIL released once around the driver calls, each left in its
+    slot's ``pre`` for the readout (``_hotpath.c``); None without the C module (the readout then calls
+    ``elapsed`` per slot)."""
+    if hot_path.core is None:
+        return None
+    fn = _driver_call("cuEventElapsedTime", ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p)
+    return functools.partial(hot_path.core.elapsed_batch, ctypes.cast(fn, ctypes.c_void_p).value)
+
+
 def driver_query(hold_gil: bool = True) -> Callable[[Any], bool]:
-    """``query(ev)``: ``cuEventQuery`` through ctypes on the event's ``handle``: True once it completed, False
-    while it has not, raises on any other error."""
+    """``query(ev)``: ``cuEventQuery`` on the event's ``handle`` (from C as ``driver_elapsed``, else through
+    ctypes): True once it completed, False while it has not, raises on any other error."""
     fn = _driver_call("cuEventQuery", ctypes.c_void_p, hold_gil=hold_gil)
+    if hold_gil and hot_path.core is not None:
+        return functools.partial(hot_path.core.event_query, ctypes.cast(fn, ctypes.c_void_p).value)
 
     def query(ev: Any) -> bool:
         rc = fn(ev.handle)
@@ -108,7 +125,8 @@ def driver_query(hold_gil: bool = True) -> Callable[[Any], bool]:
 def driver_recorder(device_index: int, hold_gil: bool = True) -> Callable[[Any], Any]:
     """``record(ev)``: ``cuEventRecord(ev.handle, current raw stream of device_index)`` through ctypes, returning
     that stream (``raw_stream`` of ``driver_stream``); on a non-zero result, torch's ``ev.record()`` (raises if
-    that fails too) and None."""
+    that fails too) and None. ``record.cu_event_record``: the function's address, which the C hot path
+    (``_hotpath.c``) calls directly, with the same fallback."""
     fn = _driver_call("cuEventRecord", ctypes.c_void_p, ctypes.c_void_p, hold_gil=hold_gil)
     stream_of = driver_stream(device_index)
 
@@ -119,6 +137,7 @@ def driver_recorder(device_index: int, hold_gil: bool = True) -> Callable[[Any],
             return None
         return stream
 
+    record.cu_event_record = ctypes.cast(fn, ctypes.c_void_p).value  # type: ignore[attr-defined]  # the C hot path's
     return record
 
 
@@ -160,8 +179,8 @@ def _none() -> None:
 class EventPool:
     """``factory()`` makes one event (default: ``torch.cuda.Event(enable_timing=True)``)."""
 
-    __slots__ = ("capacity", "cuda", "elapsed", "free", "orphans", "query", "reason", "record", "record_api",
-                 "record_cost_s", "stream", "warm_error")
+    __slots__ = ("capacity", "cuda", "elapsed", "elapsed_many", "free", "orphans", "query", "reason", "record",
+                 "record_api", "record_cost_s", "stream", "warm_error")
 
     def __init__(
         self, size: int, factory: Callable[[], Any] | None = None, *, synchronize: Callable[[], Any] | None = None,
@@ -177,6 +196,9 @@ class EventPool:
         self.elapsed: Callable[[Any, Any], float | None] = query_then_elapsed
         # whether a recorded event completed (readout thread only)
         self.query: Callable[[Any], bool] = operator.methodcaller("query")
+        # the device times of a ring's pending slots in one call, left in each slot's ``pre`` (readout thread only;
+        # the driver record API with the C module: ``driver_elapsed_batch``), else None
+        self.elapsed_many: Callable[[Any, int, int], int] | None = None
         self.record_api = "event"
         # the stream a record would use now, compared with what ``record`` returned (shared_event.py); None: no
         # event is reused. A factory's events: ``stream`` (their record's result, None, by default)
@@ -237,6 +259,10 @@ class EventPool:
         self.record = record
         self.elapsed = elapsed
         self.query = query
+        try:
+            self.elapsed_many = driver_elapsed_batch()
+        except Exception:  # the readout then reads each slot with ``elapsed``
+            self.elapsed_many = None
         self.stream = driver_stream(torch.cuda.current_device())
         self.record_api = "driver"
 
@@ -244,8 +270,8 @@ class EventPool:
 class HostOnlyPool:
     """No device timing at all: the timers read ``cuda`` False and never touch ``free``."""
 
-    __slots__ = ("capacity", "cuda", "elapsed", "free", "orphans", "query", "reason", "record", "record_api",
-                 "record_cost_s", "stream", "warm_error")
+    __slots__ = ("capacity", "cuda", "elapsed", "elapsed_many", "free", "orphans", "query", "reason", "record",
+                 "record_api", "record_cost_s", "stream", "warm_error")
 
     def __init__(self, reason: str = NO_CUDA, warm_error: str | None = None) -> None:
         self.cuda = False
@@ -253,6 +279,7 @@ class HostOnlyPool:
         self.record: Callable[[Any], None] = operator.methodcaller("record")  # never called: no events
         self.elapsed: Callable[[Any, Any], float | None] = query_then_elapsed
         self.query: Callable[[Any], bool] = operator.methodcaller("query")
+        self.elapsed_many: Callable[[Any, int, int], int] | None = None
         self.record_api = "none"
         self.record_cost_s = 0.0
         self.reason = reason

@@ -16,11 +16,14 @@ the ring in order:
 * the batch goes to ``sink.submit``; about once a second ``sink.publish_stats(counters.snapshot())``.
   Sink exceptions are caught and counted.
 
-One wake is one hold of the GIL: nothing in it releases the GIL (the pool's driver calls keep it, the
-process sink writes the pipe without releasing it), so a wake costs the training thread one hand-off of the
-GIL and back, and the drain's own work. The hand-offs, not the work, were most of what the readout cost a
-launch-bound step (``bench/results/gpu-h200.md`` section 3, ``bench/results/cpu-gil-handoff.md``): the period
-is long (``readout_interval_ms``, config.py) and the pool and ring are sized for what a period holds.
+A wake holds the GIL except for one stretch: the pool's per-slot driver calls keep it, and the process sink
+writes the pipe without releasing it. The hand-offs of the GIL, not the work, were most of what the readout cost a
+launch-bound step when each driver call released it (``bench/results/gpu-h200.md`` section 3,
+``bench/results/cpu-gil-handoff.md``), so the period is long (``readout_interval_ms``, config.py) and the pool
+and ring are sized for what a period holds. The one stretch: with the C module and the driver's API, the pool's
+``elapsed_many`` reads the device times of all pending slots first, releasing the GIL once around its driver
+calls (several microseconds each there, ``bench/results/gpu-h200.md`` run 12), so the training thread runs
+through them; one more hand-off per wake instead of the calls' time under the GIL.
 
 ``flush`` asks the thread to drain now (bounded); ``stop`` flushes, stops the thread and, once it has
 exited, drains the rest in the caller (unfinished events then count as ``readout_timeout``).
@@ -190,6 +193,12 @@ class Readout:
         batch: list[Interval] = []
         append = batch.append
         first = tail
+        many = getattr(self.pool, "elapsed_many", None)
+        if many is not None and tail < head:
+            try:
+                many(r, tail, head)  # device times into the slots' ``pre``, the GIL released around the driver
+            except Exception:
+                c.faults_readout += 1  # the slots are read one by one below
         first_end_ns = slots[tail & mask].end_ns if tail < head else 0  # read before the slot is freed
         while tail < head:
             sl = slots[tail & mask]
@@ -201,7 +210,9 @@ class Readout:
                 if sev is not None:
                     try:
                         if reason is None and eev is not None:
-                            device_ms = elapsed(sev, eev)  # None while unfinished
+                            device_ms = sl.pre  # read ahead by elapsed_many
+                            if device_ms is None:
+                                device_ms = elapsed(sev, eev)  # None while unfinished
                             done: bool | None = device_ms is not None
                         else:  # host-only with events: both must have completed before either is reused
                             done = bool(query(sev)) and (eev is None or bool(query(eev)))
@@ -239,10 +250,15 @@ class Readout:
             except Exception:
                 c.faults_readout += 1
             # reset the fields the producer writes only when non-default, then free the slot (``own`` is written
-            # with ``start_ev``)
+            # with ``start_ev``); and let go of the rest here, so the producer's stores do not release (or free) the
+            # objects of an interval read thousands of intervals ago
             sl.start_ev = None
             sl.end_ev = None
             sl.injected = False
+            sl.timer = None
+            sl.binding = None
+            sl.reason = None
+            sl.pre = None
             tail += 1
             r.tail = tail
         if tail > first:

@@ -31,6 +31,9 @@ with no reference left when a new record replaces it is released with ``tag`` = 
 returns it to the pool once every slot before that head was read (``readout.py``). Ring order is publication
 order, so an event is never returned while a slot that reads it is unread; and since those slots read it
 complete, it needs no query of its own unless one of them could not (``tainted``).
+
+``SharedEvent`` is the C extension's type of that name when it runs the hot path (``hot_path.py``), else
+``PySharedEvent`` below; both keep the same fields and do the same.
 """
 
 from __future__ import annotations
@@ -38,10 +41,12 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Final
 
+from otel_straggler import hot_path
+
 NO_REUSE: Final = -(1 << 62)  # ``SharedEvent.ns`` after a boundary that recorded nothing: no reuse before a record
 
 
-class SharedEvent:
+class PySharedEvent:
     """Training-thread state of one timer group: the latest recorded event, when and on which stream."""
 
     __slots__ = ("at_stop", "ev", "gap_ns", "ns", "orphans", "records", "ring", "stream", "stream_of")
@@ -89,3 +94,6 @@ class SharedEvent:
         if ev is not None and ev.refs <= 0:
             ev.tag = self.ring.head
             self.orphans.append(ev)
+
+
+SharedEvent: Any = hot_path.core.SharedEvent if hot_path.core is not None else PySharedEvent

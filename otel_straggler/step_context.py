@@ -40,7 +40,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
+from otel_straggler import hot_path
 from otel_straggler.counters import NO_CUDA, SAMPLED_OUT
 
 MIN_MEASURED = 4  # steps of each kind (device-sampled, host-only) before their period difference is used
@@ -52,10 +54,20 @@ PROBE_EVERY = 16  # auto with N = 1: every 16th step is host-only, so the price 
 OUTLIER = 3.0  # a step longer than 3x the average period is not booked to either kind's period
 
 
-class StepContext:
+class PyStepState:
+    """The fields the timers' hot path reads (``step``, ``binding``, ``device_on``, ``host_reason``); the C
+    extension's ``StepState`` when it runs the hot path (``hot_path.py``)."""
+
+    __slots__ = ("binding", "device_on", "host_reason", "step")
+
+
+StepState: Any = hot_path.core.StepState if hot_path.core is not None else PyStepState
+
+
+class StepContext(StepState):
     __slots__ = ("_adaptive", "_budget", "_clock", "_cuda", "_every", "_intervals", "_last_count", "_last_records",
                  "_last_t", "_max_every", "_measured", "_n_avg", "_period_avg", "_periods", "_r_avg", "_record_cost_s",
-                 "_records", "auto", "binding", "device_on", "host_reason", "step")
+                 "_records", "auto")
 
     def __init__(self, *, device_every: int = 4, cuda: bool = False, budget: float = 0.0025, max_every: int = 4,
                  record_cost_s: float = 10e-6, intervals: Callable[[], int] | None = None,

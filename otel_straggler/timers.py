@@ -35,6 +35,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from otel_straggler import hot_path
 from otel_straggler.config import DEFAULTS, EmitterConfig
 from otel_straggler.counters import CUDA_ERROR, POOL_EXHAUSTED, SAMPLED_OUT, UNBALANCED, EmitterCounters
 from otel_straggler.event_pool import EventPool, HostOnlyPool
@@ -97,13 +98,16 @@ class DummyTimer:
         return self
 
 
-class Timer:
-    """One named timer. State is per timer, so nesting and per-microbatch repeats just work."""
+class _PyTimerCore:
+    """A timer's state and its start/stop in Python; the C extension's ``TimerCore`` (``_hotpath.c``, the same
+    logic on the same fields) when it runs the hot path (``hot_path.py``)."""
 
     __slots__ = (
         "_active_ns",
         "_c",
+        "_clock",
         "_ctx",
+        "_cu_record",
         "_elapsed_base",
         "_elapsed_ns",
         "_free",
@@ -127,50 +131,6 @@ class Timer:
         "collective",
         "name",
     )
-
-    def __init__(
-        self,
-        name: str,
-        level: int,
-        *,
-        ring: Ring,
-        ctx: StepContext,
-        pool: EventPool | HostOnlyPool,
-        counters: EmitterCounters,
-        share: SharedEvent,
-        inject: Any = None,
-        is_step: bool = False,
-        sample_repeats: bool = False,
-    ) -> None:
-        self.name = name
-        self._level = level
-        self._group = stage_group(name)
-        self._started = False
-        self._t0 = 0
-        self._elapsed_ns = 0
-        self._elapsed_base = 0.0
-        self._active_ns = 0
-        self._sev: Any = None
-        self._reason: str | None = None
-        self._rep_step = -1
-        self._rep = -1
-        # the repeat of a step that gets device time (device_repeats middle; -1: every repeat): the middle one of the
-        # timer's starts in the last device-sampled step it started in, set at its first start of each such step (0
-        # until one was seen). Counted at start, by the step current at the start: an interval that straddles a
-        # step change (started before set_step, stopped after) is bound to its stop's step, the pick to its start's
-        self._pick = 0 if sample_repeats else -1
-        self._sstep = -1  # the step of those starts
-        self._starts = 0  # device-sampled starts in it
-        self._ring = ring
-        self._ctx = ctx
-        self._free = pool.free
-        self._orphans = pool.orphans
-        self._record = pool.record
-        self._share = share
-        self._c = counters
-        self._inject = inject
-        self._is_step = is_step
-        self.collective = False  # the interval holds a wait in a collective (``stage(..., collective=True)``)
 
     # ---- hot path -------------------------------------------------------------------------------
     def start(self, barrier: bool = False) -> None:
@@ -323,6 +283,64 @@ class Timer:
             r.head = h + 1
         except Exception:
             self._c.faults_training += 1
+
+
+
+TimerCore: Any = hot_path.core.TimerCore if hot_path.core is not None else _PyTimerCore
+
+
+class Timer(TimerCore):
+    """One named timer. State is per timer, so nesting and per-microbatch repeats just work."""
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        name: str,
+        level: int,
+        *,
+        ring: Ring,
+        ctx: StepContext,
+        pool: EventPool | HostOnlyPool,
+        counters: EmitterCounters,
+        share: SharedEvent,
+        inject: Any = None,
+        is_step: bool = False,
+        sample_repeats: bool = False,
+    ) -> None:
+        self.name = name
+        self._level = level
+        self._group = stage_group(name)
+        self._started = False
+        self._t0 = 0
+        self._elapsed_ns = 0
+        self._elapsed_base = 0.0
+        self._active_ns = 0
+        self._sev: Any = None
+        self._reason: str | None = None
+        self._rep_step = -1
+        self._rep = -1
+        # the repeat of a step that gets device time (device_repeats middle; -1: every repeat): the middle one of the
+        # timer's starts in the last device-sampled step it started in, set at its first start of each such step (0
+        # until one was seen). Counted at start, by the step current at the start: an interval that straddles a
+        # step change (started before set_step, stopped after) is bound to its stop's step, the pick to its start's
+        self._pick = 0 if sample_repeats else -1
+        self._sstep = -1  # the step of those starts
+        self._starts = 0  # device-sampled starts in it
+        self._ring = ring
+        self._ctx = ctx
+        self._free = pool.free
+        self._orphans = pool.orphans
+        self._record = pool.record
+        # the C hot path calls cuEventRecord itself where the pool records through the driver (event_pool.py)
+        self._cu_record = int(getattr(pool.record, "cu_event_record", 0) or 0)
+        # the C hot path reads CLOCK_MONOTONIC (perf_counter_ns) unless the module's clock was replaced (tests)
+        self._clock = None if _clock is time.perf_counter_ns else _clock
+        self._share = share
+        self._c = counters
+        self._inject = inject
+        self._is_step = is_step
+        self.collective = False  # the interval holds a wait in a collective (``stage(..., collective=True)``)
 
     # ---- Megatron Timer API (not per-microbatch) --------------------------------------------------
     def reset(self) -> None:

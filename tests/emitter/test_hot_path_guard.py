@@ -10,8 +10,9 @@ from __future__ import annotations
 import ast
 import builtins
 import gc
-import inspect
 import logging
+import os
+import re
 import socket
 import textwrap
 import threading
@@ -22,18 +23,20 @@ import pytest
 import torch
 
 import otel_straggler
+from otel_straggler import hot_path
+from otel_straggler import timers as timers_mod
 from otel_straggler.inject import Injector
 
 PKG = Path(otel_straggler.__file__).parent
 
 # (module file, qualified function names on the hot path; "*" = every function in the module)
 HOT = {
-    "timers.py": ["Timer.start", "Timer.stop", "Timers.__call__", "_same_stream"],
+    "timers.py": ["_PyTimerCore.start", "_PyTimerCore.stop", "Timers.__call__", "_same_stream"],
     "step_context.py": ["*"],
     "ring.py": ["*"],
     "inject.py": ["Injector.apply"],
     "event_pool.py": ["driver_recorder.record"],  # pool.record: the driver's cuEventRecord through ctypes
-    "shared_event.py": ["SharedEvent.recorded"],  # the record path's bookkeeping of the event to reuse
+    "shared_event.py": ["PySharedEvent.recorded"],  # the record path's bookkeeping of the event to reuse
 }
 # calls the start/stop path is allowed to make, by attribute or function name
 ALLOWED_CALLS = {
@@ -56,7 +59,7 @@ ALLOWED_CALLS = {
     "bool",
     "max",
     "_pow2",
-    "Slot",  # Ring.__init__: the ring's slots, made once at install
+    "PySlot",  # PyRing.__init__: the ring's slots, made once at install
     "range",
     "sleep",
     "_gpu_fn",
@@ -154,8 +157,53 @@ def test_static_guard_over_hot_functions() -> None:
                     assert name not in FORBIDDEN, f"{fname}:{qual} calls {name}"
                     if fname != "inject.py":
                         assert name in ALLOWED_CALLS, f"{fname}:{qual} calls {name} (not on the allow-list)"
-    assert {"Timer.start", "Timer.stop", "Timers.__call__", "StepContext.set_step", "Injector.apply",
-            "driver_recorder.record", "SharedEvent.recorded"} <= set(seen)
+    assert {"_PyTimerCore.start", "_PyTimerCore.stop", "Timers.__call__", "StepContext.set_step", "Injector.apply",
+            "driver_recorder.record", "PySharedEvent.recorded"} <= set(seen)
+
+
+# The C hot path (_hotpath.c): the only functions outside the Python C API it may call, and words that must not
+# appear in it at all (a sync, a lock, I/O, a thread switch). Its calls into Python objects go through the API and
+# meet the runtime spy below like the Python path's.
+C_LIBC_CALLS = {"clock_gettime", "offsetof", "sizeof"}
+C_FORBIDDEN = re.compile(
+    r"Synchronize|synchronize|pthread_|sem_|mutex|Py_BEGIN_ALLOW_THREADS|PyEval_SaveThread|PyGILState|printf|"
+    r"fopen|fwrite|\bwrite\(|\bread\(|socket|malloc|calloc|realloc|PyMem_|sleep|PyErr_Print|PySys_Write"
+)
+
+
+C_READOUT_PART = "/* ---- the readout's driver calls"  # from here on: functions the readout thread calls
+
+
+def test_static_guard_over_the_c_hot_path() -> None:
+    src = (PKG / "_hotpath.c").read_text()
+    training, marker, readout = src.partition(C_READOUT_PART)
+    assert marker and "Timer_start" in training and "Timer_stop" in training and "Timer_" not in readout
+    code = re.sub(r"/\*.*?\*/", "", src, flags=re.S)  # comments may name what the code must not do
+    code = re.sub(r'"(?:[^"\\]|\\.)*"', '""', code)  # nor may strings
+    hot = re.sub(r'"(?:[^"\\]|\\.)*"', '""', re.sub(r"/\*.*?\*/", "", training, flags=re.S))
+    assert not C_FORBIDDEN.findall(hot), C_FORBIDDEN.findall(hot)
+    # the readout's part may release the GIL around its driver calls, and nothing else on the list
+    rest = set(C_FORBIDDEN.findall(code)) - {"Py_BEGIN_ALLOW_THREADS"}
+    assert not rest, rest
+    called = set(re.findall(r"\b([A-Za-z_]\w*)\s*\(", code))
+    keywords = {"if", "for", "while", "return", "sizeof", "switch", "defined", "int", "void"}  # and casts
+    own = set(re.findall(r"^static [^;{]*?\b(\w+)\s*\(", code, flags=re.M)) | {"PyInit__hotpath"}
+    macros = set(re.findall(r"^#define\s+(\w+)", code, flags=re.M))
+    foreign = {n for n in called - keywords - own - macros - C_LIBC_CALLS
+               if not n.startswith(("Py", "_Py", "PY"))
+               and n not in {"cu_event_record_fn", "uintptr_t", "tp_alloc", "tp_free"}}
+    assert foreign == set(), foreign  # anything else is a call the guard has not vetted
+
+
+def test_the_chosen_hot_path_is_the_one_tested() -> None:
+    """The C hot path is built wherever the package installs with a C compiler (setup.py) and runs unless
+    ``OTEL_STRAGGLER_HOT_PATH=python`` asks for the Python one; scripts/test runs the emitter tests on both."""
+    if os.environ.get(hot_path.ENV, "auto") == "python":
+        assert hot_path.core is None and hot_path.NAME == "python"
+        assert timers_mod.TimerCore is timers_mod._PyTimerCore
+    else:
+        assert hot_path.NAME == "native", f"the C hot path is not in use: {hot_path.REASON}"
+        assert timers_mod.TimerCore is hot_path.core.TimerCore
 
 
 def test_static_guard_catches_a_violation() -> None:
@@ -286,4 +334,4 @@ def test_steady_state_start_stop_allocates_nothing_that_grows(make_timers, devic
     finally:
         tracemalloc.stop()
     assert grown < 64 * 1024, grown
-    assert inspect.isfunction(type(x).start)
+    assert type(x).start is timers_mod.TimerCore.start  # the chosen implementation's, not a wrapper

@@ -7,6 +7,7 @@ slowdown injection; and a real megatron-core GPT with the shim as ``config.timer
 
 from __future__ import annotations
 
+import functools
 import statistics
 import threading
 import time
@@ -16,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
+from otel_straggler import hot_path  # noqa: E402
 from otel_straggler.config import EmitterConfig  # noqa: E402
 from otel_straggler.event_pool import create_pool  # noqa: E402
 from otel_straggler.timers import Timers  # noqa: E402
@@ -56,13 +58,14 @@ def _gpu_sleep_ms(ms: float) -> None:
     torch.cuda._sleep(int(ms * _CYCLES_PER_MS[0]))
 
 
-def _timers(device_every: int = 1, device_repeats: str = "all", **kw) -> tuple[Timers, RecordingSink]:
+def _timers(device_every: int = 1, device_repeats: str = "all", start_readout: bool = True,
+            **kw) -> tuple[Timers, RecordingSink]:
     """Every repeat of a step on the device unless ``device_repeats`` says otherwise (test_repeat_sampling.py)."""
     _gpu_sleep_ms(0.0)  # calibrate before any timed interval (calibration synchronises the device)
     cfg = EmitterConfig.from_env({}, enabled=True, device_every=device_every, readout_interval_ms=5,
                                  device_repeats=device_repeats)
     sink = RecordingSink()
-    t = Timers(2, "minmax", config=cfg, pool=create_pool(64), sink=sink, start_readout=True, **kw)
+    t = Timers(2, "minmax", config=cfg, pool=create_pool(64), sink=sink, start_readout=start_readout, **kw)
     return t, sink
 
 
@@ -139,6 +142,9 @@ def test_driver_calls_keep_the_gil_and_use_the_cached_handles() -> None:
     pool = create_pool(16)
     assert pool.record_api == "driver"
     for fn in (pool.record, pool.elapsed, pool.query):
+        if isinstance(fn, functools.partial):  # the C module's calls (_hotpath.c), which never release the GIL
+            assert hot_path.core is not None and fn.func in (hot_path.core.event_elapsed, hot_path.core.event_query)
+            continue
         calls = [c.cell_contents for c in fn.__closure__ or () if isinstance(c.cell_contents, ctypes._CFuncPtr)]
         assert calls and all(c._flags_ & ctypes._FUNCFLAG_PYTHONAPI for c in calls)
     a, b = pool.free.popleft(), pool.free.popleft()
@@ -219,6 +225,41 @@ def test_device_time_measures_gpu_work_not_launch_time() -> None:
         assert iv.device_ms > 4.0, iv.device_ms
         assert host_ms < 0.5 * iv.device_ms, (host_ms, iv.device_ms)
     assert [iv.repeat for iv in got] == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.skipif(hot_path.core is None, reason="the batch read is the C module's")
+def test_the_batch_read_agrees_with_one_call_per_slot_and_leaves_the_gil() -> None:
+    """The pool's ``elapsed_many`` (``_hotpath.elapsed_batch``: the GIL released around the driver calls) gives
+    each pending slot the time one ``elapsed`` call gives it, stops at the first unfinished pair, and the readout
+    ships those times."""
+    timers, sink = _timers(start_readout=False)
+    pool = timers.pool
+    assert pool.elapsed_many is not None
+    timers.set_step(4)
+    x = timers("forward-compute", log_level=2)
+    for k in range(6):
+        x.start()
+        _gpu_sleep_ms(1.0 + k)
+        x.stop()
+    r = timers.ring
+    torch.cuda.synchronize()
+    assert pool.elapsed_many(r, r.tail, r.head) == 6
+    slots = [r.slots[i & r.mask] for i in range(r.tail, r.head)]
+    for sl in slots:
+        assert sl.pre == pool.elapsed(sl.start_ev, sl.end_ev) and sl.pre > 0.5
+    ahead = [sl.pre for sl in slots]
+    x.start()
+    _gpu_sleep_ms(200.0)  # unfinished when read
+    x.stop()
+    for sl in slots:
+        sl.pre = None
+    assert pool.elapsed_many(r, r.tail, r.head) == 6  # the six completed; the seventh ends the batch
+    assert r.slots[(r.head - 1) & r.mask].pre is None
+    timers.readout.drain()
+    assert [iv.device_ms for iv in sink.intervals] == ahead
+    assert timers.flush(10.0)
+    timers.shutdown(5.0)
+    assert len(sink.intervals) == 7 and sink.intervals[-1].device_ms > 100.0
 
 
 def test_the_middle_repeat_carries_the_step_device_time() -> None:

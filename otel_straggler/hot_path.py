@@ -1,0 +1,52 @@
+"""Which implementation runs the training thread's hot path: the C extension or the Python code.
+
+``otel_straggler._hotpath`` (``_hotpath.c``) implements ``Timer.start``/``stop`` and the state they touch (the
+ring and its slots, the shared event, the step fields they read) as C types with the attribute names of the
+Python classes (``timers.py`` ``_PyTimerCore``, ``ring.py``, ``shared_event.py``, ``step_context.py``), so the
+rest of the package reads and writes them unchanged. Between a step's kernel launches a start+stop's code and
+data are cold, and the C path touches far fewer cache lines than the Python one
+(``bench/results/cpu-native-floor.md``, ``bench/results/gpu-h200.md``).
+
+The choice is made once, when ``otel_straggler`` is first imported, by ``OTEL_STRAGGLER_HOT_PATH``:
+
+* ``auto`` (default): the C extension when it was built (``pip install`` compiles it where a C compiler and the
+  Python headers are at hand), else the Python code;
+* ``native``: the C extension; when it cannot be loaded the Python code runs and a warning says why (fail open);
+* ``python``: the Python code.
+
+``NAME`` says which runs (``native`` or ``python``), ``REASON`` why the Python code runs when it does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from types import ModuleType
+
+from otel_straggler.counters import CUDA_ERROR, POOL_EXHAUSTED, SAMPLED_OUT, UNBALANCED
+
+_log = logging.getLogger(__name__)
+
+ENV = "OTEL_STRAGGLER_HOT_PATH"
+CHOICES = ("auto", "native", "python")
+
+
+def _load() -> tuple[ModuleType | None, str | None]:
+    choice = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if choice not in CHOICES:
+        _log.warning("otel-straggler: %s=%r is not one of %s; using auto", ENV, choice, ", ".join(CHOICES))
+        choice = "auto"
+    if choice == "python":
+        return None, f"{ENV}=python"
+    try:
+        from otel_straggler import _hotpath
+    except ImportError as exc:
+        level = logging.WARNING if choice == "native" else logging.DEBUG
+        _log.log(level, "otel-straggler: the C hot path is not built (%s); using the Python one", exc)
+        return None, "not built"
+    _hotpath.set_reasons(UNBALANCED, SAMPLED_OUT, CUDA_ERROR, POOL_EXHAUSTED)
+    return _hotpath, None
+
+
+core, REASON = _load()
+NAME = "native" if core is not None else "python"

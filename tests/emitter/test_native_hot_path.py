@@ -1,0 +1,307 @@
+"""The C hot path's own parts (``otel_straggler/_hotpath.c``): its driver calls, the checks on its wiring, and
+the references it takes and gives back, on both implementations where both have the part.
+
+The rest of the emitter suite runs on whichever implementation ``otel_straggler/hot_path.py`` chose, and
+``scripts/test`` runs it on both. CUDA cannot run on this machine, so the driver functions the C code calls
+through a pointer are ctypes callbacks here (``cuEventRecord``, ``cuEventElapsedTime``, ``cuEventQuery`` with the
+driver's signatures and result codes); the real driver is called by the CUDA tests in ``tests/gpu``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from typing import Any
+
+import pytest
+from fake_cuda import FakeDevice, FakeEvent
+
+from otel_straggler import hot_path
+from otel_straggler.config import EmitterConfig
+from otel_straggler.counters import CUDA_ERROR, SAMPLED_OUT, UNBALANCED
+from otel_straggler.event_pool import CUDA_ERROR_NOT_READY, EventPool
+from otel_straggler.timers import Timers
+
+native = pytest.mark.skipif(hot_path.core is None, reason=f"the C hot path is not in use ({hot_path.REASON})")
+
+RECORD = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+ELAPSED = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p)
+QUERY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+
+
+def _address(fn: Any) -> int:
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+class HandleEvent(FakeEvent):
+    __slots__ = ("handle",)
+
+
+class HandleDevice(FakeDevice):
+    """Fake events with raw ``handle``s, as the driver record API's events have."""
+
+    def factory(self) -> HandleEvent:
+        ev = HandleEvent(self)
+        ev.handle = 0x1000 + len(self.events)
+        self.events.append(ev)
+        return ev
+
+
+@native
+def test_event_elapsed_and_query_pass_the_handles_and_map_the_result_codes() -> None:
+    seen: list[tuple[int, ...]] = []
+    rc = [0]
+
+    @ELAPSED
+    def elapsed(out: Any, a: int, b: int) -> int:
+        seen.append((a, b))
+        out[0] = 1.25
+        return rc[0]
+
+    @QUERY
+    def query(h: int) -> int:
+        seen.append((h,))
+        return rc[0]
+
+    a, b = HandleEvent(FakeDevice()), HandleEvent(FakeDevice())
+    a.handle, b.handle = 0xA0, 0xB0
+    core = hot_path.core
+    assert core.event_elapsed(_address(elapsed), a, b) == 1.25
+    assert core.event_query(_address(query), a) is True
+    rc[0] = CUDA_ERROR_NOT_READY
+    assert core.event_elapsed(_address(elapsed), a, b) is None
+    assert core.event_query(_address(query), b) is False
+    rc[0] = 700  # any other result: an error the readout counts (cuda_error) and quarantines for
+    with pytest.raises(RuntimeError, match="cuEventElapsedTime failed \\(700\\)"):
+        core.event_elapsed(_address(elapsed), a, b)
+    with pytest.raises(RuntimeError, match="cuEventQuery failed \\(700\\)"):
+        core.event_query(_address(query), a)
+    assert seen == [(0xA0, 0xB0), (0xA0,), (0xA0, 0xB0), (0xB0,), (0xA0, 0xB0), (0xA0,)]
+    with pytest.raises(AttributeError):
+        core.event_query(_address(query), object())  # no handle
+
+
+def _driver_timers(sink: Any, dev: HandleDevice) -> Timers:
+    cfg = EmitterConfig(enabled=True, device_every=1, pool_size=16, ring_size=64, share_gap_us=0.0,
+                        device_repeats="all")
+    pool = EventPool(16, dev.factory, synchronize=None, stream=lambda: 0x5000)
+    return Timers(2, "minmax", config=cfg, pool=pool, sink=sink)
+
+
+@native
+def test_the_c_record_calls_cu_event_record_on_the_current_stream_and_falls_back(sink) -> None:
+    dev = HandleDevice()
+    by_handle: dict[int, HandleEvent] = {}
+    calls: list[tuple[int, int]] = []
+    rc = [0]
+
+    @RECORD
+    def cu_event_record(handle: int, stream: int) -> int:
+        calls.append((handle, stream))
+        if rc[0] == 0:
+            by_handle[handle].record()  # what the driver does: the event marks this point of the stream
+        return rc[0]
+
+    t = _driver_timers(sink, dev)
+    by_handle.update({ev.handle: ev for ev in dev.events})
+    x = t("forward-compute")
+    x._cu_record = _address(cu_event_record)
+    try:
+        t.set_step(0)
+        x.start()
+        dev.work(2.0)
+        x.stop()
+        assert len(calls) == 2 and {s for _, s in calls} == {0x5000}
+        assert calls[0][0] != calls[1][0]  # two distinct events
+        # the driver refuses: the event's own record() makes up for it (torch's, which makes a context current)
+        rc[0] = 1
+        x.start()
+        dev.work(3.0)
+        x.stop()
+        assert len(calls) == 4
+        # and when that fails too, the interval is host-only (cuda_error), counted, never raised
+        dev.raise_on_record = True
+        x.start()
+        x.stop()
+        dev.raise_on_record = False
+        t.readout.drain()
+        got = [(iv.device_ms, iv.degraded) for iv in sink.intervals]
+        assert got[:2] == [(2.0, None), (3.0, None)]
+        assert got[2][0] is None and got[2][1] == CUDA_ERROR
+        assert t.counters.faults_training == 0
+        assert t.counters.degraded[CUDA_ERROR] == 1
+    finally:
+        t.shutdown(1.0)
+
+
+@native
+def test_the_wiring_is_checked_when_set_not_on_every_call(make_timers) -> None:
+    t = make_timers()
+    x = t("forward-compute")
+    for attr in ("_ctx", "_share", "_ring"):
+        with pytest.raises(TypeError, match=attr):
+            setattr(x, attr, object())
+    x._ring = None  # unwired: every call is a counted fault, none raises
+    x.start()
+    x.stop()
+    assert t.counters.faults_training == 1  # the start; the stop found no running timer
+    assert t.counters.unbalanced == 1
+
+
+def test_a_call_with_an_unknown_argument_raises_like_a_python_method(make_timers) -> None:
+    x = make_timers()("forward-compute")
+    with pytest.raises(TypeError):
+        x.start(barrier=False, sync=True)
+    with pytest.raises(TypeError):
+        x.stop(True, True)
+    x.start(True)
+    x.stop(barrier=True)
+    assert x.elapsed() >= 0.0
+
+
+class DropSink:
+    """Keeps nothing, so what the intervals referred to is referred to by the emitter alone."""
+
+    def submit(self, intervals: Any) -> None:
+        self.n = len(intervals)
+
+    def publish_stats(self, stats: Any) -> None:
+        pass
+
+    def flush(self, timeout_s: float) -> bool:
+        return True
+
+    def shutdown(self, timeout_s: float) -> None:
+        pass
+
+
+def test_references_taken_on_the_hot_path_are_given_back(make_timers, device) -> None:
+    """Many steps of starts and stops with device timing, reuse, sampled-out repeats and unbalanced calls, each
+    drained: every event, the timers, the step's binding and the reasons hold as many references as before."""
+    t = make_timers(pool_size=32, ring_size=64, share_gap_us=10_000.0, device_repeats="middle", sink_=DropSink())
+    fc, bc = t("forward-compute"), t("backward-compute")
+
+    def step() -> None:
+        for _ in range(3):
+            fc.start()
+            device.work(0.5)
+            fc.stop()
+            bc.start()
+            bc.start()  # unbalanced: the first start is kept
+            device.work(1.0)
+            bc.stop()
+            bc.stop()  # unbalanced: no running timer
+        t.readout.drain()
+
+    def steps(first: int, n: int) -> None:
+        for s in range(first, first + n):
+            t.set_step(s)
+            step()
+
+    steps(0, 30)
+    watched = [fc, bc, SAMPLED_OUT, UNBALANCED, *device.events]
+    before = [sys.getrefcount(o) for o in watched]
+    steps(30, 200)
+    assert [sys.getrefcount(o) for o in watched] == before
+    b = t.ctx.binding  # the binding of one step, through many intervals of it
+    refs = sys.getrefcount(b)
+    for _ in range(50):
+        step()
+    assert sys.getrefcount(b) == refs
+    assert t.counters.faults_training == 0 and t.counters.unbalanced == 2 * 3 * 280
+    assert t.counters.intervals == 2 * 3 * 280
+
+
+def _batch_timers(sink: Any, dev: HandleDevice, elapsed_fn: Any) -> Timers:
+    """Timers whose pool reads the ring's device times with the C batch (as a driver-API pool does), calling
+    ``elapsed_fn`` as ``cuEventElapsedTime``."""
+    import functools
+
+    cfg = EmitterConfig(enabled=True, device_every=1, pool_size=32, ring_size=64, share_gap_us=0.0,
+                        device_repeats="all")
+    pool = EventPool(32, dev.factory, synchronize=None)
+    pool.elapsed_many = functools.partial(hot_path.core.elapsed_batch, _address(elapsed_fn))
+    return Timers(2, "minmax", config=cfg, pool=pool, sink=sink)
+
+
+@native
+def test_the_readout_takes_device_times_from_the_batch_up_to_the_first_unfinished_pair(sink) -> None:
+    dev = HandleDevice(auto_complete=False)
+    by_handle: dict[int, HandleEvent] = {}
+    calls: list[tuple[int, int]] = []
+
+    @ELAPSED
+    def cu_elapsed(out: Any, a: int, b: int) -> int:
+        calls.append((a, b))
+        ea, eb = by_handle[a], by_handle[b]
+        if not eb.query():
+            return CUDA_ERROR_NOT_READY
+        out[0] = eb.recorded_at - ea.recorded_at + 1000.0  # +1000: tells the batch's answer from the event's own
+        return 0
+
+    t = _batch_timers(sink, dev, cu_elapsed)
+    by_handle.update({ev.handle: ev for ev in dev.events})
+    x = t("forward-compute")
+    try:
+        t.set_step(0)
+        for ms in (1.0, 2.0, 3.0):
+            x.start()
+            dev.work(ms)
+            x.stop()
+            if ms == 2.0:
+                dev.complete_all()  # the first two intervals completed, the third not yet
+        t.readout.drain()
+        assert [iv.device_ms for iv in sink.intervals] == [1001.0, 1002.0]
+        assert len(calls) == 3  # the third pair answered not ready and ended the batch
+        assert len(t.ring) == 1  # head-of-line: the third waits
+        dev.complete_all()
+        t.readout.drain()
+        assert [iv.device_ms for iv in sink.intervals] == [1001.0, 1002.0, 1003.0]
+        assert t.counters.faults_readout == 0
+        assert all(sl.pre is None for sl in t.ring.slots)  # each read-ahead time is let go with its slot
+    finally:
+        t.shutdown(1.0)
+
+
+@native
+def test_an_error_in_the_batch_leaves_the_slot_to_the_readouts_own_call(sink) -> None:
+    dev = HandleDevice()
+
+    @ELAPSED
+    def cu_elapsed(out: Any, a: int, b: int) -> int:
+        return 700
+
+    t = _batch_timers(sink, dev, cu_elapsed)
+    x = t("forward-compute")
+    try:
+        t.set_step(0)
+        x.start()
+        dev.work(4.0)
+        x.stop()
+        t.readout.drain()
+        assert [iv.device_ms for iv in sink.intervals] == [4.0]  # the event's own elapsed_time answered
+        assert t.counters.faults_readout == 0
+    finally:
+        t.shutdown(1.0)
+
+
+@native
+def test_the_batch_releases_the_gil_around_the_driver_calls(make_timers) -> None:
+    """``PyGILState_Check`` as the driver function: it answers 0 (success here) only where the calling thread does
+    not hold the GIL, and 1 (an error: the batch stops) where it does. Its extra arguments are ignored (the C calling
+    convention on x86-64 and aarch64)."""
+    device = HandleDevice()
+    t = make_timers(pool_size=32, ring_size=64, fake=device)
+    x = t("forward-compute")
+    t.set_step(0)
+    for _ in range(5):
+        x.start()
+        device.work(1.0)
+        x.stop()
+    check = ctypes.cast(ctypes.pythonapi.PyGILState_Check, ctypes.c_void_p).value
+    r = t.ring
+    assert hot_path.core.elapsed_batch(check, r, r.tail, r.head) == 5
+    for sl in r.slots:
+        sl.pre = None  # what was read is garbage: the check wrote no time
+    t.readout.drain()
+    assert [iv.device_ms for iv in t.readout.sink.intervals] == [1.0] * 5
