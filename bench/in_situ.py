@@ -55,7 +55,8 @@ def boundaries_in_situ(ops: int, iters: int, blocks: int, device: str = "cpu",
         cfg = EmitterConfig(enabled=True, device_every=every, pool_size=4096, device_repeats="all")
         pool = EventPool(cfg.pool_size) if cuda else HostOnlyPool()
         t = Timers(2, "minmax", config=cfg, pool=pool, sink=NullSink())
-        t.set_step(0)
+        t.set_step(1)  # step 0 is device-sampled whatever the period: the host arm's step must not be
+        assert t.ctx.device_on == (cuda and every == 1)
         return t
 
     arms: dict[str, Any] = {"none": None, "noop": NoopTimers(), "host": real(1 << 40)}

@@ -22,6 +22,7 @@ static inline int64_t now_ns(void) {
 typedef struct {
     PyObject_HEAD
     int started;
+    int clock; /* 0: a counter instead of the clock (what the clock read costs in situ) */
     int32_t id;
     int64_t t0;
     int64_t elapsed;
@@ -35,7 +36,7 @@ static PyObject *Timer_start(PyObject *op, PyObject *const *args, Py_ssize_t nar
         Py_RETURN_NONE;
     }
     self->started = 1;
-    self->t0 = now_ns();
+    self->t0 = self->clock ? now_ns() : (int64_t)ring_head;
     Py_RETURN_NONE;
 }
 
@@ -45,7 +46,7 @@ static PyObject *Timer_stop(PyObject *op, PyObject *const *args, Py_ssize_t narg
         self->unbalanced++;
         Py_RETURN_NONE;
     }
-    int64_t t = now_ns();
+    int64_t t = self->clock ? now_ns() : (int64_t)ring_head + 1;
     self->started = 0;
     self->elapsed += t - self->t0;
     uint64_t i = ring_head & (CAP - 1);
@@ -75,6 +76,7 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *timers;
     int32_t next_id;
+    int clock;
 } TimersObject;
 
 static PyObject *Timers_vcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -94,6 +96,7 @@ static PyObject *Timers_vcall(PyObject *callable, PyObject *const *args, size_t 
     if (nt == NULL)
         return NULL;
     nt->started = 0;
+    nt->clock = self->clock;
     nt->id = self->next_id++;
     nt->t0 = 0;
     nt->elapsed = 0;
@@ -106,9 +109,14 @@ static PyObject *Timers_vcall(PyObject *callable, PyObject *const *args, size_t 
 }
 
 static PyObject *Timers_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"clock", NULL};
+    int clock = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|p", kwlist, &clock))
+        return NULL;
     TimersObject *self = (TimersObject *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
+    self->clock = clock;
     self->vectorcall = Timers_vcall;
     self->timers = PyDict_New();
     self->next_id = 0;
