@@ -97,7 +97,8 @@ static PyObject *pop_free(PyObject *dq) {
     return ev;
 }
 
-/* start(barrier=False) / stop(barrier=False): 1 or 0, -1 with TypeError on other arguments */
+/* start(barrier=False) / stop(barrier=False): 1 or 0; -1 with TypeError on other arguments (raised to the caller, as
+ * Python raises a call-shape error before the method runs); -2 when bool(barrier) raised */
 static int parse_barrier(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     PyObject *b = NULL;
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
@@ -116,7 +117,8 @@ static int parse_barrier(PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
     }
     if (b == NULL || b == Py_False) return 0;
     if (b == Py_True) return 1;
-    return PyObject_IsTrue(b);
+    int v = PyObject_IsTrue(b);
+    return v < 0 ? -2 : v; /* -2: its truth value raised (counted as a fault, like any error inside the call) */
 }
 
 /* ---- Slot --------------------------------------------------------------------------------------------- */
@@ -198,7 +200,7 @@ typedef struct {
     long long mask;
     long long head; /* written by the training thread only */
     long long tail; /* written by the readout thread only */
-    PyObject *slots; /* list of Slot, max(cap, 1) long; never replaced */
+    PyObject *slots; /* tuple of Slot, max(cap, 1) long; never replaced */
 } RingObject;
 
 static int Ring_init(RingObject *r, PyObject *args, PyObject *kwds) {
@@ -215,7 +217,7 @@ static int Ring_init(RingObject *r, PyObject *args, PyObject *kwds) {
         while (cap < capacity) cap <<= 1;
     }
     long long n = cap > 0 ? cap : 1;
-    PyObject *slots = PyList_New((Py_ssize_t)n);
+    PyObject *slots = PyTuple_New((Py_ssize_t)n); /* a tuple: nothing can put another object in a slot's place */
     if (slots == NULL) return -1;
     for (long long i = 0; i < n; i++) {
         PyObject *s = PyType_GenericNew(&SlotType, NULL, NULL);
@@ -223,7 +225,7 @@ static int Ring_init(RingObject *r, PyObject *args, PyObject *kwds) {
             Py_DECREF(slots);
             return -1;
         }
-        PyList_SET_ITEM(slots, (Py_ssize_t)i, s);
+        PyTuple_SET_ITEM(slots, (Py_ssize_t)i, s);
     }
     Py_XSETREF(r->slots, slots);
     r->cap = cap;
@@ -316,6 +318,10 @@ static int Share_init(ShareObject *sh, PyObject *args, PyObject *kwds) {
 /* an event nothing refers to any more goes back through the readout once every slot before the ring's head was
  * read: tag = head, then onto the orphans */
 static int orphan(ShareObject *sh, PyObject *ev) {
+    if (sh->ring == NULL || sh->orphans == NULL) {
+        PyErr_SetString(PyExc_TypeError, "SharedEvent not initialised");
+        return -1;
+    }
     if (set_ll(ev, s_tag, ((RingObject *)sh->ring)->head) < 0) return -1;
     return call_append(sh->orphans, ev);
 }
@@ -431,6 +437,7 @@ static PyTypeObject ShareType = {
 
 /* whether the current stream is the one sh->ev was recorded on; 0 when that cannot be told */
 static int same_stream(ShareObject *sh) {
+    if (sh->stream_of == NULL) return 0;
     PyObject *cur = PyObject_CallNoArgs(sh->stream_of);
     if (cur == NULL) {
         PyErr_Clear();
@@ -553,7 +560,8 @@ static PyObject *do_record(TimerObject *t, ShareObject *sh, PyObject *ev) {
         }
         void *handle = PyLong_AsVoidPtr(h);
         Py_DECREF(h);
-        void *raw = PyLong_AsVoidPtr(stream);
+        void *raw = NULL;
+        if (!PyErr_Occurred() && stream != Py_None) raw = PyLong_AsVoidPtr(stream);
         if (PyErr_Occurred()) {
             Py_DECREF(stream);
             return NULL;
@@ -572,7 +580,8 @@ static PyObject *do_record(TimerObject *t, ShareObject *sh, PyObject *ev) {
 /* _ctx, _share, _ring and _free are checked when set (Timer_set_wire), so the hot path only asks whether they
  * are */
 static inline int check_wiring(TimerObject *t) {
-    if (t->ctx == NULL || t->share == NULL || t->ring == NULL || t->free == NULL) {
+    if (t->ctx == NULL || t->share == NULL || t->ring == NULL || t->free == NULL || t->record == NULL ||
+        t->orphans == NULL) {
         PyErr_SetString(PyExc_TypeError, "timer not wired to the native ring, shared event and step state");
         return -1;
     }
@@ -585,21 +594,11 @@ static PyObject *fault(TimerObject *t) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Timer_start(TimerObject *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    if (nargs || kwnames) {
-        int barrier = parse_barrier(args, nargs, kwnames);
-        if (barrier < 0) return NULL; /* a call-shape error, as the Python path raises it */
-        if (barrier) bump(t->c, s_barriers_skipped);
-    }
-    if (t->started) {
-        bump(t->c, s_unbalanced);
-        set_reason(t, r_unbalanced); /* keep the first start; the interval is marked unbalanced */
-        Py_RETURN_NONE;
-    }
-    if (check_wiring(t) < 0) return fault(t);
-    StepStateObject *ctx = (StepStateObject *)t->ctx;
+/* start's work once the call shape and balance are checked; ctx and sh are strong references the caller holds
+ * (a call into Python below, the stream lookup or a record, could replace the timer's own) */
+static PyObject *start_impl(TimerObject *t, StepStateObject *ctx, ShareObject *sh) {
     if (t->is_step) {
-        PyObject *args1[2] = {NULL, t->ctx};
+        PyObject *args1[2] = {NULL, (PyObject *)ctx};
         PyObject *r = PyObject_VectorcallMethod(s_step_timer_started, args1 + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
                                                 NULL);
         if (r == NULL) return fault(t);
@@ -609,7 +608,6 @@ static PyObject *Timer_start(TimerObject *t, PyObject *const *args, Py_ssize_t n
     int device = on == Py_True ? 1 : (is_set(on) ? PyObject_IsTrue(on) : 0);
     if (device < 0) return fault(t);
     if (device) {
-        ShareObject *sh = (ShareObject *)t->share;
         long long pick = t->pick;
         if (pick >= 0) {
             long long nxt = t->starts;
@@ -622,31 +620,35 @@ static PyObject *Timer_start(TimerObject *t, PyObject *const *args, Py_ssize_t n
             if (nxt != pick) {
                 set_reason(t, r_sampled_out); /* another repeat of this step has its device time */
                 sh->ns = NO_REUSE;            /* its GPU work is in no later boundary's reused event */
+                t->started = 1;
                 long long now = timer_clock(t);
                 if (now == -1 && PyErr_Occurred()) return fault(t);
-                t->started = 1;
                 t->t0 = now;
                 Py_RETURN_NONE;
             }
         }
         long long now = timer_clock(t);
         if (now == -1 && PyErr_Occurred()) return fault(t);
-        PyObject *ev = sh->ev;
+        PyObject *ev = Py_XNewRef(sh->ev);
         if (is_set(ev) && now - sh->ns < sh->gap_ns && same_stream(sh)) {
-            if (add_ll(ev, s_refs, 1, NULL) < 0) return fault(t); /* the previous boundary's event, reused */
-            Py_XSETREF(t->sev, Py_NewRef(ev));
+            if (add_ll(ev, s_refs, 1, NULL) < 0) { /* the previous boundary's event, reused */
+                Py_DECREF(ev);
+                return fault(t);
+            }
+            Py_XSETREF(t->sev, ev);
             set_reason(t, NULL);
             t->started = 1;
             t->t0 = now;
             Py_RETURN_NONE;
         }
+        Py_XDECREF(ev);
         ev = pop_free(t->free);
         if (ev != NULL) {
             if (set_ll(ev, s_refs, 1) < 0) {
                 Py_DECREF(ev);
                 return fault(t);
             }
-            Py_XSETREF(t->sev, ev); /* owns the popped reference */
+            Py_XSETREF(t->sev, Py_NewRef(ev)); /* and this call keeps its own until the record is done */
             set_reason(t, NULL);
             PyObject *stream = do_record(t, sh, ev);
             if (stream == NULL) {
@@ -656,8 +658,12 @@ static PyObject *Timer_start(TimerObject *t, PyObject *const *args, Py_ssize_t n
             } else {
                 int rc = share_recorded(sh, ev, now, stream, 0);
                 Py_DECREF(stream);
-                if (rc < 0) return fault(t);
+                if (rc < 0) {
+                    Py_DECREF(ev);
+                    return fault(t);
+                }
             }
+            Py_DECREF(ev);
         } else {
             set_reason(t, r_pool_exhausted);
             sh->ns = NO_REUSE;
@@ -665,11 +671,31 @@ static PyObject *Timer_start(TimerObject *t, PyObject *const *args, Py_ssize_t n
     } else {
         set_reason(t, is_set(ctx->host_reason) ? ctx->host_reason : NULL);
     }
+    t->started = 1;
     long long now = timer_clock(t);
     if (now == -1 && PyErr_Occurred()) return fault(t);
-    t->started = 1;
     t->t0 = now;
     Py_RETURN_NONE;
+}
+
+static PyObject *Timer_start(TimerObject *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (nargs || kwnames) {
+        int barrier = parse_barrier(args, nargs, kwnames);
+        if (barrier == -1) return NULL; /* a call-shape error, raised as the Python method raises it */
+        if (barrier < 0) return fault(t);
+        if (barrier) bump(t->c, s_barriers_skipped);
+    }
+    if (t->started) {
+        bump(t->c, s_unbalanced);
+        set_reason(t, r_unbalanced); /* keep the first start; the interval is marked unbalanced */
+        Py_RETURN_NONE;
+    }
+    if (check_wiring(t) < 0) return fault(t);
+    PyObject *ctx = Py_NewRef(t->ctx), *sh = Py_NewRef(t->share);
+    PyObject *r = start_impl(t, (StepStateObject *)ctx, (ShareObject *)sh);
+    Py_DECREF(ctx);
+    Py_DECREF(sh);
+    return r;
 }
 
 /* the dropped interval's events: no slot reads them, so whoever returns them waits for them to complete */
@@ -688,28 +714,19 @@ static int drop_events(TimerObject *t, PyObject *sev, PyObject *eev, int own, lo
     return 0;
 }
 
-static PyObject *Timer_stop(TimerObject *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    if (nargs || kwnames) {
-        int barrier = parse_barrier(args, nargs, kwnames);
-        if (barrier < 0) return NULL;
-        if (barrier) bump(t->c, s_barriers_skipped);
-    }
-    if (!t->started) {
-        bump(t->c, s_unbalanced);
-        Py_RETURN_NONE;
-    }
-    if (check_wiring(t) < 0) return fault(t);
-    StepStateObject *ctx = (StepStateObject *)t->ctx;
+/* stop's work once the call shape and balance are checked; ctx, sh and ring are strong references the caller
+ * holds. Every object this keeps across a call into Python (the binding, the events) is a strong reference too. */
+static PyObject *stop_impl(TimerObject *t, StepStateObject *ctx, ShareObject *sh, RingObject *r) {
     int injected = 0;
     if (is_set(t->inject)) {
         PyObject *step = PyLong_FromLongLong(ctx->step);
         if (step == NULL) return fault(t);
         PyObject *a[3] = {NULL, t->inject, step};
-        PyObject *r = PyObject_VectorcallMethod(s_apply, a + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        PyObject *res = PyObject_VectorcallMethod(s_apply, a + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
         Py_DECREF(step);
-        if (r == NULL) return fault(t);
-        injected = PyObject_IsTrue(r);
-        Py_DECREF(r);
+        if (res == NULL) return fault(t);
+        injected = PyObject_IsTrue(res);
+        Py_DECREF(res);
         if (injected < 0) return fault(t);
     }
     long long now = timer_clock(t);
@@ -723,6 +740,7 @@ static PyObject *Timer_stop(TimerObject *t, PyObject *const *args, Py_ssize_t na
     }
     long long bstep = PyLong_AsLongLong(PyTuple_GET_ITEM(b, 0));
     if (bstep == -1 && PyErr_Occurred()) return fault(t);
+    Py_INCREF(b);
     long long rep;
     if (bstep == t->rep_step) {
         rep = t->rep + 1;
@@ -733,19 +751,19 @@ static PyObject *Timer_stop(TimerObject *t, PyObject *const *args, Py_ssize_t na
     t->rep = rep;
     PyObject *sev = t->sev; /* the reference moves to this call */
     t->sev = NULL;
-    PyObject *reason = is_set(t->reason) ? t->reason : NULL; /* borrowed from the timer or a module constant */
+    PyObject *reason = is_set(t->reason) ? t->reason : NULL;
     Py_XINCREF(reason);
-    PyObject *eev = NULL;
+    PyObject *eev = NULL, *last = NULL;
     int own = 0;
-    ShareObject *sh = (ShareObject *)t->share;
     if (sev != NULL && sev == Py_None) Py_CLEAR(sev);
     if (sev != NULL) {
         if (reason == NULL) {
-            PyObject *ev = sh->ev;
+            PyObject *ev = Py_XNewRef(sh->ev);
             if (is_set(ev) && sh->at_stop && ev != sev && now - sh->ns < sh->gap_ns && same_stream(sh)) {
-                if (add_ll(ev, s_refs, 1, NULL) < 0) goto fail; /* an inner timer's stop just before this one */
-                eev = Py_NewRef(ev);
+                eev = ev; /* an inner timer's stop just before this one's */
+                if (add_ll(ev, s_refs, 1, NULL) < 0) goto fail;
             } else {
+                Py_XDECREF(ev);
                 eev = pop_free(t->free);
                 if (eev != NULL) {
                     if (set_ll(eev, s_refs, 1) < 0) goto fail;
@@ -768,14 +786,12 @@ static PyObject *Timer_stop(TimerObject *t, PyObject *const *args, Py_ssize_t na
         /* publish the references: the slot owns (returns to the pool) what nothing else refers to any more */
         long long srefs, erefs;
         if (add_ll(sev, s_refs, -1, &srefs) < 0) goto fail;
-        PyObject *last = sh->ev;
-        if (eev != NULL) {
-            if (add_ll(eev, s_refs, -1, &erefs) < 0) goto fail;
-            if (erefs <= 0 && eev != last) own = 2;
-        }
+        if (eev != NULL && add_ll(eev, s_refs, -1, &erefs) < 0) goto fail;
+        last = Py_XNewRef(sh->ev);
+        if (eev != NULL && erefs <= 0 && eev != last) own = 2;
         if (sev != eev && srefs <= 0 && sev != last) own |= 1;
+        Py_XDECREF(last);
     }
-    RingObject *r = (RingObject *)t->ring;
     long long h = r->head;
     if (h - r->tail >= r->cap) {
         bump(t->c, s_dropped_ring_full);
@@ -783,9 +799,10 @@ static PyObject *Timer_stop(TimerObject *t, PyObject *const *args, Py_ssize_t na
         Py_XDECREF(sev);
         Py_XDECREF(eev);
         Py_XDECREF(reason);
+        Py_DECREF(b);
         Py_RETURN_NONE;
     }
-    SlotObject *sl = (SlotObject *)PyList_GET_ITEM(r->slots, (Py_ssize_t)(h & r->mask));
+    SlotObject *sl = (SlotObject *)PyTuple_GET_ITEM(r->slots, (Py_ssize_t)(h & r->mask));
     /* start_ev/end_ev/injected are reset by the readout thread before it frees a slot, so only non-default values
      * are written here; the slot takes this call's references */
     Py_XSETREF(sl->timer, Py_NewRef((PyObject *)t));
@@ -796,7 +813,7 @@ static PyObject *Timer_stop(TimerObject *t, PyObject *const *args, Py_ssize_t na
         sl->own = own;
         if (eev != NULL) Py_XSETREF(sl->end_ev, eev);
     }
-    Py_XSETREF(sl->binding, Py_NewRef(b));
+    Py_XSETREF(sl->binding, b);
     sl->repeat = rep;
     Py_XSETREF(sl->reason, reason != NULL ? reason : Py_NewRef(Py_None));
     if (injected) sl->injected = 1;
@@ -806,7 +823,28 @@ fail:
     Py_XDECREF(sev);
     Py_XDECREF(eev);
     Py_XDECREF(reason);
+    Py_DECREF(b);
     return fault(t);
+}
+
+static PyObject *Timer_stop(TimerObject *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (nargs || kwnames) {
+        int barrier = parse_barrier(args, nargs, kwnames);
+        if (barrier == -1) return NULL;
+        if (barrier < 0) return fault(t);
+        if (barrier) bump(t->c, s_barriers_skipped);
+    }
+    if (!t->started) {
+        bump(t->c, s_unbalanced);
+        Py_RETURN_NONE;
+    }
+    if (check_wiring(t) < 0) return fault(t);
+    PyObject *ctx = Py_NewRef(t->ctx), *sh = Py_NewRef(t->share), *ring = Py_NewRef(t->ring);
+    PyObject *res = stop_impl(t, (StepStateObject *)ctx, (ShareObject *)sh, (RingObject *)ring);
+    Py_DECREF(ctx);
+    Py_DECREF(sh);
+    Py_DECREF(ring);
+    return res;
 }
 
 static int Timer_traverse(TimerObject *t, visitproc visit, void *arg) {
@@ -1025,10 +1063,14 @@ static PyObject *elapsed_batch(PyObject *mod, PyObject *const *args, Py_ssize_t 
     }
     if (fn_of(args[0], &fn) < 0) return NULL;
     tail = PyLong_AsLongLong(args[2]);
+    if (tail == -1 && PyErr_Occurred()) return NULL;
     head = PyLong_AsLongLong(args[3]);
-    if (PyErr_Occurred()) return NULL;
+    if (head == -1 && PyErr_Occurred()) return NULL;
     RingObject *r = (RingObject *)args[1];
     if (r->cap == 0) return PyLong_FromLong(0);
+    if (tail < r->tail) tail = r->tail; /* only published, unread slots: the readout's own */
+    if (head > r->head) head = r->head;
+    if (head > tail + r->cap) head = tail + r->cap;
     SlotObject *slot[BATCH];
     void *h[2 * BATCH];
     float ms[BATCH];
@@ -1037,7 +1079,7 @@ static PyObject *elapsed_batch(PyObject *mod, PyObject *const *args, Py_ssize_t 
     while (i < head) {
         int m = 0;
         for (; i < head && m < BATCH; i++) {
-            SlotObject *sl = (SlotObject *)PyList_GET_ITEM(r->slots, (Py_ssize_t)(i & r->mask));
+            SlotObject *sl = (SlotObject *)PyTuple_GET_ITEM(r->slots, (Py_ssize_t)(i & r->mask));
             if (!is_set(sl->start_ev) || !is_set(sl->end_ev) || is_set(sl->reason) || is_set(sl->pre)) continue;
             if (handle_of(sl->start_ev, &h[2 * m]) < 0 || handle_of(sl->end_ev, &h[2 * m + 1]) < 0) {
                 PyErr_Clear();
@@ -1130,9 +1172,12 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
             return NULL;
         }
     }
-    if (PyModule_AddIntConstant(m, "NO_REUSE", (long)NO_REUSE) < 0) { /* LP64: long is 64-bit */
+    PyObject *no_reuse = PyLong_FromLongLong(NO_REUSE);
+    if (no_reuse == NULL || PyModule_AddObjectRef(m, "NO_REUSE", no_reuse) < 0) {
+        Py_XDECREF(no_reuse);
         Py_DECREF(m);
         return NULL;
     }
+    Py_DECREF(no_reuse);
     return m;
 }

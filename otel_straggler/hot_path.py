@@ -40,7 +40,7 @@ def _load() -> tuple[ModuleType | None, str | None]:
         return None, f"{ENV}=python"
     try:
         from otel_straggler import _hotpath
-    except ImportError as exc:
+    except Exception as exc:  # not built (ImportError), or a module that fails to load: the Python code runs
         level = logging.WARNING if choice == "native" else logging.DEBUG
         _log.log(level, "otel-straggler: the C hot path is not built (%s); using the Python one", exc)
         return None, "not built"

@@ -21,9 +21,9 @@ writes the pipe without releasing it. The hand-offs of the GIL, not the work, we
 launch-bound step when each driver call released it (``bench/results/gpu-h200.md`` section 3,
 ``bench/results/cpu-gil-handoff.md``), so the period is long (``readout_interval_ms``, config.py) and the pool
 and ring are sized for what a period holds. The one stretch: with the C module and the driver's API, the pool's
-``elapsed_many`` reads the device times of all pending slots first, releasing the GIL once around its driver
-calls (several microseconds each there, ``bench/results/gpu-h200.md`` run 12), so the training thread runs
-through them; one more hand-off per wake instead of the calls' time under the GIL.
+``elapsed_many`` reads the device times of all pending slots first, releasing the GIL around its driver calls
+(once per 256 slots; several microseconds a call there, ``bench/results/gpu-h200.md`` run 12), so the training
+thread runs through them: one more hand-off per wake instead of the calls' time under the GIL.
 
 ``flush`` asks the thread to drain now (bounded); ``stop`` flushes, stops the thread and, once it has
 exited, drains the rest in the caller (unfinished events then count as ``readout_timeout``).

@@ -1,0 +1,211 @@
+"""Random sequences of timer operations, and the emitter's whole state after each: the differential test of the
+two hot paths (``test_hot_path_parity.py`` runs this file once per implementation and compares the outputs).
+
+Usage: ``OTEL_STRAGGLER_HOT_PATH=native|python python hot_path_trace.py FIRST_SEED SEEDS OPS``; prints one JSON
+object per seed. The operations: nested and unbalanced start/stop (some with a barrier), reset, elapsed,
+set_elapsed, set_step, the host clock advancing (fake, across the reuse gap), device work, completion, stream
+switches, record and stream-lookup failures, query failures, an injector and readout drains, on fake CUDA events
+(``fake_cuda.py``), small pools and rings (exhausted, full). The state: every timer's fields, the shared event's,
+the ring's indices and unread slots, the free list and orphans in order with their tags, each event's refs, tag
+and taint, the counters, the quarantine and the step fields.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fake_cuda import FakeDevice
+
+import otel_straggler.readout as readout_mod
+import otel_straggler.timers as timers_mod
+from otel_straggler import hot_path
+from otel_straggler.config import EmitterConfig
+from otel_straggler.event_pool import EventPool
+
+
+def trace(seed: int, n_ops: int) -> dict[str, Any]:
+    """The state after each of ``n_ops`` random operations drawn from ``seed``, and the intervals shipped."""
+    rng = random.Random(seed)
+
+    class Clock:
+        ns = 1_000_000_000
+
+        def __call__(self) -> int:
+            return self.ns
+
+    clock = Clock()
+    timers_mod._clock = clock
+    readout_mod._clock = clock
+
+    dev = FakeDevice(auto_complete=rng.random() < 0.5)
+    flags = {"stream_raise": False}
+
+    def stream_of() -> Any:
+        if flags["stream_raise"]:
+            raise RuntimeError("stream lookup failed")
+        return dev.stream
+
+    class Sink:
+        def __init__(self) -> None:
+            self.out: list[Any] = []
+
+        def submit(self, ivs: Any) -> None:
+            self.out.extend(ivs)
+
+        def publish_stats(self, s: Any) -> None:
+            pass
+
+        def flush(self, t: float) -> bool:
+            return True
+
+        def shutdown(self, t: float) -> None:
+            pass
+
+    class Inj:
+        stage = "forward-compute"
+
+        def apply(self, step: int) -> bool:
+            clock.ns += 7
+            return step % 3 == 0
+
+    sink = Sink()
+    pool_size = rng.choice([2, 3, 5, 8, 32])
+    ring_size = rng.choice([1, 2, 4, 16, 64])
+    cfg = EmitterConfig(enabled=True, device_every=rng.choice([1, 1, 2, 3]), pool_size=pool_size,
+                        ring_size=ring_size, share_gap_us=rng.choice([0.0, 50.0, 50.0, 1000.0]),
+                        device_repeats=rng.choice(["all", "middle"]), readout_timeout_s=1e9)
+    pool = EventPool(pool_size, dev.factory, synchronize=None,
+                     stream=stream_of if rng.random() < 0.8 else None)
+    t = timers_mod.Timers(2, "minmax", config=cfg, pool=pool, sink=sink, injector=Inj())
+    names = ["forward-backward", "forward-compute", "backward-compute", "optimizer", "all-grads-sync"]
+    evid = {id(e): i for i, e in enumerate(dev.events)}
+
+    def eid(e: Any) -> Any:
+        return None if e is None else evid.get(id(e), "?")
+
+    states: list[dict[str, Any]] = []
+
+    def snap(op: tuple) -> None:
+        c = t.counters
+        tm = {}
+        for n, x in t._timers.items():
+            tm[n] = [x._started, x._t0, x._elapsed_ns, x._active_ns, x._rep_step, x._rep, x._pick, x._sstep,
+                     x._starts, x._reason, eid(x._sev), x._elapsed_base]
+        sh = t.share
+        evs = [[e.refs, e.tag, e.tainted, e.records, e.recorded_at] for e in dev.events]
+        states.append({
+            "op": op,
+            "c": c.snapshot(),
+            "deg": dict(c.degraded),
+            "t": tm,
+            "sh": [eid(sh.ev), sh.ns, sh.at_stop, sh.records, sh.stream, sh.gap_ns],
+            "ring": [t.ring.head, t.ring.tail],
+            "free": [eid(e) for e in pool.free],
+            "orph": [[eid(e), e.tag] for e in pool.orphans],
+            "q": [[eid(e) for e in g] for g in t.readout.quarantine],
+            "ctx": [t.ctx.step, list(t.ctx.binding), t.ctx.device_on, t.ctx.host_reason],
+            "evs": evs,
+            "slots": [[eid(s.start_ev), eid(s.end_ev), s.own if s.start_ev is not None else None, s.reason,
+                       s.repeat, s.start_ns, s.end_ns, s.injected,
+                       None if s.timer is None else s.timer.name] for s in
+                      [t.ring.slots[i & t.ring.mask] for i in range(t.ring.tail, t.ring.head)]],
+        })
+
+    step = 0
+    stack = []
+    transient = 0
+    for k in range(n_ops):
+        if transient and transient < k:
+            dev.raise_on_record = False
+            flags["stream_raise"] = False
+            transient = 0
+        r = rng.random()
+        name = rng.choice(names)
+        if r < 0.60 and rng.random() < 0.7:  # mostly balanced nesting
+            if stack and (r >= 0.30 or len(stack) >= 3):
+                name = stack.pop()
+                r = 0.45
+            else:
+                free_names = [n for n in names if n not in stack]
+                if free_names:
+                    name = rng.choice(free_names)
+                    stack.append(name)
+                r = 0.1
+        x = t(name)
+        if r < 0.30:
+            b = rng.random() < 0.1
+            x.start(barrier=b) if rng.random() < 0.5 else (x.start(b) if b else x.start())
+            op = ("start", name, b)
+        elif r < 0.60:
+            b = rng.random() < 0.1
+            x.stop(barrier=b) if b else x.stop()
+            op = ("stop", name, b)
+        elif r < 0.63:
+            x.reset()
+            op = ("reset", name)
+        elif r < 0.66:
+            v = x.elapsed(reset=rng.random() < 0.5)
+            op = ("elapsed", name, v)
+        elif r < 0.67:
+            x.set_elapsed(rng.random())
+            op = ("set_elapsed", name)
+        elif r < 0.72:
+            step += rng.choice([0, 1, 1, 1, 2])
+            t.set_step(step, rng.choice([None, 100]), None, rng.choice([None, 4]))
+            op = ("set_step", step)
+        elif r < 0.84:
+            d = rng.choice([1, 10, 30, 30, 30, 49_000, 60_000, 2_000_000])
+            clock.ns += d
+            op = ("clock", d)
+        elif r < 0.88:
+            dev.work(rng.choice([0.5, 1.0, 2.0]))
+            op = ("work",)
+        elif r < 0.90:
+            dev.complete_all()
+            op = ("complete",)
+        elif r < 0.92:
+            dev.stream = rng.choice([None, 1, 2])
+            op = ("stream", dev.stream)
+        elif r < 0.93:
+            dev.raise_on_record = not dev.raise_on_record
+            transient = k + 1
+            op = ("raise_rec", dev.raise_on_record)
+        elif r < 0.94:
+            flags["stream_raise"] = not flags["stream_raise"]
+            transient = k + 1
+            op = ("raise_stream", flags["stream_raise"])
+        elif r < 0.945:
+            dev.raise_on_query = not dev.raise_on_query
+            op = ("raise_query", dev.raise_on_query)
+        else:
+            t.readout.drain()
+            op = ("drain",)
+        snap(op)
+    dev.raise_on_record = dev.raise_on_query = False
+    flags["stream_raise"] = False
+    dev.complete_all()
+    t.readout.drain()
+    t.shutdown(1.0)
+    snap(("shutdown",))
+    off = t.readout._wall_offset
+    ivs = [[iv.name, iv.step, iv.repeat, iv.host_start_ns - off, iv.host_end_ns - off, iv.device_ms, iv.degraded,
+            iv.tokens, iv.microbatches, iv.injected] for iv in sink.out]
+    return {"impl": hot_path.NAME, "trace": states, "intervals": ivs,
+            "cfg": [pool_size, ring_size, cfg.device_every, cfg.share_gap_us, cfg.device_repeats]}
+
+
+def main(argv: list[str]) -> int:
+    first, seeds, ops = (int(a) for a in argv[:3])
+    for seed in range(first, first + seeds):
+        print(json.dumps(trace(seed, ops), default=str), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,62 @@
+"""The C hot path and the Python one do the same: the same random sequences of timer operations
+(``hot_path_trace.py``) run on each, in a child process per implementation (the choice is made at import), and
+the emitter's whole state after every operation, and the intervals shipped, must be equal.
+
+The sequences reach what the unit tests reach one case at a time: nesting, unbalanced calls, reuse of adjacent
+boundaries' events across the gap, sampled-out repeats, record and stream-lookup failures, an exhausted pool, a
+full ring, quarantine, an injector, resets and ``elapsed()`` of running timers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from otel_straggler import hot_path
+
+HERE = Path(__file__).resolve().parent
+SEEDS = 24
+OPS = 500
+
+
+def _traces(impl: str) -> list[dict]:
+    env = dict(os.environ, OTEL_STRAGGLER_HOT_PATH=impl)
+    out = subprocess.run([sys.executable, str(HERE / "hot_path_trace.py"), "0", str(SEEDS), str(OPS)], env=env,
+                         capture_output=True, text=True, check=True, timeout=600).stdout
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def _first_difference(a: dict, b: dict) -> str | None:
+    for i, (x, y) in enumerate(zip(a["trace"], b["trace"], strict=True)):
+        if x != y:
+            keys = [k for k in x if x[k] != y.get(k)]
+            return (f"after op {i} {x['op']} (config {a['cfg']}; ops before: "
+                    f"{[s['op'] for s in a['trace'][max(0, i - 6):i]]}): "
+                    + "; ".join(f"{k}: C {x[k]} / Python {y[k]}" for k in keys))
+    if a["intervals"] != b["intervals"]:
+        return "the intervals shipped differ"
+    return None
+
+
+@pytest.mark.skipif(hot_path.core is None, reason=f"the C hot path is not in use ({hot_path.REASON})")
+def test_both_hot_paths_leave_the_same_state_after_every_operation() -> None:
+    native, python = _traces("native"), _traces("python")
+    assert [t["impl"] for t in native] == ["native"] * SEEDS
+    assert [t["impl"] for t in python] == ["python"] * SEEDS
+    # the sequences reach the cases that matter (else equal traces would say little)
+    ops = {s["op"][0] for t in python for s in t["trace"]}
+    assert {"start", "stop", "reset", "elapsed", "set_step", "drain", "raise_rec", "raise_stream"} <= ops
+    last = [t["trace"][-1] for t in python]
+    assert sum(s["c"]["dropped_ring_full"] for s in last) > 0
+    assert sum(s["deg"].get("pool_exhausted", 0) for s in last) > 0
+    assert sum(s["deg"].get("cuda_error", 0) for s in last) > 0
+    assert sum(s["c"]["unbalanced"] for s in last) > 0
+    assert sum(1 for t in python for iv in t["intervals"] if iv[5] is not None) > 100  # device times
+    for seed, (a, b) in enumerate(zip(native, python, strict=True)):
+        diff = _first_difference(a, b)
+        assert diff is None, f"seed {seed}: {diff}"
