@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from otel_straggler import schema
+from otel_straggler import hot_path, schema
 from otel_straggler.stages import STAGE_SCHEMA
 
 _log = logging.getLogger(__name__)
@@ -130,6 +130,7 @@ class Identity:
             schema.RES_TOPOLOGY_EPOCH: self.topology_epoch,
             schema.RES_STAGE_SCHEMA: self.stage_schema,
             schema.RES_SCHEMA_VERSION: schema.SCHEMA_VERSION,
+            schema.RES_HOT_PATH: hot_path.NAME,
         }
 
 

@@ -50,6 +50,7 @@ RES_COHORT_KEY: Final = "straggler.cohort.key"
 RES_TOPOLOGY_EPOCH: Final = "straggler.topology.epoch"
 RES_STAGE_SCHEMA: Final = "straggler.stage_schema"
 RES_SCHEMA_VERSION: Final = "straggler.schema.version"
+RES_HOT_PATH: Final = "straggler.emitter.hot_path"  # native | python: which start/stop the process runs (hot_path.py)
 RES_STEP_SUMMARY: Final = "straggler.step_summary"  # bool: rank-step spans carry the ATTR_SUMMARY_* arrays
 
 # Parallel dimensions that define a cohort (DP is the compared axis and is excluded).

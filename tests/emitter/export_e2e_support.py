@@ -40,6 +40,7 @@ STR_RESOURCE = {
     schema.RES_COHORT_KEY,
     schema.RES_STAGE_SCHEMA,
     schema.RES_SCHEMA_VERSION,
+    schema.RES_HOT_PATH,
 }
 
 

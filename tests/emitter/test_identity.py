@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_straggler import schema
+from otel_straggler import hot_path, schema
 from otel_straggler.demo.run import free_port
 from otel_straggler.identity import Identity, job_id_from_env, resolve_identity
 
@@ -39,6 +39,7 @@ def test_env_fallbacks_and_resource_attributes() -> None:
     assert attrs[schema.RES_COHORT_KEY] == "e3/megatron-v1/tp1.pp0.vpp0.cp0.ep0.etp0.c0"
     assert attrs[schema.RES_STAGE_SCHEMA] == "megatron-v1"
     assert attrs[schema.RES_SCHEMA_VERSION] == schema.SCHEMA_VERSION
+    assert attrs[schema.RES_HOT_PATH] == hot_path.NAME and hot_path.NAME in ("native", "python")
 
 
 def test_cohort_key_excludes_dp_includes_epoch() -> None:
