@@ -2,8 +2,8 @@
  *
  * Why: between a step's kernel launches a start+stop of the Python timers finds its bytecode, inline caches and
  * objects evicted, and pays for the cache lines it touches, several times its tight-loop cost
- * (bench/results/gpu-h200.md runs 9c and 10, bench/results/cpu-native-floor.md). Here the same logic reads and
- * writes C struct fields.
+ * (bench/results/cpu-native-floor.md, bench/results/cpu-hot-path-ab.md, bench/results/gpu-h200.md runs 11-13).
+ * Here the same logic reads and writes C struct fields.
  *
  * What: five types with the attribute names of their Python counterparts, so every other part of the package
  * (the readout thread, StepContext's sampling logic, Timer's Megatron API, the tests) reads and writes them
@@ -1049,8 +1049,8 @@ static PyObject *event_query(PyObject *mod, PyObject *const *args, Py_ssize_t na
  * readout.py uses it instead of its own call); stops at the first pair that is unfinished or fails (that slot and
  * the later ones keep pre None and the readout's own call answers for them). The GIL is released once around the
  * driver calls of up to BATCH slots (the handles are read before, the results stored after, with it held): a
- * call into the driver costs the readout several microseconds (bench/results/gpu-h200.md run 12), and with the
- * GIL released the training thread runs meanwhile. The slots are not reused while the readout has not moved the
+ * call into the driver between launches costs microseconds (bench/results/gpu-h200/driver_calls-9.log), and with
+ * the GIL released the training thread runs meanwhile. The slots are not reused while the readout has not moved the
  * ring's tail past them, and the events they hold are not returned to the pool before that. Returns the number
  * of slots given a time. */
 #define BATCH 256

@@ -14,17 +14,20 @@ shutdown): a recorded-but-unfinished event is never re-recorded.
 gives the device ms between two, or None while unfinished; ``pool.query(ev)`` (readout thread) says whether a
 lone event (an interval that lost its end event, a quarantined one) completed. With ``record_api`` ``auto``
 (the default) they are the CUDA driver's ``cuEventRecord``, ``cuEventElapsedTime`` and ``cuEventQuery`` called
-through ``ctypes`` on the events' raw handles (kept in each pool event's ``handle`` once created) and the
-device's current raw stream: the same operations as torch's ``Event.record()``, ``query()`` and
-``elapsed_time()`` without their Python layers (``torch.cuda.current_stream()`` builds a ``Stream`` object per
-record, then a device guard); the readout makes one call per interval instead of two
-(``bench/results/gpu-h200.md`` section 2). Every driver call keeps the GIL (``ctypes.PyDLL``): none blocks,
-and a call that released it would be a point where the other thread takes the GIL, so a drain and the training
-thread's records would hand it back and forth, each hand-off a context switch on the training thread
-(``bench/results/gpu-h200.md`` section 3). They are checked once at install against torch's on a short GPU
-sleep; if the check fails, or ``record_api`` is ``torch``, torch's methods are used. A driver record that
-fails later (e.g. on a thread with no current CUDA context) falls back to torch's record for that call, which
-makes the context current.
+on the events' raw handles (kept in each pool event's ``handle`` once created) and the device's current raw
+stream: through ``ctypes``, or from the C hot path's module (``_hotpath.c``, where it runs: the timers call
+``cuEventRecord`` through the address ``record.cu_event_record`` gives, the readout ``event_elapsed`` and
+``event_query``). They are the same operations as torch's ``Event.record()``, ``query()`` and ``elapsed_time()``
+without their Python layers (``torch.cuda.current_stream()`` builds a ``Stream`` object per record, then a
+device guard); the readout makes one call per interval instead of two (``bench/results/gpu-h200.md`` section 2).
+Each of these calls keeps the GIL (``ctypes.PyDLL``, or C that does not release it): none blocks, and a call
+that released it would be a point where the other thread takes the GIL, so a drain and the training thread's
+records would hand it back and forth, each hand-off a context switch on the training thread
+(``bench/results/gpu-h200.md`` section 3). The one exception is ``elapsed_many`` (``driver_elapsed_batch``):
+the readout reads all pending slots' times in one call that releases the GIL once per 256 slots. They are
+checked once at install against torch's on a short GPU sleep; if the check fails, or ``record_api`` is
+``torch``, torch's methods are used. A driver record that fails later (e.g. on a thread with no current CUDA
+context) falls back to torch's record for that call, which makes the context current.
 
 ``HostOnlyPool``: no CUDA (torch missing, no device, init error) -> every interval is host-only with
 reason ``no_cuda``. A pool built with a ``factory`` uses its events' own ``record``, ``query`` and

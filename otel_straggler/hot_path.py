@@ -40,11 +40,16 @@ def _load() -> tuple[ModuleType | None, str | None]:
         return None, f"{ENV}=python"
     try:
         from otel_straggler import _hotpath
-    except Exception as exc:  # not built (ImportError), or a module that fails to load: the Python code runs
+
+        _hotpath.set_reasons(UNBALANCED, SAMPLED_OUT, CUDA_ERROR, POOL_EXHAUSTED)
+    except ImportError as exc:
         level = logging.WARNING if choice == "native" else logging.DEBUG
         _log.log(level, "otel-straggler: the C hot path is not built (%s); using the Python one", exc)
         return None, "not built"
-    _hotpath.set_reasons(UNBALANCED, SAMPLED_OUT, CUDA_ERROR, POOL_EXHAUSTED)
+    except Exception as exc:  # a module that fails to load or to set up (one built from other sources)
+        _log.warning("otel-straggler: the C hot path failed to load (%s: %s); using the Python one",
+                     type(exc).__name__, exc)
+        return None, f"failed to load: {type(exc).__name__}"
     return _hotpath, None
 
 

@@ -16,14 +16,15 @@ the ring in order:
 * the batch goes to ``sink.submit``; about once a second ``sink.publish_stats(counters.snapshot())``.
   Sink exceptions are caught and counted.
 
-A wake holds the GIL except for one stretch: the pool's per-slot driver calls keep it, and the process sink
-writes the pipe without releasing it. The hand-offs of the GIL, not the work, were most of what the readout cost a
-launch-bound step when each driver call released it (``bench/results/gpu-h200.md`` section 3,
+A wake holds the GIL except around one batch of driver calls: the pool's per-slot driver calls keep it, and the
+process sink writes the pipe without releasing it. The hand-offs of the GIL, not the work, were most of what the
+readout cost a launch-bound step when each driver call released it (``bench/results/gpu-h200.md`` section 3,
 ``bench/results/cpu-gil-handoff.md``), so the period is long (``readout_interval_ms``, config.py) and the pool
-and ring are sized for what a period holds. The one stretch: with the C module and the driver's API, the pool's
+and ring are sized for what a period holds. The batch: with the C module and the driver's API, the pool's
 ``elapsed_many`` reads the device times of all pending slots first, releasing the GIL around its driver calls
-(once per 256 slots; several microseconds a call there, ``bench/results/gpu-h200.md`` run 12), so the training
-thread runs through them: one more hand-off per wake instead of the calls' time under the GIL.
+once per 256 slots (a wake of the default period reads about that many on a launch-bound step), so the training
+thread launches through them: one more hand-off of the GIL instead of the calls' time under it (a call between
+launches: ``bench/results/gpu-h200/driver_calls-9.log``).
 
 ``flush`` asks the thread to drain now (bounded); ``stop`` flushes, stops the thread and, once it has
 exited, drains the rest in the caller (unfinished events then count as ``readout_timeout``).

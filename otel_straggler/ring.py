@@ -7,7 +7,8 @@ The TRAINING thread is the only producer: it writes every field of slot ``head &
 ``head``. The READOUT thread is the only consumer: it reads slots ``tail .. head-1`` and then advances ``tail``.
 No lock: each slot is written by one thread at a time and a plain attribute store is atomic under the GIL; the
 producer publishes a slot only after writing all of it (``head`` is stored last). Indices grow without wrapping
-(Python ints); the slot is ``index & mask``. Full (``head - tail >= capacity``): the producer drops and counts.
+(Python ints; 64-bit integers in the C ring); the slot is ``index & mask``. Full (``head - tail >= capacity``):
+the producer drops and counts.
 
 ``Slot`` and ``Ring`` are the C extension's types of the same names and fields when it runs the hot path
 (``hot_path.py``), else ``PySlot`` and ``PyRing`` below.

@@ -1,6 +1,7 @@
 """The training thread's start/stop path: no device sync, no collective, no I/O, no logging, no lock.
 
-Two guards: a static one over the source of the hot functions, and a runtime spy that replaces the
+Three guards: a static one over the source of the Python hot functions, one over the C hot path's source
+(``_hotpath.c``), and a runtime spy that replaces the
 forbidden entry points with raisers on the training thread while the real start/stop path runs many
 steps (device side on the fake event backend: CUDA cannot run on the CI machines).
 """
@@ -13,7 +14,11 @@ import gc
 import logging
 import os
 import re
+import shutil
 import socket
+import subprocess
+import sys
+import sysconfig
 import textwrap
 import threading
 import tracemalloc
@@ -182,9 +187,13 @@ def test_static_guard_over_the_c_hot_path() -> None:
     code = re.sub(r'"(?:[^"\\]|\\.)*"', '""', code)  # nor may strings
     hot = re.sub(r'"(?:[^"\\]|\\.)*"', '""', re.sub(r"/\*.*?\*/", "", training, flags=re.S))
     assert not C_FORBIDDEN.findall(hot), C_FORBIDDEN.findall(hot)
-    # the readout's part may release the GIL around its driver calls, and nothing else on the list
+    # the readout's part may release the GIL around the batch's driver calls, and nothing else on the list: the
+    # per-slot calls (event_elapsed, event_query) keep it, like the training thread's record
     rest = set(C_FORBIDDEN.findall(code)) - {"Py_BEGIN_ALLOW_THREADS"}
     assert not rest, rest
+    batch = code[code.index("static PyObject *elapsed_batch("):]
+    batch = batch[:batch.index("\n}\n")]
+    assert code.count("Py_BEGIN_ALLOW_THREADS") == batch.count("Py_BEGIN_ALLOW_THREADS") == 1
     called = set(re.findall(r"\b([A-Za-z_]\w*)\s*\(", code))
     keywords = {"if", "for", "while", "return", "sizeof", "switch", "defined", "int", "void"}  # and casts
     own = set(re.findall(r"^static [^;{]*?\b(\w+)\s*\(", code, flags=re.M)) | {"PyInit__hotpath"}
@@ -195,15 +204,52 @@ def test_static_guard_over_the_c_hot_path() -> None:
     assert foreign == set(), foreign  # anything else is a call the guard has not vetted
 
 
+def _can_compile() -> bool:
+    return (shutil.which("cc") or shutil.which("gcc")) is not None and (
+        Path(sysconfig.get_paths()["include"]) / "Python.h").exists()
+
+
 def test_the_chosen_hot_path_is_the_one_tested() -> None:
-    """The C hot path is built wherever the package installs with a C compiler (setup.py) and runs unless
-    ``OTEL_STRAGGLER_HOT_PATH=python`` asks for the Python one; scripts/test runs the emitter tests on both."""
+    """The C hot path is built wherever the package installs with a C compiler and the Python headers (setup.py)
+    and runs unless ``OTEL_STRAGGLER_HOT_PATH=python`` asks for the Python one; scripts/test runs the emitter
+    tests on both."""
     if os.environ.get(hot_path.ENV, "auto") == "python":
         assert hot_path.core is None and hot_path.NAME == "python"
         assert timers_mod.TimerCore is timers_mod._PyTimerCore
+    elif hot_path.core is None and not _can_compile():
+        pytest.skip(f"no C compiler or Python headers here: the Python hot path runs ({hot_path.REASON})")
     else:
         assert hot_path.NAME == "native", f"the C hot path is not in use: {hot_path.REASON}"
         assert timers_mod.TimerCore is hot_path.core.TimerCore
+
+
+def _choice_in_a_fresh_process(env: str | None, prelude: str = "pass") -> tuple[str, str]:
+    """``hot_path.NAME REASON`` as a new process sees it, and its log (warnings)."""
+    code = (f"import logging, sys, types; logging.basicConfig(level=logging.WARNING); {prelude}; "
+            "from otel_straggler import hot_path; print(hot_path.NAME, hot_path.REASON)")
+    environ = {k: v for k, v in os.environ.items() if k != hot_path.ENV}
+    if env is not None:
+        environ[hot_path.ENV] = env
+    p = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip(), p.stderr
+
+
+def test_the_python_path_runs_where_the_c_one_cannot_load() -> None:
+    """Fail open: not built (an import that fails), or a module that loads but cannot be set up (one built from
+    other sources), leaves the Python path running; asked for by name, the C path's absence is a warning."""
+    out, log = _choice_in_a_fresh_process("python")
+    assert out == f"python {hot_path.ENV}=python" and log == ""
+    out, log = _choice_in_a_fresh_process("native", "sys.modules['otel_straggler._hotpath'] = None")
+    assert out == "python not built" and "the C hot path is not built" in log
+    out, log = _choice_in_a_fresh_process(None, "sys.modules['otel_straggler._hotpath'] = None")
+    assert out == "python not built" and log == ""  # auto: the Python path without a word
+    stale = "sys.modules['otel_straggler._hotpath'] = types.ModuleType('otel_straggler._hotpath')"
+    out, log = _choice_in_a_fresh_process(None, stale)
+    assert out == "python failed to load: AttributeError" and "failed to load" in log
+    auto, _ = _choice_in_a_fresh_process(None)
+    out, log = _choice_in_a_fresh_process("fast")
+    assert out == auto and "is not one of auto, native, python; using auto" in log
 
 
 def test_static_guard_catches_a_violation() -> None:

@@ -305,3 +305,32 @@ def test_the_batch_releases_the_gil_around_the_driver_calls(make_timers) -> None
         sl.pre = None  # what was read is garbage: the check wrote no time
     t.readout.drain()
     assert [iv.device_ms for iv in t.readout.sink.intervals] == [1.0] * 5
+
+
+def test_a_barrier_whose_truth_value_raises_is_a_counted_fault(make_timers) -> None:
+    class Ambiguous:  # a tensor with several elements answers bool() like this
+        def __bool__(self) -> bool:
+            raise ValueError("ambiguous truth value")
+
+    t = make_timers()
+    x = t("forward-compute")
+    x.start(barrier=Ambiguous())  # nothing happens but the count, as on the Python path
+    x.start()
+    x.stop(Ambiguous())
+    x.stop()
+    t.readout.drain()
+    assert t.counters.faults_training == 2
+    assert t.counters.unbalanced == 0 and t.counters.intervals == 1
+
+
+def test_a_shared_event_never_initialised_raises_and_does_not_crash() -> None:
+    """Its ring and orphans unset (NULL in C): releasing an event into them raises, where reading them through a
+    NULL pointer would end the process. (With no gap set, ``recorded`` only counts the record in C.)"""
+    from otel_straggler.shared_event import SharedEvent
+
+    bare = SharedEvent.__new__(SharedEvent)
+    ev = HandleEvent(FakeDevice())
+    ev.refs, ev.tag, ev.tainted = 1, 0, False
+    with pytest.raises((TypeError, AttributeError)):
+        bare.release(ev)
+    assert ev.refs == 0 and ev.tainted is True  # released: what comes before the orphans list was done

@@ -130,10 +130,11 @@ def _voluntary_switches() -> int:
 
 
 def test_driver_calls_keep_the_gil_and_use_the_cached_handles() -> None:
-    """The pool's driver record, elapsed time and query are ``ctypes.PyDLL`` calls on each event's cached ``handle``:
-    they never release the GIL, so a busy Python thread cannot take it between the training thread's records
-    (each such hand-off blocks the training thread: a voluntary context switch). With the GIL kept, a loop of
-    records gives it up only when the other thread forces a switch, once per switch interval."""
+    """The pool's driver record, elapsed time and query are calls on each event's cached ``handle`` through
+    ``ctypes.PyDLL`` or the C hot path's module (``_hotpath.c``): they never release the GIL, so a busy Python
+    thread cannot take it between the training thread's records (each such hand-off blocks the training thread: a
+    voluntary context switch). With the GIL kept, a loop of records gives it up only when the other thread forces
+    a switch, once per switch interval."""
     import ctypes
     import sys
 
@@ -228,10 +229,10 @@ def test_device_time_measures_gpu_work_not_launch_time() -> None:
 
 
 @pytest.mark.skipif(hot_path.core is None, reason="the batch read is the C module's")
-def test_the_batch_read_agrees_with_one_call_per_slot_and_leaves_the_gil() -> None:
-    """The pool's ``elapsed_many`` (``_hotpath.elapsed_batch``: the GIL released around the driver calls) gives
-    each pending slot the time one ``elapsed`` call gives it, stops at the first unfinished pair, and the readout
-    ships those times."""
+def test_the_batch_read_agrees_with_one_call_per_slot() -> None:
+    """The pool's ``elapsed_many`` (``_hotpath.elapsed_batch``, which releases the GIL around its driver calls:
+    ``tests/emitter/test_native_hot_path.py`` checks that) gives each pending slot the time one ``elapsed`` call
+    gives it, stops at the first unfinished pair, and the readout ships those times."""
     timers, sink = _timers(start_readout=False)
     pool = timers.pool
     assert pool.elapsed_many is not None
@@ -253,8 +254,12 @@ def test_the_batch_read_agrees_with_one_call_per_slot_and_leaves_the_gil() -> No
     x.stop()
     for sl in slots:
         sl.pre = None
-    assert pool.elapsed_many(r, r.tail, r.head) == 6  # the six completed; the seventh ends the batch
-    assert r.slots[(r.head - 1) & r.mask].pre is None
+    n = pool.elapsed_many(r, r.tail, r.head)  # the six completed; the seventh ends the batch while it sleeps
+    seventh = r.slots[(r.head - 1) & r.mask]
+    if n == 7:  # this host stalled longer than the sleep before the read: then the seventh has its time too
+        assert pool.query(seventh.end_ev)
+    else:
+        assert n == 6 and seventh.pre is None
     timers.readout.drain()
     assert [iv.device_ms for iv in sink.intervals] == ahead
     assert timers.flush(10.0)
