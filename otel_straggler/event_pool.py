@@ -66,6 +66,14 @@ def _driver_call(name: str, *argtypes: Any, hold_gil: bool = False) -> Any:
     return fn
 
 
+def _address(fn: Any) -> int:
+    """The address of a ctypes function (what the C hot path's module calls through)."""
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+_ELAPSED_ARGS = (ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p)  # cuEventElapsedTime's
+
+
 def query_then_elapsed(sev: Any, eev: Any) -> float | None:
     """Device ms from ``sev`` to ``eev`` through the events' own methods; None while ``eev`` is unfinished."""
     if not eev.query():
@@ -78,10 +86,9 @@ def driver_elapsed(hold_gil: bool = True) -> Callable[[Any, Any], float | None]:
     and ``elapsed_time()``; None while either event is unfinished, raises on any other error. Called from the C
     hot path's module (``_hotpath.event_elapsed``) where it runs and the GIL is kept, else through ctypes. Not
     thread-safe (one result buffer): the readout thread's alone."""
-    fn = _driver_call("cuEventElapsedTime", ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p,
-                      hold_gil=hold_gil)
+    fn = _driver_call("cuEventElapsedTime", *_ELAPSED_ARGS, hold_gil=hold_gil)
     if hold_gil and hot_path.core is not None:  # the same call from C: no ctypes argument conversion per call
-        return functools.partial(hot_path.core.event_elapsed, ctypes.cast(fn, ctypes.c_void_p).value)
+        return functools.partial(hot_path.core.event_elapsed, _address(fn))
     out = ctypes.c_float()
     ref = ctypes.byref(out)
 
@@ -103,8 +110,7 @@ def driver_elapsed_batch() -> Callable[[Any, int, int], int] | None:
     ``elapsed`` per slot)."""
     if hot_path.core is None:
         return None
-    fn = _driver_call("cuEventElapsedTime", ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p)
-    return functools.partial(hot_path.core.elapsed_batch, ctypes.cast(fn, ctypes.c_void_p).value)
+    return functools.partial(hot_path.core.elapsed_batch, _address(_driver_call("cuEventElapsedTime", *_ELAPSED_ARGS)))
 
 
 def driver_query(hold_gil: bool = True) -> Callable[[Any], bool]:
@@ -112,7 +118,7 @@ def driver_query(hold_gil: bool = True) -> Callable[[Any], bool]:
     ctypes): True once it completed, False while it has not, raises on any other error."""
     fn = _driver_call("cuEventQuery", ctypes.c_void_p, hold_gil=hold_gil)
     if hold_gil and hot_path.core is not None:
-        return functools.partial(hot_path.core.event_query, ctypes.cast(fn, ctypes.c_void_p).value)
+        return functools.partial(hot_path.core.event_query, _address(fn))
 
     def query(ev: Any) -> bool:
         rc = fn(ev.handle)
@@ -140,7 +146,7 @@ def driver_recorder(device_index: int, hold_gil: bool = True) -> Callable[[Any],
             return None
         return stream
 
-    record.cu_event_record = ctypes.cast(fn, ctypes.c_void_p).value  # type: ignore[attr-defined]  # the C hot path's
+    record.cu_event_record = _address(fn)  # type: ignore[attr-defined]  # the C hot path's
     return record
 
 

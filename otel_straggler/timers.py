@@ -285,7 +285,6 @@ class _PyTimerCore:
             self._c.faults_training += 1
 
 
-
 TimerCore: Any = hot_path.core.TimerCore if hot_path.core is not None else _PyTimerCore
 
 

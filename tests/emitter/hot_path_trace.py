@@ -20,6 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from conftest import RecordingSink
 from fake_cuda import FakeDevice
 
 import otel_straggler.readout as readout_mod
@@ -51,22 +52,6 @@ def trace(seed: int, n_ops: int) -> dict[str, Any]:
             raise RuntimeError("stream lookup failed")
         return dev.stream
 
-    class Sink:
-        def __init__(self) -> None:
-            self.out: list[Any] = []
-
-        def submit(self, ivs: Any) -> None:
-            self.out.extend(ivs)
-
-        def publish_stats(self, s: Any) -> None:
-            pass
-
-        def flush(self, t: float) -> bool:
-            return True
-
-        def shutdown(self, t: float) -> None:
-            pass
-
     class Inj:
         stage = "forward-compute"
 
@@ -74,7 +59,7 @@ def trace(seed: int, n_ops: int) -> dict[str, Any]:
             clock.ns += 7
             return step % 3 == 0
 
-    sink = Sink()
+    sink = RecordingSink()
     pool_size = rng.choice([2, 3, 5, 8, 32])
     ring_size = rng.choice([1, 2, 4, 16, 64])
     cfg = EmitterConfig(enabled=True, device_every=rng.choice([1, 1, 2, 3]), pool_size=pool_size,
@@ -195,7 +180,7 @@ def trace(seed: int, n_ops: int) -> dict[str, Any]:
     snap(("shutdown",))
     off = t.readout._wall_offset
     ivs = [[iv.name, iv.step, iv.repeat, iv.host_start_ns - off, iv.host_end_ns - off, iv.device_ms, iv.degraded,
-            iv.tokens, iv.microbatches, iv.injected] for iv in sink.out]
+            iv.tokens, iv.microbatches, iv.injected] for iv in sink.intervals]
     return {"impl": hot_path.NAME, "trace": states, "intervals": ivs,
             "cfg": [pool_size, ring_size, cfg.device_every, cfg.share_gap_us, cfg.device_repeats]}
 

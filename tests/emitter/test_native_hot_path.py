@@ -20,6 +20,7 @@ from otel_straggler import hot_path
 from otel_straggler.config import EmitterConfig
 from otel_straggler.counters import CUDA_ERROR, SAMPLED_OUT, UNBALANCED
 from otel_straggler.event_pool import CUDA_ERROR_NOT_READY, EventPool
+from otel_straggler.interval import NullSink
 from otel_straggler.timers import Timers
 
 native = pytest.mark.skipif(hot_path.core is None, reason=f"the C hot path is not in use ({hot_path.REASON})")
@@ -159,26 +160,11 @@ def test_a_call_with_an_unknown_argument_raises_like_a_python_method(make_timers
     assert x.elapsed() >= 0.0
 
 
-class DropSink:
-    """Keeps nothing, so what the intervals referred to is referred to by the emitter alone."""
-
-    def submit(self, intervals: Any) -> None:
-        self.n = len(intervals)
-
-    def publish_stats(self, stats: Any) -> None:
-        pass
-
-    def flush(self, timeout_s: float) -> bool:
-        return True
-
-    def shutdown(self, timeout_s: float) -> None:
-        pass
-
-
 def test_references_taken_on_the_hot_path_are_given_back(make_timers, device) -> None:
     """Many steps of starts and stops with device timing, reuse, sampled-out repeats and unbalanced calls, each
     drained: every event, the timers, the step's binding and the reasons hold as many references as before."""
-    t = make_timers(pool_size=32, ring_size=64, share_gap_us=10_000.0, device_repeats="middle", sink_=DropSink())
+    # NullSink keeps no interval, so what the intervals referred to is referred to by the emitter alone
+    t = make_timers(pool_size=32, ring_size=64, share_gap_us=10_000.0, device_repeats="middle", sink_=NullSink())
     fc, bc = t("forward-compute"), t("backward-compute")
 
     def step() -> None:
