@@ -1,18 +1,23 @@
-"""GIL time the readout thread takes per interval, on CPU: its drain and the export side's encoding.
+"""GIL time the readout thread takes per interval, on CPU: its drain and the export side's packing.
 
 Every microsecond the readout thread holds the GIL is taken from a launch-bound training thread once per
-interval (``bench/results/gpu-h200.md`` section 3: its wakes cost 0.7 % of a 37 ms step with device time on every
-step). This bench isolates the two Python parts of that work, without the CUDA driver (CPU machines):
+interval (``bench/results/gpu-h200.md`` section 3). This bench times ``Readout.drain`` into the process sink's wire
+format over a readout period of steps in Megatron's timer order (``megatron_step``: 21 intervals, 4 microbatches),
+through the real ``Timers`` and ring, without the CUDA driver (CPU machines), two ways side by side:
 
-* ``drain``: ``Readout.drain`` over a readout period of steps in Megatron's timer order (``megatron_step``: 21
-  intervals, 4 microbatches), timed through the real ``Timers`` and ring with device time on every repeat of every
-  step; the events are ``tests/emitter/fake_cuda.py``'s (a
-  Python ``elapsed_time`` where CUDA has one driver call), into a sink that keeps nothing;
-* ``encode``: ``WireEncoder.encode_intervals`` of the same intervals (what the process sink writes to its pipe).
+* ``objects``: the drain makes an ``Interval`` per slot and the sink packs them (``WireEncoder.encode_intervals``):
+  the path without the C module;
+* ``packed``: the drain packs the slots straight into the frame (``RecordBatch.pack_slots``, the C module), the
+  slots it leaves to readout.py through ``RecordBatch.add``.
 
-Medians over ``--reps`` repetitions of ``--steps`` steps each.
+Two samplings: ``device`` (device time on every step, the default repeat sampling) and ``host`` (host-only steps,
+what most steps are with the default ``device_every``). The events are ``tests/emitter/fake_cuda.py``'s; their
+device times are read into the slots before each timed drain (what ``elapsed_many``, the batch driver read with
+the GIL released, does on CUDA), so neither arm pays the fake ``elapsed_time``. Arms alternate drain by drain;
+medians and means over ``--reps`` drains of ``--steps`` steps each.
 
-Usage: ``python bench/readout_cost.py`` (last line: ``drain_us_per_interval=<x> encode_us_per_interval=<y>``).
+Usage: ``python bench/readout_cost.py`` (last line: ``objects_device_us=<x> packed_device_us=<y>
+objects_host_us=<z> packed_host_us=<w>``, us per interval, means).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from fake_cuda import FakeDevice  # noqa: E402
 
 from otel_straggler.config import EmitterConfig  # noqa: E402
 from otel_straggler.event_pool import EventPool  # noqa: E402
-from otel_straggler.export.wire import WireEncoder  # noqa: E402
+from otel_straggler.export.wire import RecordBatch, WireEncoder  # noqa: E402
 from otel_straggler.interval import Interval, NullSink  # noqa: E402
 from otel_straggler.timers import Timers  # noqa: E402
 
@@ -69,43 +74,71 @@ def megatron_step(t: Any, step: int, work: Callable[[], Any], microbatches: int 
     t("optimizer").stop()
 
 
-class Keep(NullSink):
-    """Keeps the latest batch (to encode it after the drain)."""
+class ObjectSink(NullSink):
+    """The process sink's packing of ``Interval`` objects, without the pipe."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.last: list[Interval] = []
+        self.encoder = WireEncoder()
+        self.bytes = 0
 
     def submit(self, intervals: list[Interval]) -> None:  # type: ignore[override]
-        self.last = list(intervals)
+        self.bytes += len(self.encoder.encode_intervals(intervals))
+        self.encoder.commit()
 
 
-def time_drains(t: Timers, sink: Keep, work: Callable[[], Any], steps: int, reps: int, warm: int,
-                settle: Callable[[], Any] | None = None) -> tuple[list[float], list[float], int]:
-    """``reps`` drains of ``steps`` ``megatron_step``s each (after ``warm`` untimed ones; ``settle()`` before each
-    drain, e.g. a device sync): per drain, its us per interval and the wire encoding's of the same intervals, and
-    the intervals of the last drain."""
-    encoder = WireEncoder()
-    drains: list[float] = []
-    encodes: list[float] = []
-    step = n = 0
+class PackedSink(ObjectSink):
+    """The process sink's packed batches (``new_batch``/``submit_batch``), without the pipe."""
+
+    def new_batch(self, capacity: int) -> RecordBatch:
+        return self.encoder.batch(capacity)
+
+    def submit_batch(self, batch: RecordBatch) -> None:
+        self.bytes += len(batch.finish())
+        self.encoder.commit()
+
+
+def read_device_times(t: Timers) -> None:
+    """What ``elapsed_many`` does before a drain on CUDA: each pending device-timed slot's ms into its ``pre``."""
+    r = t.ring
+    for i in range(r.tail, r.head):
+        sl = r.slots[i & r.mask]
+        if sl.start_ev is not None and sl.end_ev is not None and sl.reason is None:
+            sl.pre = sl.start_ev.elapsed_time(sl.end_ev)
+
+
+def build(sink: ObjectSink, device_every: int) -> tuple[Timers, FakeDevice]:
+    dev = FakeDevice()
+    cfg = EmitterConfig(enabled=True, device_every=device_every, pool_size=4096)
+    pool = EventPool(cfg.pool_size, dev.factory, synchronize=None)
+    pool.elapsed_many = None  # read by read_device_times, untimed
+    t = Timers(2, "minmax", config=cfg, pool=pool, sink=sink)
+    return t, dev
+
+
+def time_arms(device_every: int, steps: int, reps: int, warm: int = 10) -> tuple[dict[str, list[float]], int, int]:
+    """Per arm, each timed drain's us per interval; the intervals of the last drain; the bytes per arm agree."""
+    arms = {"objects": build(ObjectSink(), device_every), "packed": build(PackedSink(), device_every)}
+    out: dict[str, list[float]] = {k: [] for k in arms}
+    n = 0
+    step = 0
     for rep in range(reps + warm):
-        for _ in range(steps):
-            megatron_step(t, step, work)
-            step += 1
-        if settle is not None:
-            settle()
-        n = len(t.ring)
-        t0 = time.perf_counter_ns()
-        t.readout.drain()
-        t1 = time.perf_counter_ns()
-        encoder.encode_intervals(sink.last)
-        encoder.commit()
-        t2 = time.perf_counter_ns()
-        if rep >= warm and n:  # warm: names known, caches filled
-            drains.append((t1 - t0) / n / 1000)
-            encodes.append((t2 - t1) / n / 1000)
-    return drains, encodes, n
+        for name, (t, dev) in arms.items():
+            for k in range(steps):
+                megatron_step(t, step + k, lambda d=dev: d.work(0.1))
+            read_device_times(t)
+            n = len(t.ring)
+            t0 = time.perf_counter_ns()
+            t.readout.drain()
+            dt = time.perf_counter_ns() - t0
+            if rep >= warm and n:  # warm: names known, caches filled
+                out[name].append(dt / n / 1000)
+        step += steps
+    sizes = {name: t.readout.sink.bytes for name, (t, _) in arms.items()}
+    for t, _ in arms.values():
+        t.shutdown(1.0)
+    assert sizes["objects"] == sizes["packed"], sizes
+    return out, n, sizes["packed"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,19 +146,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--steps", type=int, default=13, help="steps per drain (a 500 ms period of 37 ms steps)")
     args = ap.parse_args(argv)
-    dev = FakeDevice()
-    sink = Keep()
-    cfg = EmitterConfig(enabled=True, device_every=1, pool_size=4096, device_repeats="all")
-    t = Timers(2, "minmax", config=cfg, pool=EventPool(cfg.pool_size, dev.factory, synchronize=None), sink=sink)
-    drains, encodes, n = time_drains(t, sink, lambda: dev.work(0.1), args.steps, args.reps, warm=10)
-    t.shutdown(1.0)
-    d, e = statistics.median(drains), statistics.median(encodes)
-    print(f"{args.reps} drains of {n} intervals ({args.steps} steps), device time on every repeat (fake events)")
-    print(f"drain   median {d:.3f} us/interval (p10-p90 {statistics.quantiles(drains, n=10)[0]:.3f}-"
-          f"{statistics.quantiles(drains, n=10)[-1]:.3f})")
-    print(f"encode  median {e:.3f} us/interval (p10-p90 {statistics.quantiles(encodes, n=10)[0]:.3f}-"
-          f"{statistics.quantiles(encodes, n=10)[-1]:.3f})")
-    print(f"drain_us_per_interval={d:.3f} encode_us_per_interval={e:.3f}")
+    print(f"C drain available: {RecordBatch.packs}; {args.reps} drains of {args.steps} steps, arms alternating")
+    last: dict[str, float] = {}
+    for sampling, every in (("device", 1), ("host", 1 << 40)):
+        res, n, nbytes = time_arms(every, args.steps, args.reps)
+        for arm, vals in res.items():
+            q = statistics.quantiles(vals, n=10)
+            mean = statistics.fmean(vals)
+            last[f"{arm}_{sampling}_us"] = mean
+            print(f"{sampling:6s} {arm:8s} {n} intervals/drain: mean {mean:.3f} us/interval, median "
+                  f"{statistics.median(vals):.3f} (p10-p90 {q[0]:.3f}-{q[-1]:.3f})")
+        ratio = last[f"packed_{sampling}_us"] / last[f"objects_{sampling}_us"]
+        print(f"{sampling:6s} packed/objects mean ratio {ratio:.3f} (same {nbytes} bytes)")
+    print(" ".join(f"{k}={v:.3f}" for k, v in last.items()))
     return 0
 
 

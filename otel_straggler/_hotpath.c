@@ -1106,6 +1106,174 @@ static PyObject *elapsed_batch(PyObject *mod, PyObject *const *args, Py_ssize_t 
     return PyLong_FromLongLong(given);
 }
 
+/* ---- the readout's drain, packed (readout.py, export/wire.py) ------------------------------------------ */
+
+/* The wire's interval record (export/wire.py RECORD, "<HHHbBqiqqdqqq"): packed, little-endian. */
+#define REC_SIZE 68
+#define REC_HEADER 7 /* wire.HEADER: an INTERVALS frame's type, length and count before its first record */
+#define F_DEVICE 1
+#define F_TOKENS 2
+#define F_SEQUENCES 4
+#define F_MICROBATCHES 8
+#define F_INJECTED 16
+#define F_COLLECTIVE 32
+
+/* ids[key] for a non-empty str key the child has (wire.WireEncoder.ids), else -1 (no exception set) */
+static long str_id(PyObject *ids, PyObject *key) {
+    if (key == NULL || !PyUnicode_CheckExact(key) || PyUnicode_GET_LENGTH(key) == 0) return -1;
+    PyObject *v = PyDict_GetItemWithError(ids, key); /* borrowed; a str key runs no Python code */
+    if (v == NULL || !PyLong_CheckExact(v)) {
+        PyErr_Clear();
+        return -1;
+    }
+    long id = PyLong_AsLong(v);
+    if (id < 0 || id >= 0xFFFF) {
+        PyErr_Clear();
+        return -1;
+    }
+    return id;
+}
+
+/* an int binding field: 1 and *out for an int, 0 for None, -1 for anything else (no exception set) */
+static int opt_ll(PyObject *o, long long *out) {
+    if (o == Py_None) return 0;
+    if (!PyLong_Check(o)) return -1;
+    int overflow = 0;
+    *out = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (*out == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return -1;
+    }
+    return 1;
+}
+
+static inline void put(char **p, const void *v, size_t n) {
+    memcpy(*p, v, n);
+    *p += n;
+}
+
+/* Let go of everything a read slot holds, as readout.py does after reading one (the producer's stores then free
+ * nothing), and move the ring's tail past it. */
+static void consume_slot(RingObject *r, SlotObject *sl) {
+    Py_XSETREF(sl->start_ev, Py_NewRef(Py_None));
+    Py_XSETREF(sl->end_ev, Py_NewRef(Py_None));
+    sl->injected = 0;
+    Py_XSETREF(sl->timer, Py_NewRef(Py_None));
+    Py_XSETREF(sl->binding, Py_NewRef(Py_None));
+    Py_XSETREF(sl->reason, Py_NewRef(Py_None));
+    Py_XSETREF(sl->pre, Py_NewRef(Py_None));
+    r->tail += 1;
+}
+
+/* pack_slots(ring, head, ids, degraded, free, wall_offset, frame, count): the readout's drain of the common slots in
+ * C, packed straight into an INTERVALS frame (wire.RecordBatch) instead of an Interval object each that the sink
+ * then packs. From the ring's tail up to ``head`` it reads each slot that is
+ *   * device-timed and read: two events, no degraded reason, its device ms in ``pre`` (elapsed_batch); its own
+ *     events go back to ``free`` (``tainted`` cleared), as readout.py returns them; or
+ *   * host-only without events: no event, a degraded reason (counted in ``degraded``, readout.py's dict);
+ * whose timer is a TimerCore whose name and group (and reason) are in ``ids`` (the strings the export child has)
+ * and whose fields fit the record; it writes the record the wire encoder would (RecordBatch.add) at
+ * ``frame[REC_HEADER + count * REC_SIZE]``, releases the slot and moves the tail on. It stops at the first other
+ * slot (readout.py reads that one: an unfinished or failed event, a timeout, a string the child has not seen, a
+ * test's fake) and when the frame is full. Returns (count, faults): the frame's records now, and the slots lost
+ * to an error returning their events (consumed without a record, as readout.py counts them in faults_readout).
+ * The GIL is held throughout: the slots' objects are Python objects. */
+static PyObject *pack_slots(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8 || !Py_IS_TYPE(args[0], &RingType) || !PyDict_CheckExact(args[2]) ||
+        !PyDict_CheckExact(args[3]) || !PyByteArray_Check(args[6])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "pack_slots(ring, head, ids: dict, degraded: dict, free, wall_offset, frame: bytearray, count)");
+        return NULL;
+    }
+    RingObject *r = (RingObject *)args[0];
+    PyObject *ids = args[2], *degraded = args[3], *free_dq = args[4], *frame = args[6];
+    long long head = PyLong_AsLongLong(args[1]);
+    if (head == -1 && PyErr_Occurred()) return NULL;
+    long long off = PyLong_AsLongLong(args[5]);
+    if (off == -1 && PyErr_Occurred()) return NULL;
+    long long count = PyLong_AsLongLong(args[7]);
+    if (count == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t size = PyByteArray_GET_SIZE(frame);
+    long long cap = size >= REC_HEADER ? (size - REC_HEADER) / REC_SIZE : 0;
+    long long faults = 0;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (r->cap == 0 || count < 0) head = r->tail;
+    if (head > r->head) head = r->head;
+    char *base = PyByteArray_AS_STRING(frame);
+    while (r->tail < head && count < cap) {
+        SlotObject *sl = (SlotObject *)PyTuple_GET_ITEM(r->slots, (Py_ssize_t)(r->tail & r->mask));
+        if (sl->timer == NULL || !PyObject_TypeCheck(sl->timer, &TimerType)) break;
+        TimerObject *t = (TimerObject *)sl->timer;
+        PyObject *b = sl->binding;
+        if (b == NULL || !PyTuple_CheckExact(b) || PyTuple_GET_SIZE(b) != 4) break;
+        int device = is_set(sl->start_ev);
+        PyObject *reason = NULL;
+        double dev = 0.0;
+        if (device) {
+            if (!is_set(sl->end_ev) || is_set(sl->reason) || sl->pre == NULL || !PyFloat_CheckExact(sl->pre)) break;
+            dev = PyFloat_AS_DOUBLE(sl->pre);
+        } else {
+            if (is_set(sl->end_ev) || !is_set(sl->reason)) break;
+            reason = sl->reason;
+        }
+        long name_id = str_id(ids, t->name), group_id = str_id(ids, t->group);
+        long reason_id = reason != NULL ? str_id(ids, reason) : 0xFFFF;
+        if (name_id < 0 || group_id < 0 || reason_id < 0) break;
+        long long step = 0, tokens = 0, seqs = 0, mbs = 0;
+        int has_tok, has_seq, has_mbs;
+        if (opt_ll(PyTuple_GET_ITEM(b, 0), &step) != 1) break;
+        if ((has_tok = opt_ll(PyTuple_GET_ITEM(b, 1), &tokens)) < 0) break;
+        if ((has_seq = opt_ll(PyTuple_GET_ITEM(b, 2), &seqs)) < 0) break;
+        if ((has_mbs = opt_ll(PyTuple_GET_ITEM(b, 3), &mbs)) < 0) break;
+        if (t->level < -128 || t->level > 127 || sl->repeat < INT32_MIN || sl->repeat > INT32_MAX) break;
+        /* the slot is this function's: from here on it is read and released, with or without a record */
+        int failed = 0;
+        if (device) {
+            PyObject *evs[2] = {sl->start_ev, sl->end_ev};
+            for (int k = 0; k < 2 && !failed; k++) {
+                if (!(sl->own & (1 << k))) continue;
+                if (PyObject_SetAttr(evs[k], s_tainted, Py_False) < 0 || call_append(free_dq, evs[k]) < 0) failed = 1;
+            }
+        } else {
+            PyObject *n = PyDict_GetItemWithError(degraded, reason);
+            long long was = 0;
+            if (n != NULL) was = PyLong_AsLongLong(n);
+            PyObject *v = (PyErr_Occurred() || was < 0) ? NULL : PyLong_FromLongLong(was + 1);
+            if (v == NULL || PyDict_SetItem(degraded, reason, v) < 0) failed = 1;
+            Py_XDECREF(v);
+        }
+        if (failed) {
+            PyErr_Clear();
+            faults += 1;
+            consume_slot(r, sl);
+            continue;
+        }
+        unsigned short u16[3] = {(unsigned short)name_id, (unsigned short)group_id, (unsigned short)reason_id};
+        signed char level = (signed char)t->level;
+        unsigned char flags = (unsigned char)((device ? F_DEVICE : 0) | (has_tok ? F_TOKENS : 0) |
+                                              (has_seq ? F_SEQUENCES : 0) | (has_mbs ? F_MICROBATCHES : 0) |
+                                              (sl->injected ? F_INJECTED : 0) | (t->collective ? F_COLLECTIVE : 0));
+        int32_t repeat = (int32_t)sl->repeat;
+        long long start = sl->start_ns + off, end = sl->end_ns + off;
+        char *p = base + REC_HEADER + count * REC_SIZE;
+        put(&p, u16, sizeof u16);
+        put(&p, &level, 1);
+        put(&p, &flags, 1);
+        put(&p, &step, 8);
+        put(&p, &repeat, 4);
+        put(&p, &start, 8);
+        put(&p, &end, 8);
+        put(&p, &dev, 8);
+        put(&p, &tokens, 8);
+        put(&p, &seqs, 8);
+        put(&p, &mbs, 8);
+        count += 1;
+        consume_slot(r, sl);
+    }
+#endif
+    return Py_BuildValue("(LL)", count, faults);
+}
+
 /* ---- module ------------------------------------------------------------------------------------------- */
 
 static PyObject *set_reasons(PyObject *mod, PyObject *args) {
@@ -1125,6 +1293,8 @@ static PyMethodDef module_methods[] = {
      "event_query(fn_address, ev): cuEventQuery; True once the event completed."},
     {"elapsed_batch", (PyCFunction)(void (*)(void))elapsed_batch, METH_FASTCALL,
      "elapsed_batch(fn_address, ring, tail, head): pending slots' device ms into slot.pre, the GIL released."},
+    {"pack_slots", (PyCFunction)(void (*)(void))pack_slots, METH_FASTCALL,
+     "pack_slots(ring, head, ids, degraded, free, wall_offset, frame, count): read slots straight into wire records."},
     {"set_reasons", set_reasons, METH_VARARGS,
      "set_reasons(unbalanced, sampled_out, cuda_error, pool_exhausted): the degraded reasons (counters.py)."},
     {NULL},
@@ -1179,5 +1349,9 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
         return NULL;
     }
     Py_DECREF(no_reuse);
+    if (PyModule_AddIntConstant(m, "RECORD_SIZE", REC_SIZE) < 0 || PyModule_AddIntConstant(m, "RECORD_HEADER", REC_HEADER) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     return m;
 }

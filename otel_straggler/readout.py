@@ -175,6 +175,18 @@ class Readout:
         self._collect_orphans()  # after the slots: those published before an orphan's release are read now
         return total
 
+    def _open_batch(self, capacity: int) -> Any:
+        """A frame from a sink that takes packed records (``ProcessSink.new_batch``), else None: the batch then goes
+        to ``sink.submit`` as ``Interval`` objects."""
+        new_batch = getattr(self.sink, "new_batch", None)
+        if new_batch is None:
+            return None
+        try:
+            return new_batch(capacity)
+        except Exception:
+            self.counters.sink_errors += 1
+            return None
+
     def _drain_batch(self, force: bool) -> tuple[int, bool]:
         r = self.ring
         c = self.counters
@@ -182,6 +194,8 @@ class Readout:
         rh = r.head  # read once: the training thread moves it on meanwhile
         head = min(rh, tail + MAX_BATCH)
         more = head < rh
+        if tail >= head:
+            return 0, more
         mask = r.mask
         now = _clock()
         timeout_ns = self.timeout_ns
@@ -191,17 +205,33 @@ class Readout:
         off = self._wall_offset
         slots = r.slots
         degraded = c.degraded
+        # where the sink takes packed records, each interval goes straight into its frame: most of them packed by
+        # the C drain (``RecordBatch.pack_slots``: a read device-timed or host-only slot), the rest by ``add``
+        # below; else ``Interval`` objects, submitted as a list
+        out = self._open_batch(head - tail)
         batch: list[Interval] = []
-        append = batch.append
+        add = out.add if out is not None else batch.append
+        pack = out.pack_slots if out is not None and out.packs else None
         first = tail
         many = getattr(self.pool, "elapsed_many", None)
-        if many is not None and tail < head:
+        if many is not None:
             try:
                 many(r, tail, head)  # device times into the slots' ``pre``, the GIL released around the driver
             except Exception:
                 c.faults_readout += 1  # the slots are read one by one below
-        first_end_ns = slots[tail & mask].end_ns if tail < head else 0  # read before the slot is freed
+        first_end_ns = slots[tail & mask].end_ns  # read before the slot is freed
         while tail < head:
+            if pack is not None:
+                try:
+                    lost = pack(r, head, degraded, free, off)
+                    if lost:
+                        c.faults_readout += lost
+                except Exception:
+                    c.faults_readout += 1
+                    pack = None  # the rest of this batch slot by slot, below
+                tail = r.tail
+                if tail >= head:
+                    break
             sl = slots[tail & mask]
             try:
                 sev = sl.start_ev
@@ -243,9 +273,9 @@ class Readout:
                 b = sl.binding
                 # positional: Interval's field order (name, level, group, step, repeat, host start/end, device
                 # ms, degraded, tokens, sequences, microbatches, injected, collective)
-                append(Interval(timer.name, timer._level, timer._group, b[0], sl.repeat, sl.start_ns + off,
-                                sl.end_ns + off, device_ms, None if device_ms is not None else reason, b[1], b[2],
-                                b[3], sl.injected, timer.collective))
+                add(Interval(timer.name, timer._level, timer._group, b[0], sl.repeat, sl.start_ns + off,
+                             sl.end_ns + off, device_ms, None if device_ms is not None else reason, b[1], b[2],
+                             b[3], sl.injected, timer.collective))
                 if device_ms is None:
                     degraded[reason] = degraded.get(reason, 0) + 1
             except Exception:
@@ -262,17 +292,20 @@ class Readout:
             sl.pre = None
             tail += 1
             r.tail = tail
+        n = out.count + out.dropped if out is not None else len(batch)
         if tail > first:
-            c.intervals += len(batch)
+            c.intervals += n
             lag = now - first_end_ns  # the oldest slot of the batch (slots are in completion order)
             if lag > self._lag_max_ns:
                 self._lag_max_ns = lag
-        if batch:
-            try:
+        try:
+            if out is not None:
+                self.sink.submit_batch(out)
+            elif batch:
                 self.sink.submit(batch)
-            except Exception:
-                c.sink_errors += 1
-        return len(batch), more
+        except Exception:
+            c.sink_errors += 1
+        return n, more
 
     # ---- quarantine ----------------------------------------------------------------------------
     def _quarantine_slot(self, sev: Any, eev: Any, own: int) -> None:

@@ -13,8 +13,10 @@ when the bench wakes it (its own timer is off), at the start of one of its own s
 of its own step time, so a wake, its drain and the GIL hand-offs around it fall in the steps of the arm that
 caused them, as often as in a run of that arm alone; the value is again the ratio of mean step times.
 Unpinned by default (``--pin`` puts the training thread alone on one core and everything else on the others).
-Two model sizes: launch-bound (~30-40 ms steps: the host's launches are the critical path) and GPU-bound
-(>= 150 ms). Arms (``--arms``):
+Model sizes (``otel_straggler/demo/megatron_gpt.py``): launch-bound (~30-50 ms steps: the host's launches are
+the critical path), gpu-bound (>= 150 ms, but its forward pass is paced by its launches on a slow host) and
+gpu-dense (GPU-bound in every stage); the last line's ``gpu_bound`` is gpu-dense's where it ran. Arms
+(``--arms``):
 
   off      config.timers = None
   native   megatron.core.timers.Timers(2, "minmax")   (syncs the device at every start/stop)
@@ -79,7 +81,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from otel_straggler import hot_path  # noqa: E402
 from otel_straggler.demo.run import free_port, yield_cpu  # noqa: E402
+from otel_straggler.export.wire import RecordBatch  # noqa: E402
 
 SHIM_ARMS = ("shim", "every1", "host", "every1-hold", "every1-release", "every1-null", "every1-shared", "every1-own",
              "every1-norecord", "every1-notiming", "every1-all")
@@ -416,6 +420,9 @@ def run_size(size_name: str, arm_names: list[str], rounds: int, steps: int, warm
         if name in SHIM_ARMS:
             res[f"{name}_device_every"] = t.ctx.device_every
             res[f"{name}_record_api"] = t.pool.record_api
+            res[f"{name}_hot_path"] = hot_path.NAME
+            res[f"{name}_drain"] = "packed" if callable(getattr(t.readout.sink, "new_batch", None)) and \
+                RecordBatch.packs else "objects"
             res[f"{name}_readout_period_s"] = drains[name].period_s if name in drains else t.readout.interval_s
             res[f"{name}_pool_size"] = t.pool.capacity
             res[f"{name}_counters"] = t.counters.snapshot()
@@ -658,14 +665,16 @@ def main() -> int:
                 c = res[f"{arm}_counters"]
                 dropped = sum(v for k, v in c.items() if k.startswith("dropped"))
                 print(f"  {res['size']} {arm}: N={res[f'{arm}_device_every']} record_api={res[f'{arm}_record_api']} "
+                      f"hot_path={res.get(f'{arm}_hot_path')} drain={res.get(f'{arm}_drain')} "
                       f"readout={1000 * res[f'{arm}_readout_period_s']:.0f}ms pool={res[f'{arm}_pool_size']} "
                       f"intervals={c.get('intervals')} dropped={dropped} "
                       f"faults={c.get('faults')} child affinity={res.get(f'{arm}_child_affinity')}")
     by = {a["size"]: a for a in analyses}
     parts, cis = [], []
+    gpu_bound = "gpu-dense" if "gpu-dense" in by else "gpu-bound"  # gpu-dense: GPU-bound in every stage
     for key, size, arm in (("launch_bound", "launch-bound", "shim"),
                            ("launch_bound_every_step", "launch-bound", "every1"),
-                           ("gpu_bound", "gpu-bound", "shim")):
+                           ("gpu_bound", gpu_bound, "shim")):
         if size in by and arm in by[size]:
             lo, hi = by[size][arm]["mean_ratio_ci95"]
             parts.append(f"{key}_mean_ratio={by[size][arm]['mean_ratio']:.4f}")

@@ -35,7 +35,11 @@ GPU_BOUND = GPTSize("gpu-bound", hidden=2048, layers=8, heads=16, seq=1024, micr
 # not launch pacing: a launch-bound stage's device time inherits host jitter (bench/gpu/jitter.py,
 # bench/results/gpu-h200/jitter.log).
 DETECTION = GPTSize("detection", hidden=4096, layers=2, heads=32, seq=1024, micro_batch=4, microbatches=4)
-SIZES = {s.name: s for s in (LAUNCH_BOUND, GPU_BOUND, DETECTION)}
+# GPU-bound in every stage on a slow host: the detection shape alone on the GPU. GPU_BOUND's forward pass is paced
+# by its launches on the lent H200 VM (forward-compute's device time jitters 11 % there: bench/results/gpu-h200.md
+# section 5); this one's kernels are several times their launches, so its step is the GPU's time.
+GPU_DENSE = GPTSize("gpu-dense", hidden=4096, layers=2, heads=32, seq=1024, micro_batch=4, microbatches=4)
+SIZES = {s.name: s for s in (LAUNCH_BOUND, GPU_BOUND, DETECTION, GPU_DENSE)}
 
 
 def init_single_process(master_port: int, rank_for_seed: int = 0) -> None:

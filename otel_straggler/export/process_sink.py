@@ -285,18 +285,54 @@ class ProcessSink(ForkGuarded):
     def submit(self, intervals: Sequence[Interval]) -> None:
         if not intervals or not self._usable():
             return
+        for start in range(0, len(intervals), wire.MAX_BATCH):
+            chunk = intervals[start : start + wire.MAX_BATCH]
+            batch = self.new_batch(len(chunk))
+            if batch is None:
+                self.counters.add("dropped_sidecar_down", len(chunk))
+                continue
+            try:
+                for iv in chunk:
+                    batch.add(iv)
+            except Exception:
+                self.counters.add("faults_process_sink")
+                continue
+            self.submit_batch(batch)
+
+    # --- packed batches (the readout's C drain fills them: readout.py) ----------------------------
+    def new_batch(self, capacity: int = wire.MAX_BATCH) -> wire.RecordBatch | None:
+        """An empty frame to pack up to ``capacity`` intervals into, for ``submit_batch``; None when nothing can be
+        written now (closed, another process's copy, no child and none may start yet)."""
+        if not self._usable():
+            return None
+        with self._lock:
+            if self._closed:
+                return None
+            try:
+                if not self._ensure_child():
+                    return None
+                return self._encoder.batch(capacity)
+            except Exception:
+                self.counters.add("faults_process_sink")
+                return None
+
+    def submit_batch(self, batch: wire.RecordBatch) -> None:
+        """Write a batch from ``new_batch`` (with the latest stats); a full pipe, a child gone or restarted since
+        the batch began (its ids are the old child's), or a closed sink drops it, counted."""
+        n = batch.count
+        if batch.dropped:
+            self.counters.add("dropped_overflow", batch.dropped)
+        if (n == 0 and not batch.names) or not self._usable():
+            return
         with self._lock:
             if self._closed:
                 return
             try:
-                if not self._ensure_child():
-                    self.counters.add("dropped_sidecar_down", len(intervals))
+                if batch.generation != self._encoder.generation or self._proc is None:
+                    self._encoder.rollback()
+                    self.counters.add("dropped_sidecar_down", n)
                     return
-                try:
-                    data = self._encoder.encode_intervals(intervals)
-                except wire.NameTableFull:
-                    self.counters.add("dropped_overflow", len(intervals))
-                    return
+                data = batch.finish()
                 merged = self._merged_stats()
                 if merged is not None:
                     data += wire.encode_stats(merged)  # the stats ride in the batch's one write
@@ -308,8 +344,9 @@ class ProcessSink(ForkGuarded):
                 else:
                     self._encoder.rollback()
                     key = "dropped_pipe_full" if self._proc is not None else "dropped_sidecar_down"
-                    self.counters.add(key, len(intervals))
+                    self.counters.add(key, n)
             except Exception:
+                self._encoder.rollback()
                 self.counters.add("faults_process_sink")
 
     def publish_stats(self, stats: dict[str, int]) -> None:

@@ -4,7 +4,7 @@ Stream of frames ``<type:u8><length:u32>`` + payload:
 
 * ``NAME``: ``<id:u16>`` + UTF-8 string. Each distinct string (timer name, group, degraded reason) is sent
   once; records refer to it by id.
-* ``INTERVALS``: ``<count:u16>`` + ``count`` fixed-size records (``RECORD``, 67 bytes).
+* ``INTERVALS``: ``<count:u16>`` + ``count`` fixed-size records (``RECORD``, 68 bytes).
 * ``STATS``: JSON object of cumulative counters (small, sent only when it changed).
 * ``FLUSH``: ``<seq:u32><timeout_ms:u32>``; the child closes its open steps, flushes, and answers
   ``F<seq> <0|1> <json of its export counters>\\n`` on its stdout.
@@ -20,6 +20,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
+from otel_straggler import hot_path
 from otel_straggler.interval import Interval
 
 T_NAME = 1
@@ -50,15 +51,38 @@ class NameTableFull(Exception):
     pass
 
 
+HEADER = FRAME.size + COUNT.size  # an INTERVALS frame's bytes before its first record
+
+
+def _c_packer() -> Any:
+    """The C drain that packs ring slots into a frame (``_hotpath.pack_slots``) where the C module runs and writes
+    this module's layout, else None."""
+    core = hot_path.core
+    fn = getattr(core, "pack_slots", None)
+    if fn is None or getattr(core, "RECORD_SIZE", 0) != RECORD.size or getattr(core, "RECORD_HEADER", 0) != HEADER:
+        return None
+    return fn
+
+
+_PACK_SLOTS = _c_packer()
+
+
 class WireEncoder:
     def __init__(self) -> None:
         self._ids: dict[str, int] = {}
         self._tentative: dict[str, int] = {}
+        self.generation = 0  # bumped by reset: a batch begun before it refers to ids the new child never saw
+
+    @property
+    def ids(self) -> dict[str, int]:
+        """The committed ids (the child has them): what the C drain (``_hotpath.pack_slots``) packs with."""
+        return self._ids
 
     def reset(self) -> None:
         """A new child: every name must be sent again."""
         self._ids.clear()
         self._tentative.clear()
+        self.generation += 1
 
     def commit(self) -> None:
         self._ids.update(self._tentative)
@@ -82,62 +106,119 @@ class WireEncoder:
                 out += raw
         return nid
 
+    def batch(self, capacity: int = MAX_BATCH) -> RecordBatch:
+        """An empty INTERVALS frame for up to ``capacity`` (at most ``MAX_BATCH``) records."""
+        return RecordBatch(self, min(max(1, int(capacity)), MAX_BATCH))
+
     def encode_intervals(self, intervals: Sequence[Interval]) -> bytes:
-        """The NAME frames of strings not sent yet and one INTERVALS frame per ``MAX_BATCH`` intervals. Runs on
-        the readout thread with the GIL held, once per interval: each record is packed in place into one
-        preallocated frame, and a string already known costs one dict lookup."""
-        out = bytearray()
-        known = self._ids
-        size = RECORD.size
-        pack_into = RECORD.pack_into
+        """The NAME frames of strings not sent yet and one INTERVALS frame per ``MAX_BATCH`` intervals; raises
+        ``NameTableFull`` when a string does not fit the table."""
+        out = b""
         for start in range(0, len(intervals), MAX_BATCH):
             chunk = intervals[start : start + MAX_BATCH]
-            n = len(chunk)
-            frame = bytearray(FRAME.size + COUNT.size + n * size)
-            FRAME.pack_into(frame, 0, T_INTERVALS, COUNT.size + n * size)
-            COUNT.pack_into(frame, FRAME.size, n)
-            off = FRAME.size + COUNT.size
+            b = self.batch(len(chunk))
             for iv in chunk:
-                name, group, degraded, dev = iv.name, iv.group, iv.degraded, iv.device_ms
-                tokens, sequences, microbatches = iv.tokens, iv.sequences, iv.microbatches
-                name_id = known.get(name)
-                if name_id is None:
-                    name_id = self._id(name, out)
-                group_id = known.get(group)
-                if group_id is None:
-                    group_id = self._id(group, out)
-                if degraded:
-                    degraded_id = known.get(degraded)
-                    if degraded_id is None:
-                        degraded_id = self._id(degraded, out)
-                else:
-                    degraded_id = NONE_ID
-                flags = 0
-                if dev is not None:
-                    flags = F_DEVICE
-                else:
-                    dev = 0.0
-                if tokens is not None:
-                    flags |= F_TOKENS
-                else:
-                    tokens = 0
-                if sequences is not None:
-                    flags |= F_SEQUENCES
-                else:
-                    sequences = 0
-                if microbatches is not None:
-                    flags |= F_MICROBATCHES
-                else:
-                    microbatches = 0
-                if iv.injected:
-                    flags |= F_INJECTED
-                if iv.collective:
-                    flags |= F_COLLECTIVE
-                pack_into(frame, off, name_id, group_id, degraded_id, iv.level, flags, iv.step, iv.repeat,
-                          iv.host_start_ns, iv.host_end_ns, dev, tokens, sequences, microbatches)
-                off += size
-            out += frame
-        return bytes(out)
+                if not b.add(iv):
+                    raise NameTableFull(iv.name)
+            out += b.finish()
+        return out
+
+
+class RecordBatch:
+    """One INTERVALS frame filled in place, on the readout thread with the GIL held: records go into a
+    preallocated frame, packed by ``add`` (one ``struct.pack_into`` and a dict lookup per known string) or, many at
+    a time, by the C drain (``_hotpath.pack_slots``), which writes the same layout at ``HEADER + count *
+    RECORD.size`` and looks strings up in ``ids`` (committed only: a string new to the child always goes through
+    ``add``, which puts its NAME frame in ``names``, ahead of the frame). ``finish`` is the bytes to write."""
+
+    __slots__ = ("count", "dropped", "encoder", "frame", "generation", "ids", "names")
+
+    packs = _PACK_SLOTS is not None  # whether ``pack_slots`` runs (the C module is loaded)
+
+    def __init__(self, encoder: WireEncoder, capacity: int) -> None:
+        self.encoder = encoder
+        self.generation = encoder.generation
+        self.ids = encoder.ids
+        self.names = bytearray()
+        self.frame = bytearray(HEADER + capacity * RECORD.size)
+        self.count = 0
+        self.dropped = 0  # intervals whose strings did not fit the name table (``dropped_overflow``)
+
+    @property
+    def capacity(self) -> int:
+        return (len(self.frame) - HEADER) // RECORD.size
+
+    def add(self, iv: Interval) -> bool:
+        """Pack one interval; False when it was dropped instead (the frame is full, or a string of it does not fit
+        the name table: counted in ``dropped``)."""
+        if self.count >= self.capacity:
+            self.dropped += 1
+            return False
+        enc, known, names = self.encoder, self.ids, self.names
+        name, group, degraded, dev = iv.name, iv.group, iv.degraded, iv.device_ms
+        tokens, sequences, microbatches = iv.tokens, iv.sequences, iv.microbatches
+        try:
+            name_id = known.get(name)
+            if name_id is None:
+                name_id = enc._id(name, names)
+            group_id = known.get(group)
+            if group_id is None:
+                group_id = enc._id(group, names)
+            if degraded:
+                degraded_id = known.get(degraded)
+                if degraded_id is None:
+                    degraded_id = enc._id(degraded, names)
+            else:
+                degraded_id = NONE_ID
+        except NameTableFull:
+            self.dropped += 1
+            return False
+        flags = 0
+        if dev is not None:
+            flags = F_DEVICE
+        else:
+            dev = 0.0
+        if tokens is not None:
+            flags |= F_TOKENS
+        else:
+            tokens = 0
+        if sequences is not None:
+            flags |= F_SEQUENCES
+        else:
+            sequences = 0
+        if microbatches is not None:
+            flags |= F_MICROBATCHES
+        else:
+            microbatches = 0
+        if iv.injected:
+            flags |= F_INJECTED
+        if iv.collective:
+            flags |= F_COLLECTIVE
+        RECORD.pack_into(self.frame, HEADER + self.count * RECORD.size, name_id, group_id, degraded_id, iv.level,
+                         flags, iv.step, iv.repeat, iv.host_start_ns, iv.host_end_ns, dev, tokens, sequences,
+                         microbatches)
+        self.count += 1
+        return True
+
+    def pack_slots(self, ring: Any, head: int, degraded: dict[str, int], free: Any, wall_offset: int) -> int:
+        """The readout's drain in C (``_hotpath.pack_slots``, only where ``packs``): from the ring's tail up to
+        ``head``, each slot that is read device-timed (``pre`` set) or host-only without events, whose strings the
+        child has, becomes a record here, as ``add`` of readout.py's ``Interval`` of it would; its events go back
+        to ``free`` and a host-only one's reason is counted in ``degraded``; the ring's tail moves past it. Stops at
+        the first other slot, for readout.py to read. Returns the slots lost to an error (``faults_readout``)."""
+        assert _PACK_SLOTS is not None
+        self.count, faults = _PACK_SLOTS(ring, head, self.ids, degraded, free, wall_offset, self.frame, self.count)
+        return int(faults)
+
+    def finish(self) -> bytes:
+        """The NAME frames of this batch's new strings, then its INTERVALS frame (nothing when it has no record)."""
+        n = self.count
+        if n == 0:
+            return bytes(self.names)
+        FRAME.pack_into(self.frame, 0, T_INTERVALS, COUNT.size + n * RECORD.size)
+        COUNT.pack_into(self.frame, FRAME.size, n)
+        with memoryview(self.frame) as view:
+            return bytes(self.names) + view[: HEADER + n * RECORD.size]
 
 
 def encode_stats(stats: dict[str, Any]) -> bytes:

@@ -192,6 +192,31 @@ def test_real_child_killed_restarts_and_exports_again(monkeypatch, grpc_receiver
     assert grpc_receiver.store.wait_for(restarts_metric, 30.0)
 
 
+def test_a_batch_begun_before_a_child_restart_is_dropped_and_counted(monkeypatch, grpc_receiver: GrpcReceiver) -> None:
+    """The readout packs into a frame from ``new_batch`` with the ids the child has; a child started meanwhile has
+    none of them, so ``submit_batch`` drops that frame (counted) and the next one goes out with its names."""
+    use_env(monkeypatch, otlp_env(grpc_receiver.endpoint))
+    job = f"gen-{uuid.uuid4().hex[:6]}"
+    sink = process_sink(job)
+    sink.submit(make_intervals(0, 0))
+    assert sink.flush(10.0)
+    stale = sink.new_batch(64)
+    assert stale is not None
+    for iv in make_intervals(0, 1):
+        assert stale.add(iv)
+    sink._encoder.reset()  # what a new child's start does (_spawn)
+    sink.submit_batch(stale)
+    assert sink.counters.get("dropped_sidecar_down") == stale.count == 7
+    fresh = sink.new_batch(64)
+    for iv in make_intervals(0, 2):
+        fresh.add(iv)
+    sink.submit_batch(fresh)
+    assert sink.flush(10.0)
+    steps = {s.a(schema.ATTR_ITERATION) for s in grpc_receiver.store.spans() if s.r(schema.RES_JOB_ID) == job}
+    assert {0, 2} <= steps and 1 not in steps
+    sink.shutdown(2.0)
+
+
 def _ready(proc) -> dict:
     line = proc.stdout.readline()
     assert line, proc.stderr.read()[-3000:]

@@ -1,0 +1,240 @@
+"""The readout's drain packed in C (``_hotpath.pack_slots`` through ``wire.RecordBatch``) against its drain into
+``Interval`` objects that the wire encoder then packs: the same bytes on the pipe, and the same state after.
+
+Each seed fills a C ring with a random mix of slots: read device-timed ones (``pre`` set), host-only ones without
+events, and the kinds the C drain leaves to readout.py (no ``pre`` yet, host-only with events, unfinished events
+that stop the drain, strings the export child has not seen, a timer that is not the C type). The two drains run
+on identical copies. CUDA cannot run here: the events are plain objects with the attributes the readout touches,
+and the pool's ``elapsed``/``query`` answer from them (the real driver path is in ``tests/gpu``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from typing import Any
+
+import pytest
+
+from otel_straggler import hot_path
+from otel_straggler.counters import READOUT_TIMEOUT, EmitterCounters
+from otel_straggler.export import wire
+from otel_straggler.readout import Readout
+from otel_straggler.ring import Ring
+
+native = pytest.mark.skipif(not wire.RecordBatch.packs, reason=f"the C hot path is not in use ({hot_path.REASON})")
+
+REASONS = ("sampled_out", "no_cuda", "unbalanced", "pool_exhausted")
+NAMES = [("forward-compute", "compute"), ("backward-compute", "compute"), ("all-grads-sync", "collective"),
+         ("optimizer", "optimizer"), ("batch-generator", "data"), ("new-timer", "new-group")]
+
+
+class Ev:
+    __slots__ = ("done", "idx", "tainted")
+
+    def __init__(self, idx: int, done: bool) -> None:
+        self.idx = idx
+        self.done = done
+        self.tainted = True
+
+
+class Pool:
+    def __init__(self) -> None:
+        self.capacity = 64
+        self.free: deque[Any] = deque()
+        self.orphans: deque[Any] = deque()
+        self.elapsed_many = None
+
+    @staticmethod
+    def elapsed(a: Ev, b: Ev) -> float | None:
+        return (b.idx - a.idx) * 0.25 if a.done and b.done else None
+
+    @staticmethod
+    def query(ev: Ev) -> bool:
+        return ev.done
+
+
+class PyTimer:
+    """A timer that is not the C type (a test's stand-in): the C drain leaves its slots to readout.py."""
+
+    def __init__(self, name: str, group: str) -> None:
+        self.name, self._group, self._level, self.collective = name, group, 1, False
+
+
+class ListSink:
+    """The Interval path: what ``ProcessSink.submit`` wrote before the packed drain (encode, then commit)."""
+
+    def __init__(self, enc: wire.WireEncoder) -> None:
+        self.enc, self.data = enc, b""
+
+    def submit(self, intervals: Any) -> None:
+        self.data += self.enc.encode_intervals(intervals)
+        self.enc.commit()
+
+    def publish_stats(self, stats: Any) -> None:
+        pass
+
+
+class CountingBatch(wire.RecordBatch):
+    __slots__ = ("by_add",)
+
+    def add(self, iv: Any) -> bool:
+        self.by_add += 1
+        return super().add(iv)
+
+
+class BatchSink(ListSink):
+    """The packed path: frames from ``new_batch``, written by ``submit_batch`` (``ProcessSink``'s shape)."""
+
+    def __init__(self, enc: wire.WireEncoder) -> None:
+        super().__init__(enc)
+        self.packed = self.added = 0
+
+    def new_batch(self, capacity: int) -> wire.RecordBatch:
+        b = CountingBatch(self.enc, min(capacity, wire.MAX_BATCH))
+        b.by_add = 0
+        return b
+
+    def submit_batch(self, b: CountingBatch) -> None:
+        self.added += b.by_add
+        self.packed += b.count - b.by_add
+        self.data += b.finish()
+        self.enc.commit()
+
+
+def scenario(seed: int, sink_of: Any) -> tuple[Readout, Any, Pool]:
+    rng = random.Random(seed)
+    enc = wire.WireEncoder()
+    known = [s for pair in NAMES[:-1] for s in pair] + list(REASONS[:3])  # the child has these; not the last ones
+    enc.encode_intervals([])
+    for s in known:
+        enc._id(s, bytearray())
+    enc.commit()
+    timers: list[Any] = []
+    for name, group in NAMES:
+        t = hot_path.core.TimerCore()
+        t.name, t._group, t._level, t.collective = name, group, rng.choice((0, 1, 2)), rng.random() < 0.3
+        timers.append(t)
+    timers.append(PyTimer("forward-compute", "compute"))
+    ring = Ring(256)
+    pool = Pool()
+    n = rng.randrange(1, 200)
+    idx = 0
+    for i in range(n):
+        sl = ring.slots[i & ring.mask]
+        kind = rng.choices(("dev", "host", "nopre", "host_ev", "stall"), weights=(50, 30, 8, 8, 1))[0]
+        sl.timer = rng.choice(timers) if rng.random() < 0.15 else timers[rng.randrange(4)]
+        sl.start_ns = 10_000 * i
+        sl.end_ns = 10_000 * i + rng.randrange(1, 9000)
+        sl.repeat = rng.randrange(0, 8)
+        sl.injected = rng.random() < 0.1
+        step = rng.choice((i // 20, 2**40 + i))
+        sl.binding = (step, rng.choice((None, 4096)), rng.choice((None, 2)), rng.choice((None, 8, 0)))
+        if kind in ("dev", "nopre", "stall"):
+            sl.start_ev, sl.end_ev = Ev(idx, True), Ev(idx + 1, kind != "stall")
+            idx += 2
+            sl.own = rng.randrange(4)
+            sl.reason = None
+            sl.pre = rng.uniform(0.0, 50.0) if kind == "dev" else None
+        elif kind == "host_ev":
+            sl.start_ev, sl.end_ev = Ev(idx, True), None
+            idx += 1
+            sl.own = 1
+            sl.reason = rng.choice(REASONS)
+        else:
+            sl.start_ev = sl.end_ev = None
+            sl.reason = rng.choice(REASONS)
+    ring.head = n
+    sink = sink_of(enc)
+    readout = Readout(ring, pool, EmitterCounters(), sink, timeout_s=3600.0, wall_anchor=(1_700_000_000_000_000_000, 0))
+    return readout, sink, pool
+
+
+def state(readout: Readout, pool: Pool) -> dict[str, Any]:
+    c = readout.counters
+    return {
+        "tail": readout.ring.tail,
+        "free": [ev.idx for ev in pool.free],
+        "tainted": sorted(ev.idx for ev in pool.free if ev.tainted),
+        "quarantine": [[ev.idx for ev in g] for g in readout.quarantine],
+        "degraded": dict(c.degraded),
+        "intervals": c.intervals,
+        "faults": c.faults_readout,
+        "slots": [(s.timer, s.start_ev, s.end_ev, s.binding, s.reason, s.pre, s.injected)
+                  for s in readout.ring.slots[: readout.ring.tail]],
+    }
+
+
+@native
+def test_the_packed_drain_writes_the_bytes_and_leaves_the_state_of_the_interval_drain() -> None:
+    packed = added = 0
+    for seed in range(300):
+        ra, sa, pa = scenario(seed, ListSink)
+        rb, sb, pb = scenario(seed, BatchSink)
+        assert ra.drain() == rb.drain(), seed
+        assert sb.data == sa.data, seed
+        assert state(rb, pb) == state(ra, pa), seed
+        packed += sb.packed
+        added += sb.added
+    # most slots went through C; the kinds it leaves to readout.py went through ``add``
+    assert packed > 2 * added > 0, (packed, added)
+
+
+@native
+def test_the_packed_records_decode_to_what_the_slots_held() -> None:
+    readout, sink, _ = scenario(7, BatchSink)
+    ring = readout.ring
+    expect = []
+    off = readout._wall_offset
+    for i in range(ring.head):
+        sl = ring.slots[i]
+        dev, reason = sl.pre, sl.reason
+        if sl.start_ev is not None and sl.end_ev is not None and dev is None:
+            dev = Pool.elapsed(sl.start_ev, sl.end_ev)
+            if dev is None:  # unfinished, and older than the timeout on the readout's clock
+                reason = READOUT_TIMEOUT
+        expect.append((sl.timer.name, sl.binding[0], sl.repeat, sl.start_ns + off, dev, reason, sl.injected,
+                       sl.timer.collective))
+    readout.drain()
+    dec = wire.WireDecoder()
+    dec._names = {v: k for k, v in sink.enc.ids.items()}
+    got = [iv for kind, ivs in dec.feed(sink.data) if kind == wire.T_INTERVALS for iv in ivs]
+    assert len(got) == len(expect) > 10
+    for iv, (name, step, repeat, start, dev, reason, injected, collective) in zip(got, expect, strict=True):
+        assert (iv.name, iv.step, iv.repeat, iv.host_start_ns, iv.injected, iv.collective) == (
+            name, step, repeat, start, injected, collective)
+        if dev is not None:
+            assert iv.device_ms == pytest.approx(dev) and iv.degraded is None
+        else:
+            assert iv.device_ms is None and iv.degraded == reason
+
+
+@native
+def test_the_c_drain_stops_where_readout_must_read_and_at_a_full_frame() -> None:
+    readout, _, pool = scenario(3, BatchSink)
+    ring = readout.ring
+    enc = wire.WireEncoder()
+    for s in ("forward-compute", "compute", "sampled_out"):
+        enc._id(s, bytearray())
+    enc.commit()
+    t = hot_path.core.TimerCore()
+    t.name, t._group, t._level = "forward-compute", "compute", 2
+    ring.tail = ring.head = 0
+    for i, reason in enumerate(("sampled_out", "sampled_out", "no_cuda", "sampled_out")):
+        sl = ring.slots[i]
+        sl.timer, sl.binding, sl.start_ev, sl.end_ev, sl.reason = t, (1, None, None, None), None, None, reason
+    ring.head = 4
+    b = enc.batch(8)
+    degraded: dict[str, int] = {}
+    assert b.pack_slots(ring, 4, degraded, pool.free, 0) == 0
+    assert (b.count, ring.tail, degraded) == (2, 2, {"sampled_out": 2})  # "no_cuda" is new to the child: readout's
+    ring.tail = 3
+    small = enc.batch(1)
+    small.pack_slots(ring, 4, degraded, pool.free, 0)
+    assert (small.count, ring.tail) == (1, 4)
+    ring.slots[4].timer, ring.slots[4].binding, ring.slots[4].reason = t, (1, None, None, None), "sampled_out"
+    ring.head = 5
+    small.pack_slots(ring, 5, degraded, pool.free, 0)
+    assert (small.count, ring.tail) == (1, 4)  # the frame is full: the slot waits
+    with pytest.raises(TypeError):
+        hot_path.core.pack_slots(ring, 5, {}, {}, pool.free, 0, b"not a bytearray", 0)
