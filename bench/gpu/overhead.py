@@ -35,6 +35,9 @@ gpu-dense (GPU-bound in every stage); the last line's ``gpu_bound`` is gpu-dense
                   previous boundary's event, ``otel_straggler/shared_event.py``)
   every1-norecord ``every1-own`` whose record calls no driver (a diagnostic: the timers' own work on a
                   device-sampled step; the readout reads the pool's stale, complete events)
+  every1-clock    ``every1`` behind a proxy that sums, per step, the time spent inside the shim's Megatron calls
+                  (``timers(name, level)``, ``start``, ``stop``; a diagnostic: what the calls themselves cost in
+                  situ, cold caches included, against what the step pays; the proxy's own frames lie outside)
   every1-notiming ``every1-own`` recording events created without timing (``CU_EVENT_DISABLE_TIMING``: the same
                   driver call, no timestamp on the GPU; a diagnostic: every interval degrades to ``cuda_error``)
 
@@ -86,7 +89,7 @@ from otel_straggler.demo.run import free_port, yield_cpu  # noqa: E402
 from otel_straggler.export.wire import RecordBatch  # noqa: E402
 
 SHIM_ARMS = ("shim", "every1", "host", "every1-hold", "every1-release", "every1-null", "every1-shared", "every1-own",
-             "every1-norecord", "every1-notiming", "every1-all")
+             "every1-norecord", "every1-notiming", "every1-all", "every1-clock")
 
 
 def start_collector(workdir: Path) -> tuple[subprocess.Popen, int, int]:
@@ -212,7 +215,55 @@ def _shim(name: str, every: int | None = None) -> Any:
         hold = name == "every1-hold"
         t.pool.record = driver_recorder(torch.cuda.current_device(), hold_gil=hold)
         t.pool.elapsed = driver_elapsed(hold_gil=hold)
+    if name == "every1-clock":
+        return ClockedTimers(t)
     return t
+
+
+class ClockedTimers:
+    """``every1-clock``: the timers behind a proxy that sums perf_counter_ns around each of their Megatron calls."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.ns = 0
+        self.calls = 0
+        self._wrapped: dict[str, ClockedTimer] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __call__(self, name: str, log_level: int | None = None) -> Any:
+        t0 = time.perf_counter_ns()
+        timer = self.inner(name, log_level)
+        self.ns += time.perf_counter_ns() - t0
+        self.calls += 1
+        w = self._wrapped.get(name)
+        if w is None or w.timer is not timer:
+            w = self._wrapped[name] = ClockedTimer(timer, self)
+        return w
+
+
+class ClockedTimer:
+    __slots__ = ("owner", "timer")
+
+    def __init__(self, timer: Any, owner: ClockedTimers) -> None:
+        self.timer = timer
+        self.owner = owner
+
+    def start(self, barrier: bool = False) -> None:
+        t0 = time.perf_counter_ns()
+        self.timer.start(barrier)
+        self.owner.ns += time.perf_counter_ns() - t0
+        self.owner.calls += 1
+
+    def stop(self, barrier: bool = False) -> None:
+        t0 = time.perf_counter_ns()
+        self.timer.stop(barrier)
+        self.owner.ns += time.perf_counter_ns() - t0
+        self.owner.calls += 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.timer, name)
 
 
 class DrainLog:
@@ -346,7 +397,8 @@ def run_size(size_name: str, arm_names: list[str], rounds: int, steps: int, warm
         os.sched_setaffinity(0, [train_cpu])
     probe = ThreadProbe()
     collector_pid = int(os.environ.get("BENCH_COLLECTOR_PID", "0"))
-    fields = ("wall", "cpu", "rqwait", "vcsw", "ivcsw", "core", "t0", "sampled", "child_ticks", "child_core")
+    fields = ("wall", "cpu", "rqwait", "vcsw", "ivcsw", "core", "t0", "sampled", "child_ticks", "child_core", "inside",
+              "calls")
     steps_of: dict[str, dict[str, list]] = {n: {f: [] for f in fields} for n in arm_names}
     blocks: dict[str, list[float]] = {n: [] for n in arm_names}
     own_ns: dict[str, float] = dict.fromkeys(arm_names, 0.0)  # the arm's own step time since its last drain
@@ -367,6 +419,7 @@ def run_size(size_name: str, arm_names: list[str], rounds: int, steps: int, warm
         for _ in range(n):
             cpid = child_pid(arm) if keep else None
             c0 = proc_cpu(cpid) if cpid else None
+            i0, n0 = (timers.ns, timers.calls) if isinstance(timers, ClockedTimers) else (0, 0)
             p0 = probe.read()
             t0 = time.perf_counter_ns()
             if dlog is not None and own_ns[arm] >= dlog.period_s * 1e9:
@@ -392,6 +445,9 @@ def run_size(size_name: str, arm_names: list[str], rounds: int, steps: int, warm
             rec["sampled"].append(bool(ctx is not None and ctx.device_on))
             rec["child_ticks"].append(c1[0] - c0[0] if (c0 and c1) else 0)
             rec["child_core"].append(c1[1] if c1 else -1)
+            if isinstance(timers, ClockedTimers):
+                rec["inside"].append(round((timers.ns - i0) / 1e6, 4))
+                rec["calls"].append(timers.calls - n0)
         if keep:
             blocks[arm].append(statistics.fmean(walls))
 
@@ -470,6 +526,9 @@ def analyse(res: dict) -> dict:
             "steps": len(st["wall"]),
         }
         a["other_wait_ms"] = a["mean_ms"] - a["cpu_ms"] - a["rqwait_ms"]
+        if st.get("inside"):  # every1-clock: time inside the shim's calls
+            a["inside_ms"] = statistics.fmean(st["inside"])
+            a["calls_per_step"] = statistics.fmean(st["calls"])
         if arm != "off":
             pairs = list(zip(res[f"{arm}_blocks"], off_blocks))
             a["mean_ratio"] = ratio_of_sums(pairs)
@@ -577,6 +636,9 @@ def report(an: dict) -> None:
                   f"others {a['unsampled_mean_ms'] or 0:.2f}; export child "
                   f"{a.get('child_cpu_ms_per_step', 0):.2f} ms cpu/step, on the training core "
                   f"{100 * a.get('child_same_core', 0):.1f} % of samples")
+            if "inside_ms" in a:
+                print(f"   {arm}: inside the shim's calls {a['inside_ms']:.3f} ms a step, {a['calls_per_step']:.1f} "
+                      f"calls ({1000 * a['inside_ms'] / max(1.0, a['calls_per_step']):.2f} us each)")
             split = a.get("paired_split")
             if split:
                 print(f"   {arm} over off's step of the same round: " + "; ".join(
