@@ -46,10 +46,65 @@ static inline long long mono_ns(void) {
 
 static inline int is_set(PyObject *o) { return o != NULL && o != Py_None; }
 
-/* ---- small helpers on Python objects (cold paths and pool events) ------------------------------------ */
+/* ---- small helpers on Python objects (cold paths, pool events and counters) ------------------------------ */
+
+/* Where an attribute lives in its object: the offset of a writable __slots__ member (EmitterCounters, the pool's
+ * events: event_pool.py), else 0. A generic getattr/setattr looks the descriptor up in the type's MRO every time,
+ * and between a step's launches that lookup is cold: it cost a barrier=True start more than the rest of the start,
+ * and a device-sampled boundary touches an event's refs, tag or handle several times
+ * (bench/results/cpu-hot-path-ab.md). Only types with the generic getattr and setattr qualify (no hook is
+ * bypassed). A few (type, name) pairs are kept; the types are held, so an address is never another type's. */
+#define OFFSETS 16
+static struct {
+    PyTypeObject *type;
+    PyObject *name;
+    Py_ssize_t offset;
+} offsets[OFFSETS];
+
+static Py_ssize_t slot_offset(PyTypeObject *tp, PyObject *name) {
+    int i = 0;
+    for (; i < OFFSETS && offsets[i].type != NULL; i++)
+        if (offsets[i].type == tp && offsets[i].name == name) return offsets[i].offset;
+    Py_ssize_t off = 0;
+    if (tp->tp_getattro == PyObject_GenericGetAttr && tp->tp_setattro == PyObject_GenericSetAttr) {
+        PyObject *d = _PyType_Lookup(tp, name); /* borrowed */
+        if (d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+            PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+            if (m->type == T_OBJECT_EX && !(m->flags & READONLY)) off = m->offset;
+        }
+    }
+    if (i < OFFSETS) {
+        offsets[i].type = (PyTypeObject *)Py_NewRef((PyObject *)tp);
+        offsets[i].name = Py_NewRef(name);
+        offsets[i].offset = off;
+    }
+    return off;
+}
+
+static inline PyObject **slot_of(PyObject *o, PyObject *name) {
+    Py_ssize_t off = slot_offset(Py_TYPE(o), name);
+    return off > 0 ? (PyObject **)((char *)o + off) : NULL;
+}
+
+/* o.<name>, a new reference (AttributeError when unset, like getattr) */
+static PyObject *get_obj(PyObject *o, PyObject *name) {
+    PyObject **s = slot_of(o, name);
+    if (s != NULL && *s != NULL) return Py_NewRef(*s);
+    return PyObject_GetAttr(o, name);
+}
+
+/* o.<name> = v */
+static int set_obj(PyObject *o, PyObject *name, PyObject *v) {
+    PyObject **s = slot_of(o, name);
+    if (s == NULL) return PyObject_SetAttr(o, name, v);
+    PyObject *old = *s;
+    *s = Py_NewRef(v);
+    Py_XDECREF(old);
+    return 0;
+}
 
 static int get_ll(PyObject *o, PyObject *name, long long *out) {
-    PyObject *v = PyObject_GetAttr(o, name);
+    PyObject *v = get_obj(o, name);
     if (v == NULL) return -1;
     *out = PyLong_AsLongLong(v);
     Py_DECREF(v);
@@ -59,7 +114,7 @@ static int get_ll(PyObject *o, PyObject *name, long long *out) {
 static int set_ll(PyObject *o, PyObject *name, long long x) {
     PyObject *v = PyLong_FromLongLong(x);
     if (v == NULL) return -1;
-    int rc = PyObject_SetAttr(o, name, v);
+    int rc = set_obj(o, name, v);
     Py_DECREF(v);
     return rc;
 }
@@ -356,7 +411,7 @@ static PyObject *Share_recorded(ShareObject *sh, PyObject *args) {
 static PyObject *Share_release(ShareObject *sh, PyObject *ev) {
     long long refs;
     if (add_ll(ev, s_refs, -1, &refs) < 0) return NULL;
-    if (PyObject_SetAttr(ev, s_tainted, Py_True) < 0) return NULL;
+    if (set_obj(ev, s_tainted, Py_True) < 0) return NULL;
     if (refs <= 0 && ev != sh->ev && orphan(sh, ev) < 0) return NULL;
     Py_RETURN_NONE;
 }
@@ -553,7 +608,7 @@ static PyObject *do_record(TimerObject *t, ShareObject *sh, PyObject *ev) {
     if (t->cu_record && is_set(sh->stream_of)) {
         PyObject *stream = PyObject_CallNoArgs(sh->stream_of);
         if (stream == NULL) return NULL;
-        PyObject *h = PyObject_GetAttr(ev, s_handle);
+        PyObject *h = get_obj(ev, s_handle);
         if (h == NULL) {
             Py_DECREF(stream);
             return NULL;
@@ -701,12 +756,12 @@ static PyObject *Timer_start(TimerObject *t, PyObject *const *args, Py_ssize_t n
 /* the dropped interval's events: no slot reads them, so whoever returns them waits for them to complete */
 static int drop_events(TimerObject *t, PyObject *sev, PyObject *eev, int own, long long h) {
     if (sev == NULL) return 0;
-    if (PyObject_SetAttr(sev, s_tainted, Py_True) < 0) return -1;
+    if (set_obj(sev, s_tainted, Py_True) < 0) return -1;
     if (own & 1) {
         if (set_ll(sev, s_tag, h) < 0 || call_append(t->orphans, sev) < 0) return -1;
     }
     if (eev != NULL) {
-        if (PyObject_SetAttr(eev, s_tainted, Py_True) < 0) return -1;
+        if (set_obj(eev, s_tainted, Py_True) < 0) return -1;
         if (own & 2) {
             if (set_ll(eev, s_tag, h) < 0 || call_append(t->orphans, eev) < 0) return -1;
         }
@@ -993,6 +1048,119 @@ static PyTypeObject TimerType = {
     .tp_methods = Timer_methods,
 };
 
+/* ---- TimersCore --------------------------------------------------------------------------------------- */
+
+/* Megatron calls ``timers(name, log_level=...)`` twice per interval, once for the start and once for the stop: the
+ * lookup of an existing timer is the hot path's other half. Between a step's launches a Python ``__call__`` finds
+ * its frame, code and dicts cold and costs several times a C start (bench/results/cpu-hot-path-ab.md). Here the
+ * lookup is one dict read and a level compare; everything else (a new name, a level that does not match, a
+ * call shape other than (name) / (name, level)) goes to ``self._get``, the Python code of timers.py. */
+static PyObject *s_get, *s_log_level;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *timers; /* ``_timers``: name -> Timer */
+    vectorcallfunc vectorcall;
+} TimersObject;
+
+/* the existing timer ``name`` when its level matches ``level`` (NULL or None: any), a new reference; else NULL, no
+ * exception set: ``_get`` answers */
+static PyObject *timers_fast(TimersObject *ts, PyObject *name, PyObject *level) {
+    if (ts->timers == NULL || !PyDict_CheckExact(ts->timers) || !PyUnicode_CheckExact(name)) return NULL;
+    PyObject *t = PyDict_GetItemWithError(ts->timers, name); /* borrowed; a str key runs no Python code */
+    if (t == NULL) {
+        PyErr_Clear(); /* _get meets it again and says what it is */
+        return NULL;
+    }
+    if (level == NULL || level == Py_None) return Py_NewRef(t);
+    if (PyLong_CheckExact(level) && PyObject_TypeCheck(t, &TimerType)) {
+        int overflow = 0;
+        long lv = PyLong_AsLongAndOverflow(level, &overflow);
+        if (!overflow && lv == ((TimerObject *)t)->level) return Py_NewRef(t);
+        PyErr_Clear();
+    }
+    return NULL;
+}
+
+static PyObject *timers_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    PyObject *r = NULL;
+    if (nargs == 1 && nkw == 0) r = timers_fast((TimersObject *)self, args[0], NULL);
+    else if (nargs == 2 && nkw == 0) r = timers_fast((TimersObject *)self, args[0], args[1]);
+    else if (nargs == 1 && nkw == 1 && PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), s_log_level) == 0)
+        r = timers_fast((TimersObject *)self, args[0], args[1]);
+    if (r != NULL) return r;
+    PyErr_Clear();
+    PyObject *get = PyObject_GetAttr(self, s_get);
+    if (get == NULL) return NULL;
+    r = PyObject_Vectorcall(get, args, nargs, kwnames);
+    Py_DECREF(get);
+    return r;
+}
+
+/* the call through tp_call (a subclass that does not inherit the vectorcall flag: Python 3.11) */
+static PyObject *Timers_call(PyObject *self, PyObject *args, PyObject *kwargs) {
+    Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+    Py_ssize_t nkw = kwargs ? PyDict_GET_SIZE(kwargs) : 0;
+    PyObject *r = NULL;
+    if (nargs >= 1 && nargs + nkw <= 2) {
+        PyObject *level = nargs == 2 ? PyTuple_GET_ITEM(args, 1) : NULL;
+        if (nkw == 1) level = PyDict_GetItemWithError(kwargs, s_log_level); /* borrowed; NULL: another keyword */
+        if (nkw == 0 || level != NULL) r = timers_fast((TimersObject *)self, PyTuple_GET_ITEM(args, 0), level);
+    }
+    if (r != NULL) return r;
+    PyErr_Clear();
+    PyObject *get = PyObject_GetAttr(self, s_get);
+    if (get == NULL) return NULL;
+    r = PyObject_Call(get, args, kwargs);
+    Py_DECREF(get);
+    return r;
+}
+
+static PyObject *Timers_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    TimersObject *ts = (TimersObject *)type->tp_alloc(type, 0);
+    if (ts == NULL) return NULL;
+    ts->vectorcall = timers_vectorcall;
+    return (PyObject *)ts;
+}
+
+static int Timers_traverse(TimersObject *ts, visitproc visit, void *arg) {
+    Py_VISIT(ts->timers);
+    return 0;
+}
+
+static int Timers_clear(TimersObject *ts) {
+    Py_CLEAR(ts->timers);
+    return 0;
+}
+
+static void Timers_dealloc(TimersObject *ts) {
+    PyObject_GC_UnTrack(ts);
+    Timers_clear(ts);
+    Py_TYPE(ts)->tp_free((PyObject *)ts);
+}
+
+static PyMemberDef Timers_members[] = {
+    {"_timers", T_OBJECT, offsetof(TimersObject, timers), 0, NULL},
+    {NULL},
+};
+
+static PyTypeObject TimersType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otel_straggler._hotpath.TimersCore",
+    .tp_doc = "Timers(name, log_level=None): an existing timer in C, anything else through self._get (timers.py).",
+    .tp_basicsize = sizeof(TimersObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(TimersObject, vectorcall),
+    .tp_call = Timers_call,
+    .tp_new = Timers_new,
+    .tp_dealloc = (destructor)Timers_dealloc,
+    .tp_traverse = (traverseproc)Timers_traverse,
+    .tp_clear = (inquiry)Timers_clear,
+    .tp_members = Timers_members,
+};
+
 /* ---- the readout's driver calls ------------------------------------------------------------------------ */
 
 typedef int (*cu_event_elapsed_fn)(float *ms, void *start, void *end);
@@ -1000,7 +1168,7 @@ typedef int (*cu_event_query_fn)(void *event);
 #define CUDA_ERROR_NOT_READY 600
 
 static int handle_of(PyObject *ev, void **out) {
-    PyObject *h = PyObject_GetAttr(ev, s_handle);
+    PyObject *h = get_obj(ev, s_handle);
     if (h == NULL) return -1;
     *out = PyLong_AsVoidPtr(h);
     Py_DECREF(h);
@@ -1232,7 +1400,7 @@ static PyObject *pack_slots(PyObject *mod, PyObject *const *args, Py_ssize_t nar
             PyObject *evs[2] = {sl->start_ev, sl->end_ev};
             for (int k = 0; k < 2 && !failed; k++) {
                 if (!(sl->own & (1 << k))) continue;
-                if (PyObject_SetAttr(evs[k], s_tainted, Py_False) < 0 || call_append(free_dq, evs[k]) < 0) failed = 1;
+                if (set_obj(evs[k], s_tainted, Py_False) < 0 || call_append(free_dq, evs[k]) < 0) failed = 1;
             }
         } else {
             PyObject *n = PyDict_GetItemWithError(degraded, reason);
@@ -1326,17 +1494,19 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     INTERN(s_faults_training, "faults_training");
     INTERN(s_dropped_ring_full, "dropped_ring_full");
     INTERN(s_barrier, "barrier");
+    INTERN(s_get, "_get");
+    INTERN(s_log_level, "log_level");
     INTERN(r_unbalanced, "unbalanced");
     INTERN(r_sampled_out, "sampled_out");
     INTERN(r_cuda_error, "cuda_error");
     INTERN(r_pool_exhausted, "pool_exhausted");
-    PyTypeObject *types[] = {&SlotType, &RingType, &ShareType, &StepStateType, &TimerType};
-    const char *names[] = {"Slot", "Ring", "SharedEvent", "StepState", "TimerCore"};
-    for (int i = 0; i < 5; i++)
+    PyTypeObject *types[] = {&SlotType, &RingType, &ShareType, &StepStateType, &TimerType, &TimersType};
+    const char *names[] = {"Slot", "Ring", "SharedEvent", "StepState", "TimerCore", "TimersCore"};
+    for (int i = 0; i < 6; i++)
         if (PyType_Ready(types[i]) < 0) return NULL;
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL) return NULL;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         if (PyModule_AddObjectRef(m, names[i], (PyObject *)types[i]) < 0) {
             Py_DECREF(m);
             return NULL;

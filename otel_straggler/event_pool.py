@@ -185,6 +185,22 @@ def _none() -> None:
     return None
 
 
+@functools.cache
+def _slotted_event_type() -> Any:
+    """``torch.cuda.Event`` with the pool's attributes (``refs``, ``tag``, ``tainted``, ``handle``) as
+    ``__slots__``: the C hot path reads and writes them at their offsets instead of through the type's MRO
+    (``_hotpath.c`` ``slot_offset``); plain ``torch.cuda.Event`` where the subclass cannot be made."""
+    import torch
+
+    try:
+        class PoolEvent(torch.cuda.Event):
+            __slots__ = ("handle", "refs", "tag", "tainted")
+
+        return PoolEvent
+    except Exception:
+        return torch.cuda.Event
+
+
 class EventPool:
     """``factory()`` makes one event (default: ``torch.cuda.Event(enable_timing=True)``)."""
 
@@ -216,8 +232,10 @@ class EventPool:
         if factory is None:
             import torch
 
+            event_type = _slotted_event_type()
+
             def factory() -> Any:
-                return torch.cuda.Event(enable_timing=True)
+                return event_type(enable_timing=True)
 
             synchronize = synchronize or torch.cuda.synchronize
         events = [factory() for _ in range(int(size))]

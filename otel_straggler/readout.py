@@ -13,7 +13,11 @@ the ring in order:
   ``pool.query`` is True (or at shutdown), so a recorded-but-unfinished event is never re-recorded;
 * device time is that elapsed time; any CUDA exception makes the interval host-only (``cuda_error``) and
   quarantines its events;
-* the batch goes to ``sink.submit``; about once a second ``sink.publish_stats(counters.snapshot())``.
+* the batch goes to the sink: where the sink takes packed records (``ProcessSink.new_batch``/``submit_batch``)
+  the intervals go straight into its wire frame (``export/wire.py`` ``RecordBatch``), most of them packed by the C
+  drain (``_hotpath.pack_slots``: every read device-timed slot and host-only slot without events whose strings the
+  export child has; it stops at any other slot, which the loop below reads and ``RecordBatch.add`` packs); else
+  they go to ``sink.submit`` as ``Interval`` objects. About once a second ``sink.publish_stats(counters.snapshot())``.
   Sink exceptions are caught and counted.
 
 A wake holds the GIL except around one batch of driver calls: the pool's per-slot driver calls keep it, and the
@@ -24,7 +28,9 @@ and ring are sized for what a period holds. The batch: with the C module and the
 ``elapsed_many`` reads the device times of all pending slots first, releasing the GIL around its driver calls
 once per 256 slots (a wake of the default period reads about that many on a launch-bound step), so the training
 thread launches through them: one more hand-off of the GIL instead of the calls' time under it (a call between
-launches: ``bench/results/gpu-h200/driver_calls-9.log``).
+launches: ``bench/results/gpu-h200/driver_calls-9.log``). What is left under the GIL, the drain and its packing,
+costs about a tenth in C of what ``Interval`` objects and their packing cost (``bench/readout_cost.py``,
+``bench/results/cpu-emitter.md``).
 
 ``flush`` asks the thread to drain now (bounded); ``stop`` flushes, stops the thread and, once it has
 exited, drains the rest in the caller (unfinished events then count as ``readout_timeout``).

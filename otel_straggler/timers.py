@@ -25,7 +25,9 @@ records); on device-sampled steps, for one repeat of each timer per step (``devi
 its previous step's; every repeat with ``all``), a pre-created event from the pool recorded on the current stream
 (``pool.record``: the driver's ``cuEventRecord`` on the raw handles where available, ``event_pool.py``), or the
 previous boundary's event when this one follows it closely (``shared_event.py``); at stop one ring slot written
-(step, repeat index and workload bound here, at completion). No lock, no I/O, no logging, no sync.
+(step, repeat index and workload bound here, at completion). No lock, no I/O, no logging, no sync. The lookup
+``timers(name, log_level)``, which Megatron makes before every start and stop, is the other half: with the C module
+an existing timer is found in C (``TimersCore``), anything else goes to ``Timers._get``.
 """
 
 from __future__ import annotations
@@ -404,7 +406,17 @@ class Timer(TimerCore):
         return (_inert_timer, (self.name, self._level))
 
 
-class Timers:
+class _PyTimersCore:
+    """``TimersCore`` of the C module (``_hotpath.c``) where it runs: its ``__call__`` finds an existing timer in C
+    and leaves everything else to ``Timers._get``. Here ``Timers.__call__`` is ``_get`` itself."""
+
+    __slots__ = ("_timers",)
+
+
+TimersCore: Any = getattr(hot_path.core, "TimersCore", _PyTimersCore)
+
+
+class Timers(TimersCore):
     """Group of timers, Megatron's ``Timers(log_level, log_option)`` plus keyword-only wiring.
 
     Built bare (``Timers(2, "minmax")``) it is a host-only timer group with nothing attached: intervals
@@ -422,7 +434,6 @@ class Timers:
         "_rank",
         "_sample_repeats",
         "_step_timer",
-        "_timers",
         "_world_size",
         "config",
         "counters",
@@ -513,7 +524,8 @@ class Timers:
         return self.ring.head
 
     # ---- Megatron API ---------------------------------------------------------------------------
-    def __call__(self, name: str, log_level: int | None = None) -> Timer | DummyTimer:
+    def _get(self, name: str, log_level: int | None = None) -> Timer | DummyTimer:
+        """``timers(name, log_level)``: Megatron's lookup (``TimersCore`` answers an existing timer in C)."""
         t = self._timers.get(name)
         if t is not None:
             if log_level is not None:
@@ -547,6 +559,9 @@ class Timers:
         self._timers[name] = timer
         self._log_levels[name] = log_level
         return timer
+
+    if TimersCore is _PyTimersCore:
+        __call__ = _get
 
     def _this_rank_times(self, names: Iterable[str], reset: bool, barrier: bool, normalizer: float) -> dict:
         if barrier:

@@ -1,8 +1,10 @@
 """``ProcessSink``: packs intervals onto a pipe to one export child per training process.
 
-The readout thread pays a ``struct.pack`` per interval and one non-blocking ``write`` per batch, which
-carries the latest stats too (``publish_stats`` keeps them for the next batch's write, and writes them itself
-only when no batch went out since the previous publish); the child (``sidecar``) does aggregation, span
+The readout thread packs each interval into a wire frame (``new_batch``: a ``wire.RecordBatch``, filled by the
+readout's C drain or one ``struct.pack_into`` per interval; ``submit`` does the same for ``Interval`` objects) and
+pays one non-blocking ``write`` per batch (``submit_batch``), which carries the latest stats too
+(``publish_stats`` keeps them for the next batch's write, and writes them itself only when no batch went out
+since the previous publish); the child (``sidecar``) does aggregation, span
 building, encoding and OTLP. Nothing on the readout thread's path releases the GIL: the pipe is written with
 ``write(2)`` called through ``ctypes.PyDLL`` (``os.write`` releases the GIL, and the training thread would take
 it at every write and hand it back), and the child's liveness comes from the write itself (``EPIPE``), not from

@@ -18,7 +18,7 @@ from fake_cuda import FakeDevice, FakeEvent
 
 from otel_straggler import hot_path
 from otel_straggler.config import EmitterConfig
-from otel_straggler.counters import CUDA_ERROR, SAMPLED_OUT, UNBALANCED
+from otel_straggler.counters import CUDA_ERROR, SAMPLED_OUT, UNBALANCED, EmitterCounters
 from otel_straggler.event_pool import CUDA_ERROR_NOT_READY, EventPool
 from otel_straggler.interval import NullSink
 from otel_straggler.timers import Timers
@@ -320,3 +320,81 @@ def test_a_shared_event_never_initialised_raises_and_does_not_crash() -> None:
     with pytest.raises((TypeError, AttributeError)):
         bare.release(ev)
     assert ev.refs == 0 and ev.tainted is True  # released: what comes before the orphans list was done
+
+
+@native
+def test_the_c_lookup_answers_like_megatrons_call_in_every_shape() -> None:
+    """``timers(name, log_level)`` (``TimersCore``): an existing timer from C, on the vectorcall and the tp_call
+    route (``t.__call__``: what Python 3.11 takes for a subclass), everything else from ``Timers._get``."""
+    t = Timers(2, "minmax")
+    assert isinstance(t, hot_path.core.TimersCore) and "__call__" not in vars(type(t))
+    fc = t("forward-compute", log_level=2)
+    for call in (t, t.__call__):
+        assert call("forward-compute") is fc
+        assert call("forward-compute", 2) is fc
+        assert call("forward-compute", log_level=2) is fc
+        assert call("forward-compute", None) is fc
+        assert call(name="forward-compute") is fc  # another shape: _get answers
+        with pytest.raises(AssertionError, match="does not match already existing log level"):
+            call("forward-compute", log_level=1)
+        with pytest.raises(AssertionError, match="larger than max supported"):
+            call("new-" + str(id(call)), 3)
+        with pytest.raises(TypeError):
+            call("forward-compute", 2, 3)
+        with pytest.raises(TypeError):
+            call("forward-compute", level=2)
+        with pytest.raises(TypeError):
+            call()
+    assert t("optimizer", 1)._level == 1 and t("optimizer") is t("optimizer", True)  # True == 1, as in Python
+
+    class Name(str):
+        pass
+
+    assert t(Name("forward-compute"), 2) is fc  # not exactly a str: _get's dict lookup, as before
+    before = sys.getrefcount(fc)
+    for _ in range(10_000):
+        t("forward-compute", log_level=2)
+        t.__call__("forward-compute", 2)
+    assert sys.getrefcount(fc) == before
+
+
+@native
+def test_the_lookup_follows_a_replaced_timer_table_and_a_patched_call() -> None:
+    t = Timers(2, "minmax")
+    fc = t("forward-compute", 2)
+    t._timers = {}
+    other = t("forward-compute", 2)
+    assert other is not fc and t("forward-compute") is other
+    t._timers = None  # broken wiring: _get raises what Python raises
+    with pytest.raises(AttributeError):
+        t("forward-compute")
+
+    class Patched(Timers):
+        def __call__(self, name: str, log_level: int | None = None) -> Any:
+            return ("patched", name)
+
+    assert Patched(2, "minmax")("x", 2) == ("patched", "x")
+
+
+@native
+def test_slot_attributes_are_written_in_place_and_hooks_are_not_bypassed() -> None:
+    """The C path reads and writes an event's or the counters' ``__slots__`` at their offsets; an object whose type
+    hooks attribute access goes through the hook."""
+    seen: list[str] = []
+
+    class Hooked(EmitterCounters):
+        __slots__ = ()
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            seen.append(name)
+            super().__setattr__(name, value)
+
+    for counters, hooked in ((EmitterCounters(), False), (Hooked(), True)):
+        seen.clear()
+        t = Timers(2, "minmax", counters=counters)
+        fc = t("forward-compute", 2)
+        fc.stop()  # unbalanced
+        fc.start(barrier=True)
+        fc.start()  # unbalanced
+        assert (counters.unbalanced, counters.barriers_skipped) == (2, 1)
+        assert (seen.count("unbalanced"), seen.count("barriers_skipped")) == ((2, 1) if hooked else (0, 0))
