@@ -52,7 +52,7 @@ static inline int is_set(PyObject *o) { return o != NULL && o != Py_None; }
  * events: event_pool.py), else 0. A generic getattr/setattr looks the descriptor up in the type's MRO every time,
  * and between a step's launches that lookup is cold: it cost a barrier=True start more than the rest of the start,
  * and a device-sampled boundary touches an event's refs, tag or handle several times
- * (bench/results/cpu-hot-path-ab.md). Only types with the generic getattr and setattr qualify (no hook is
+ * (bench/results/cpu-cold-calls.md). Only types with the generic getattr and setattr qualify (no hook is
  * bypassed). A few (type, name) pairs are kept; the types are held, so an address is never another type's. */
 #define OFFSETS 16
 static struct {
@@ -1052,7 +1052,7 @@ static PyTypeObject TimerType = {
 
 /* Megatron calls ``timers(name, log_level=...)`` twice per interval, once for the start and once for the stop: the
  * lookup of an existing timer is the hot path's other half. Between a step's launches a Python ``__call__`` finds
- * its frame, code and dicts cold and costs several times a C start (bench/results/cpu-hot-path-ab.md). Here the
+ * its frame, code and dicts cold and costs about three times a C start (bench/results/cpu-cold-calls.md). Here the
  * lookup is one dict read and a level compare; everything else (a new name, a level that does not match, a
  * call shape other than (name) / (name, level)) goes to ``self._get``, the Python code of timers.py. */
 static PyObject *s_get, *s_log_level;
