@@ -30,6 +30,8 @@
 
 #define NO_REUSE (-(1LL << 62))
 
+static PyTypeObject TimerType; /* defined below */
+
 /* interned attribute and method names */
 static PyObject *s_refs, *s_tag, *s_tainted, *s_handle, *s_record, *s_apply, *s_step_timer_started, *s_append,
     *s_popleft, *s_unbalanced, *s_barriers_skipped, *s_faults_training, *s_dropped_ring_full, *s_barrier;
@@ -52,33 +54,95 @@ static inline int is_set(PyObject *o) { return o != NULL && o != Py_None; }
  * events: event_pool.py), else 0. A generic getattr/setattr looks the descriptor up in the type's MRO every time,
  * and between a step's launches that lookup is cold: it cost a barrier=True start more than the rest of the start,
  * and a device-sampled boundary touches an event's refs, tag or handle several times
- * (bench/results/cpu-cold-calls.md). Only types with the generic getattr and setattr qualify (no hook is
- * bypassed). A few (type, name) pairs are kept; the types are held, so an address is never another type's. */
+ * (bench/results/cpu-cold-calls.md). Only a member of the object's own type or a base (the check the descriptor
+ * makes) on a type with the generic getattr and setattr qualifies (no hook is bypassed). A few (type, name) pairs
+ * are kept, each with the type's version tag: a change to the type (a new __setattr__, a property over the slot)
+ * retires the tag and the entry is looked up again. The types are held, so an address is never another type's. */
 #define OFFSETS 16
 static struct {
     PyTypeObject *type;
     PyObject *name;
+    unsigned int tag;
     Py_ssize_t offset;
 } offsets[OFFSETS];
 
+static inline int tag_valid(PyTypeObject *tp, unsigned int tag) {
+    return (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && tp->tp_version_tag == tag && tag != 0;
+}
+
 static Py_ssize_t slot_offset(PyTypeObject *tp, PyObject *name) {
     int i = 0;
-    for (; i < OFFSETS && offsets[i].type != NULL; i++)
-        if (offsets[i].type == tp && offsets[i].name == name) return offsets[i].offset;
-    Py_ssize_t off = 0;
-    if (tp->tp_getattro == PyObject_GenericGetAttr && tp->tp_setattro == PyObject_GenericSetAttr) {
-        PyObject *d = _PyType_Lookup(tp, name); /* borrowed */
-        if (d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
-            PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-            if (m->type == T_OBJECT_EX && !(m->flags & READONLY)) off = m->offset;
+    for (; i < OFFSETS && offsets[i].type != NULL; i++) {
+        if (offsets[i].type == tp && offsets[i].name == name) {
+            if (tag_valid(tp, offsets[i].tag)) return offsets[i].offset;
+            break; /* the type changed since: look again, in this entry */
         }
     }
+    Py_ssize_t off = 0;
+    PyObject *d = _PyType_Lookup(tp, name); /* borrowed; gives the type a version tag */
+    if (d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type) && tp->tp_getattro == PyObject_GenericGetAttr &&
+        tp->tp_setattro == PyObject_GenericSetAttr && PyType_IsSubtype(tp, PyDescr_TYPE(d))) {
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type == T_OBJECT_EX && !(m->flags & READONLY)) off = m->offset;
+    }
+    unsigned int tag = (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? tp->tp_version_tag : 0;
     if (i < OFFSETS) {
-        offsets[i].type = (PyTypeObject *)Py_NewRef((PyObject *)tp);
-        offsets[i].name = Py_NewRef(name);
+        if (offsets[i].type == NULL) {
+            offsets[i].type = (PyTypeObject *)Py_NewRef((PyObject *)tp);
+            offsets[i].name = Py_NewRef(name);
+        }
+        offsets[i].tag = tag;
         offsets[i].offset = off;
     }
-    return off;
+    return tag != 0 ? off : 0; /* no tag: nothing tells a later change, so the generic path answers */
+}
+
+/* Whether a timer's name, group, level and collective flag are TimerCore's own fields: no class between its type
+ * and TimerCore defines one of those names (a property over them, say), so reading the C fields reads what Python
+ * would. Kept per type and version tag like the offsets. */
+static PyObject *s_name, *s_group_attr, *s_level_attr, *s_collective;
+#define PLAIN 8
+static struct {
+    PyTypeObject *type;
+    unsigned int tag;
+    int plain;
+} plain_types[PLAIN];
+
+static int plain_timer(PyObject *o) {
+    PyTypeObject *tp = Py_TYPE(o);
+    if (tp == &TimerType) return 1;
+    if (!PyType_IsSubtype(tp, &TimerType)) return 0;
+    int i = 0;
+    for (; i < PLAIN && plain_types[i].type != NULL; i++) {
+        if (plain_types[i].type == tp) {
+            if (tag_valid(tp, plain_types[i].tag)) return plain_types[i].plain;
+            break;
+        }
+    }
+    int plain = 1;
+    PyObject *mro = tp->tp_mro;
+    PyObject *names[4] = {s_name, s_group_attr, s_level_attr, s_collective};
+    for (Py_ssize_t k = 0; plain && mro != NULL && k < PyTuple_GET_SIZE(mro); k++) {
+        PyTypeObject *base = (PyTypeObject *)PyTuple_GET_ITEM(mro, k);
+        if (base == &TimerType) break;
+        PyObject *dict = base->tp_dict;
+        for (int n = 0; plain && dict != NULL && n < 4; n++) {
+            if (PyDict_GetItemWithError(dict, names[n]) != NULL) plain = 0;
+            else if (PyErr_Occurred()) {
+                PyErr_Clear();
+                plain = 0;
+            }
+        }
+    }
+    (void)_PyType_Lookup(tp, s_name); /* gives the type a version tag */
+    unsigned int tag = (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? tp->tp_version_tag : 0;
+    if (tag == 0) return 0;
+    if (i < PLAIN) {
+        if (plain_types[i].type == NULL) plain_types[i].type = (PyTypeObject *)Py_NewRef((PyObject *)tp);
+        plain_types[i].tag = tag;
+        plain_types[i].plain = plain;
+    }
+    return plain;
 }
 
 static inline PyObject **slot_of(PyObject *o, PyObject *name) {
@@ -1073,7 +1137,7 @@ static PyObject *timers_fast(TimersObject *ts, PyObject *name, PyObject *level) 
         return NULL;
     }
     if (level == NULL || level == Py_None) return Py_NewRef(t);
-    if (PyLong_CheckExact(level) && PyObject_TypeCheck(t, &TimerType)) {
+    if (PyLong_CheckExact(level) && plain_timer(t)) {
         int overflow = 0;
         long lv = PyLong_AsLongAndOverflow(level, &overflow);
         if (!overflow && lv == ((TimerObject *)t)->level) return Py_NewRef(t);
@@ -1370,7 +1434,7 @@ static PyObject *pack_slots(PyObject *mod, PyObject *const *args, Py_ssize_t nar
     char *base = PyByteArray_AS_STRING(frame);
     while (r->tail < head && count < cap) {
         SlotObject *sl = (SlotObject *)PyTuple_GET_ITEM(r->slots, (Py_ssize_t)(r->tail & r->mask));
-        if (sl->timer == NULL || !PyObject_TypeCheck(sl->timer, &TimerType)) break;
+        if (sl->timer == NULL || !plain_timer(sl->timer)) break;
         TimerObject *t = (TimerObject *)sl->timer;
         PyObject *b = sl->binding;
         if (b == NULL || !PyTuple_CheckExact(b) || PyTuple_GET_SIZE(b) != 4) break;
@@ -1394,6 +1458,14 @@ static PyObject *pack_slots(PyObject *mod, PyObject *const *args, Py_ssize_t nar
         if ((has_seq = opt_ll(PyTuple_GET_ITEM(b, 2), &seqs)) < 0) break;
         if ((has_mbs = opt_ll(PyTuple_GET_ITEM(b, 3), &mbs)) < 0) break;
         if (t->level < -128 || t->level > 127 || sl->repeat < INT32_MIN || sl->repeat > INT32_MAX) break;
+        long long start, end;
+        if (__builtin_add_overflow(sl->start_ns, off, &start) || __builtin_add_overflow(sl->end_ns, off, &end)) break;
+        /* everything the record needs is read before the calls below, which may run Python code */
+        signed char level = (signed char)t->level;
+        unsigned char flags = (unsigned char)((device ? F_DEVICE : 0) | (has_tok ? F_TOKENS : 0) |
+                                              (has_seq ? F_SEQUENCES : 0) | (has_mbs ? F_MICROBATCHES : 0) |
+                                              (sl->injected ? F_INJECTED : 0) | (t->collective ? F_COLLECTIVE : 0));
+        int32_t repeat = (int32_t)sl->repeat;
         /* the slot is this function's: from here on it is read and released, with or without a record */
         int failed = 0;
         if (device) {
@@ -1417,12 +1489,6 @@ static PyObject *pack_slots(PyObject *mod, PyObject *const *args, Py_ssize_t nar
             continue;
         }
         unsigned short u16[3] = {(unsigned short)name_id, (unsigned short)group_id, (unsigned short)reason_id};
-        signed char level = (signed char)t->level;
-        unsigned char flags = (unsigned char)((device ? F_DEVICE : 0) | (has_tok ? F_TOKENS : 0) |
-                                              (has_seq ? F_SEQUENCES : 0) | (has_mbs ? F_MICROBATCHES : 0) |
-                                              (sl->injected ? F_INJECTED : 0) | (t->collective ? F_COLLECTIVE : 0));
-        int32_t repeat = (int32_t)sl->repeat;
-        long long start = sl->start_ns + off, end = sl->end_ns + off;
         char *p = base + REC_HEADER + count * REC_SIZE;
         put(&p, u16, sizeof u16);
         put(&p, &level, 1);
@@ -1495,6 +1561,10 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     INTERN(s_dropped_ring_full, "dropped_ring_full");
     INTERN(s_barrier, "barrier");
     INTERN(s_get, "_get");
+    INTERN(s_name, "name");
+    INTERN(s_group_attr, "_group");
+    INTERN(s_level_attr, "_level");
+    INTERN(s_collective, "collective");
     INTERN(s_log_level, "log_level");
     INTERN(r_unbalanced, "unbalanced");
     INTERN(r_sampled_out, "sampled_out");

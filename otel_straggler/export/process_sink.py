@@ -296,7 +296,9 @@ class ProcessSink(ForkGuarded):
             try:
                 for iv in chunk:
                     batch.add(iv)
-            except Exception:
+            except Exception:  # a malformed interval: the chunk is dropped, and so are the ids it assigned
+                with self._lock:
+                    self._encoder.rollback()
                 self.counters.add("faults_process_sink")
                 continue
             self.submit_batch(batch)

@@ -138,7 +138,7 @@ def test_help_lists_every_model_and_both_programs_have_a_version() -> None:
     from otel_straggler.demo.options import MODELS
 
     helptext = _demo("--help").stdout
-    assert len(MODELS) == 4 and all(model in helptext for model in MODELS), helptext
+    assert len(MODELS) == 5 and all(model in helptext for model in MODELS), helptext
     from importlib.metadata import version
 
     v = version("otel-straggler")

@@ -398,3 +398,75 @@ def test_slot_attributes_are_written_in_place_and_hooks_are_not_bypassed() -> No
         fc.start()  # unbalanced
         assert (counters.unbalanced, counters.barriers_skipped) == (2, 1)
         assert (seen.count("unbalanced"), seen.count("barriers_skipped")) == ((2, 1) if hooked else (0, 0))
+
+
+@native
+def test_the_offset_cache_follows_changes_to_a_type_and_checks_the_descriptor() -> None:
+    """A counters type given a ``__setattr__`` hook or a property after the C path cached a slot's offset goes through
+    them from then on (the type's version tag changed); a member descriptor of another class is refused as Python
+    refuses it (the C path would otherwise write past the object), and the fault is counted, not raised."""
+    seen: list[str] = []
+
+    class Later(EmitterCounters):
+        __slots__ = ()
+
+    c = Later()
+    fc = Timers(2, "minmax", counters=c)("forward-compute", 2)
+    fc.stop()  # unbalanced: the offset is cached
+    Later.__setattr__ = lambda self, name, value: (seen.append(name), object.__setattr__(self, name, value))[1]
+    fc.stop()
+    assert c.unbalanced == 2 and seen == ["unbalanced"]
+    store: dict[str, int] = {}
+    Later.unbalanced = property(lambda self: store.get("u", 0), lambda self, v: store.__setitem__("u", v))
+    fc.stop()
+    assert store == {"u": 1}  # its getter started from 0: the property, not the slot, answered
+
+    class Big:
+        __slots__ = (*(f"s{i}" for i in range(40)), "unbalanced")
+
+    class Small:
+        __slots__ = ("a",)
+        unbalanced = Big.__dict__["unbalanced"]
+
+    small = Small()
+    other = Timers(2, "minmax", counters=small)("forward-compute", 2)
+    for _ in range(3):
+        other.stop()  # Python's setattr raises TypeError here; bump swallows it, as on the Python path
+    with pytest.raises(TypeError):
+        Big.__dict__["unbalanced"].__get__(small)
+
+
+@native
+def test_a_timer_subclass_overriding_a_field_is_read_through_python() -> None:
+    """The C drain and lookup read a timer's C fields only when no class between its type and ``TimerCore`` defines
+    ``name``, ``_group``, ``_level`` or ``collective``; otherwise readout.py and ``_get`` read them as Python does."""
+    from test_packed_drain import BatchSink, Pool
+
+    from otel_straggler.export import wire
+    from otel_straggler.readout import Readout
+    from otel_straggler.ring import Ring
+
+    class Remapped(hot_path.core.TimerCore):
+        __slots__ = ()
+
+        @property
+        def _group(self) -> str:
+            return "compute"
+
+    enc = wire.WireEncoder()
+    for s in ("forward-compute", "compute", "other", "sampled_out"):
+        enc._id(s, bytearray())
+    enc.commit()
+    t = Remapped()
+    t.name, t._level = "forward-compute", 1
+    hot_path.core.TimerCore._group.__set__(t, "other")  # the C field says "other"; Python reads "compute"
+    ring = Ring(4)
+    sl = ring.slots[0]
+    sl.timer, sl.binding, sl.start_ev, sl.end_ev, sl.reason = t, (1, None, None, None), None, None, "sampled_out"
+    ring.head = 1
+    sink = BatchSink(enc)
+    Readout(ring, Pool(), EmitterCounters(), sink, timeout_s=3600.0, wall_anchor=(0, 0)).drain()
+    dec = wire.WireDecoder()
+    dec._names = {v: k for k, v in enc.ids.items()}
+    assert [iv.group for kind, ivs in dec.feed(sink.data) if kind == wire.T_INTERVALS for iv in ivs] == ["compute"]
+    assert sink.added == 1 and sink.packed == 0

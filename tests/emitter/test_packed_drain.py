@@ -238,3 +238,24 @@ def test_the_c_drain_stops_where_readout_must_read_and_at_a_full_frame() -> None
     assert (small.count, ring.tail) == (1, 4)  # the frame is full: the slot waits
     with pytest.raises(TypeError):
         hot_path.core.pack_slots(ring, 5, {}, {}, pool.free, 0, b"not a bytearray", 0)
+
+
+@native
+def test_timestamps_that_overflow_are_left_to_readout_which_counts_them() -> None:
+    for start, off in ((2**62, 2**62), (-(2**63), -1)):
+        counts = []
+        for sink_of in (ListSink, BatchSink):
+            readout, sink, _ = scenario(11, sink_of)
+            ring = readout.ring
+            ring.head = 1
+            sl = ring.slots[0]
+            sl.start_ev = sl.end_ev = None
+            sl.reason = "sampled_out"
+            sl.timer = hot_path.core.TimerCore()
+            sl.timer.name, sl.timer._group = "forward-compute", "compute"
+            sl.binding = (1, None, None, None)
+            sl.start_ns = start
+            readout._wall_offset = off
+            readout.drain()
+            counts.append((readout.counters.faults_readout + readout.counters.sink_errors, sink.data))
+        assert counts[0][0] >= 1 and counts[1] == (1, b""), counts
