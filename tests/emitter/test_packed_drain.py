@@ -259,3 +259,26 @@ def test_timestamps_that_overflow_are_left_to_readout_which_counts_them() -> Non
             readout.drain()
             counts.append((readout.counters.faults_readout + readout.counters.sink_errors, sink.data))
         assert counts[0][0] >= 1 and counts[1] == (1, b""), counts
+
+
+class FailingBatch(CountingBatch):
+    __slots__ = ()
+
+    def pack_slots(self, *args: Any) -> int:
+        raise RuntimeError("C drain broken")
+
+
+class FailingSink(BatchSink):
+    def new_batch(self, capacity: int) -> wire.RecordBatch:
+        b = FailingBatch(self.enc, min(capacity, wire.MAX_BATCH))
+        b.by_add = 0
+        return b
+
+
+@native
+def test_a_failing_c_drain_is_one_counted_fault_and_the_batch_is_read_slot_by_slot() -> None:
+    ra, sa, pa = scenario(5, ListSink)
+    rb, sb, pb = scenario(5, FailingSink)
+    assert ra.drain() == rb.drain()
+    assert sb.data == sa.data and sb.packed == 0
+    assert rb.counters.faults_readout == ra.counters.faults_readout + 1
