@@ -282,3 +282,4 @@ def test_a_failing_c_drain_is_one_counted_fault_and_the_batch_is_read_slot_by_sl
     assert ra.drain() == rb.drain()
     assert sb.data == sa.data and sb.packed == 0
     assert rb.counters.faults_readout == ra.counters.faults_readout + 1
+    assert state(rb, pb) | {"faults": 0} == state(ra, pa) | {"faults": 0}
