@@ -116,24 +116,30 @@ def build(sink: ObjectSink, device_every: int) -> tuple[Timers, FakeDevice]:
     return t, dev
 
 
+def drain_once(t: Timers, work: Callable[[], Any], step: int, steps: int,
+               settle: Callable[[], Any] | None = None) -> tuple[float, int]:
+    """``steps`` ``megatron_step``s from ``step``, ``settle()`` (a device sync, the device times read ahead), then
+    one timed ``Readout.drain`` into the timers' sink: (us per interval, intervals drained)."""
+    for k in range(steps):
+        megatron_step(t, step + k, work)
+    if settle is not None:
+        settle()
+    n = len(t.ring)
+    t0 = time.perf_counter_ns()
+    t.readout.drain()
+    return (time.perf_counter_ns() - t0) / max(1, n) / 1000, n
+
+
 def time_arms(device_every: int, steps: int, reps: int, warm: int = 10) -> tuple[dict[str, list[float]], int, int]:
     """Per arm, each timed drain's us per interval; the intervals of the last drain; the bytes per arm agree."""
     arms = {"objects": build(ObjectSink(), device_every), "packed": build(PackedSink(), device_every)}
     out: dict[str, list[float]] = {k: [] for k in arms}
     n = 0
-    step = 0
     for rep in range(reps + warm):
         for name, (t, dev) in arms.items():
-            for k in range(steps):
-                megatron_step(t, step + k, lambda d=dev: d.work(0.1))
-            read_device_times(t)
-            n = len(t.ring)
-            t0 = time.perf_counter_ns()
-            t.readout.drain()
-            dt = time.perf_counter_ns() - t0
+            us, n = drain_once(t, lambda d=dev: d.work(0.1), rep * steps, steps, lambda t=t: read_device_times(t))
             if rep >= warm and n:  # warm: names known, caches filled
-                out[name].append(dt / n / 1000)
-        step += steps
+                out[name].append(us)
     sizes = {name: t.readout.sink.bytes for name, (t, _) in arms.items()}
     for t, _ in arms.values():
         t.shutdown(1.0)

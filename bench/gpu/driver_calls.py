@@ -14,12 +14,13 @@ splits it (``bench/results/gpu-h200.md`` section 3):
 * ``elapsed cold``: the first ``cuEventElapsedTime`` on each of many completed pairs recorded between launches,
   then the second read of the same pairs;
 * ``drain``: ``Readout.drain`` through the real ``Timers``, ring and pool over ``--steps`` Megatron-like steps
-  (``bench/readout_cost.py``'s ``megatron_step`` and ``time_drains``: 21 intervals, one small kernel in each
-  innermost one), per interval, for device time on every step, without event reuse, and host-only; then the wire
-  encoding of the same intervals (the process sink's part of a wake).
+  (``bench/readout_cost.py``'s ``megatron_step`` and ``drain_once``: 21 intervals, one small kernel in each
+  innermost one), per interval, for device time on every step, without event reuse, and host-only, into the
+  process sink's wire records: packed by the C drain (``drain_us``) and as ``Interval`` objects that the encoder
+  packs (``objects_us``, the path without the C module).
 
 Usage (GPU machine, checkout root): ``python bench/gpu/driver_calls.py``; last line
-``record_tight_us= record_in_situ_us= elapsed_cold_us= drain_device_us= drain_host_us= encode_us=``.
+``record_tight_us= record_in_situ_us= elapsed_cold_us= drain_device_us= drain_host_us= objects_device_us=``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from in_situ import boundaries_in_situ  # noqa: E402
-from readout_cost import Keep, time_drains  # noqa: E402
+from readout_cost import ObjectSink, PackedSink, drain_once  # noqa: E402
 
 from otel_straggler.config import EmitterConfig  # noqa: E402
 from otel_straggler.event_pool import EventPool  # noqa: E402
@@ -141,13 +142,20 @@ def drains(pool_size: int, steps: int, reps: int) -> dict[str, Any]:
             "host": EmitterConfig(enabled=True, device_every=1 << 40, pool_size=pool_size)}
     out: dict[str, Any] = {}
     for name, cfg in arms.items():
-        sink = Keep()
-        t = Timers(2, "minmax", config=cfg, pool=EventPool(cfg.pool_size), sink=sink)
-        per, encs, n = time_drains(t, sink, lambda: x.add_(1.0), steps, reps, warm=3, settle=torch.cuda.synchronize)
-        out[name] = {"drain_us": statistics.median(per), "drain_us_mean": statistics.fmean(per),
-                     "encode_us": statistics.median(encs), "intervals_per_drain": n,
-                     "records_per_step": t.share.records / ((reps + 3) * steps)}
-        t.shutdown(2.0)
+        row: dict[str, Any] = {}
+        for key, sink in (("drain", PackedSink()), ("objects", ObjectSink())):
+            t = Timers(2, "minmax", config=cfg, pool=EventPool(cfg.pool_size), sink=sink)
+            per = []
+            for rep in range(reps + 3):
+                us, n = drain_once(t, lambda: x.add_(1.0), rep * steps, steps, torch.cuda.synchronize)
+                if rep >= 3:
+                    per.append(us)
+            row[f"{key}_us"] = statistics.median(per)
+            row[f"{key}_us_mean"] = statistics.fmean(per)
+            row["intervals_per_drain"] = n
+            row["records_per_step"] = t.share.records / ((reps + 3) * steps)
+            t.shutdown(2.0)
+        out[name] = row
     return out
 
 
@@ -180,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"record_tight_us={res['tight_us']['record']:.2f} "
           f"record_in_situ_us={res['in_situ']['record']['mean_us']:.2f} "
           f"elapsed_cold_us={res['elapsed_cold_us']['first']:.2f} drain_device_us={d['device']['drain_us']:.2f} "
-          f"drain_host_us={d['host']['drain_us']:.2f} encode_us={d['device']['encode_us']:.2f}")
+          f"drain_host_us={d['host']['drain_us']:.2f} objects_device_us={d['device']['objects_us']:.2f}")
     return 0
 
 
