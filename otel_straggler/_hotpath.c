@@ -1403,10 +1403,10 @@ static void consume_slot(RingObject *r, SlotObject *sl) {
  *   * device-timed and read: two events, no degraded reason, its device ms in ``pre`` (elapsed_batch); its own
  *     events go back to ``free`` (``tainted`` cleared), as readout.py returns them; or
  *   * host-only without events: no event, a degraded reason (counted in ``degraded``, readout.py's dict);
- * whose timer is a TimerCore whose name and group (and reason) are in ``ids`` (the strings the export child has)
+ * whose timer is a TimerCore whose name and group (and reason) have an id in ``ids`` (wire.WireEncoder.ids)
  * and whose fields fit the record; it writes the record the wire encoder would (RecordBatch.add) at
  * ``frame[REC_HEADER + count * REC_SIZE]``, releases the slot and moves the tail on. It stops at the first other
- * slot (readout.py reads that one: an unfinished or failed event, a timeout, a string the child has not seen, a
+ * slot (readout.py reads that one: an unfinished or failed event, a timeout, a string without an id yet, a
  * test's fake) and when the frame is full. Returns (count, faults): the frame's records now, and the slots lost
  * to an error returning their events (consumed without a record, as readout.py counts them in faults_readout).
  * The GIL is held throughout: the slots' objects are Python objects. */

@@ -15,8 +15,8 @@ the ring in order:
   quarantines its events;
 * the batch goes to the sink: where the sink takes packed records (``ProcessSink.new_batch``/``submit_batch``)
   the intervals go straight into its wire frame (``export/wire.py`` ``RecordBatch``), most of them packed by the C
-  drain (``_hotpath.pack_slots``: every read device-timed slot and host-only slot without events whose strings the
-  export child has; it stops at any other slot, which the loop below reads and ``RecordBatch.add`` packs); else
+  drain (``_hotpath.pack_slots``: every read device-timed slot and host-only slot without events whose strings have
+  an id; it stops at any other slot, which the loop below reads and ``RecordBatch.add`` packs); else
   they go to ``sink.submit`` as ``Interval`` objects. About once a second ``sink.publish_stats(counters.snapshot())``.
   Sink exceptions are caught and counted.
 

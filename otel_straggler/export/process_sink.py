@@ -305,16 +305,16 @@ class ProcessSink(ForkGuarded):
 
     # --- packed batches (the readout's C drain fills them: readout.py) ----------------------------
     def new_batch(self, capacity: int = wire.MAX_BATCH) -> wire.RecordBatch | None:
-        """An empty frame to pack up to ``capacity`` intervals into, for ``submit_batch``; None when nothing can be
-        written now (closed, another process's copy, no child and none may start yet)."""
+        """An empty frame to pack up to ``capacity`` intervals into, for ``submit_batch`` (a child is started first
+        when none runs and one may); None when closed or in another process's copy. Without a child the batch is
+        still packed (in C, as usual) and ``submit_batch`` drops it, counted."""
         if not self._usable():
             return None
         with self._lock:
             if self._closed:
                 return None
             try:
-                if not self._ensure_child():
-                    return None
+                self._ensure_child()
                 return self._encoder.batch(capacity)
             except Exception:
                 self.counters.add("faults_process_sink")

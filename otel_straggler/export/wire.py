@@ -70,40 +70,43 @@ _PACK_SLOTS = _c_packer()
 class WireEncoder:
     def __init__(self) -> None:
         self._ids: dict[str, int] = {}
-        self._tentative: dict[str, int] = {}
+        self._added: list[str] = []  # strings given an id since the last commit (their NAME frames not yet written)
         self.generation = 0  # bumped by reset: a batch begun before it refers to ids the new child never saw
 
     @property
     def ids(self) -> dict[str, int]:
-        """The committed ids (the child has them): what the C drain (``_hotpath.pack_slots``) packs with."""
+        """Every string's id: those the child has, and those since the last commit, whose NAME frames go ahead of
+        the batch that uses them (``RecordBatch.names``). What the C drain (``_hotpath.pack_slots``) packs with."""
         return self._ids
 
     def reset(self) -> None:
         """A new child: every name must be sent again."""
         self._ids.clear()
-        self._tentative.clear()
+        self._added.clear()
         self.generation += 1
 
     def commit(self) -> None:
-        self._ids.update(self._tentative)
-        self._tentative.clear()
+        """The batch was written: the child has its names."""
+        self._added.clear()
 
     def rollback(self) -> None:
-        self._tentative.clear()
+        """The batch was dropped: the child never saw the names it gave ids."""
+        for name in self._added:
+            del self._ids[name]
+        self._added.clear()
 
     def _id(self, name: str, out: bytearray) -> int:
         nid = self._ids.get(name)
         if nid is None:
-            nid = self._tentative.get(name)
-            if nid is None:
-                nid = len(self._ids) + len(self._tentative)
-                if nid >= MAX_NAMES:
-                    raise NameTableFull(name)
-                self._tentative[name] = nid
-                raw = name.encode("utf-8", "replace")
-                out += FRAME.pack(T_NAME, NAME_ID.size + len(raw))
-                out += NAME_ID.pack(nid)
-                out += raw
+            nid = len(self._ids)
+            if nid >= MAX_NAMES:
+                raise NameTableFull(name)
+            self._ids[name] = nid
+            self._added.append(name)
+            raw = name.encode("utf-8", "replace")
+            out += FRAME.pack(T_NAME, NAME_ID.size + len(raw))
+            out += NAME_ID.pack(nid)
+            out += raw
         return nid
 
     def batch(self, capacity: int = MAX_BATCH) -> RecordBatch:
@@ -128,8 +131,9 @@ class RecordBatch:
     """One INTERVALS frame filled in place, on the readout thread with the GIL held: records go into a
     preallocated frame, packed by ``add`` (one ``struct.pack_into`` and a dict lookup per known string) or, many at
     a time, by the C drain (``_hotpath.pack_slots``), which writes the same layout at ``HEADER + count *
-    RECORD.size`` and looks strings up in ``ids`` (committed only: a string new to the child always goes through
-    ``add``, which puts its NAME frame in ``names``, ahead of the frame). ``finish`` is the bytes to write."""
+    RECORD.size`` and looks strings up in ``ids`` (a string without an id goes through ``add``, which gives it one
+    and puts its NAME frame in ``names``, ahead of the frame). ``finish`` is the bytes to write; the encoder's
+    ``commit`` once they were written, its ``rollback`` when they were dropped."""
 
     __slots__ = ("count", "dropped", "encoder", "frame", "generation", "ids", "names")
 
@@ -202,8 +206,8 @@ class RecordBatch:
 
     def pack_slots(self, ring: Any, head: int, degraded: dict[str, int], free: Any, wall_offset: int) -> int:
         """The readout's drain in C (``_hotpath.pack_slots``, only where ``packs``): from the ring's tail up to
-        ``head``, each slot that is read device-timed (``pre`` set) or host-only without events, whose strings the
-        child has, becomes a record here, as ``add`` of readout.py's ``Interval`` of it would; its events go back
+        ``head``, each slot that is read device-timed (``pre`` set) or host-only without events, whose strings have
+        an id, becomes a record here, as ``add`` of readout.py's ``Interval`` of it would; its events go back
         to ``free`` and a host-only one's reason is counted in ``degraded``; the ring's tail moves past it. Stops at
         the first other slot, for readout.py to read. Returns the slots lost to an error (``faults_readout``)."""
         assert _PACK_SLOTS is not None

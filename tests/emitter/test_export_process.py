@@ -193,7 +193,7 @@ def test_real_child_killed_restarts_and_exports_again(monkeypatch, grpc_receiver
 
 
 def test_a_batch_begun_before_a_child_restart_is_dropped_and_counted(monkeypatch, grpc_receiver: GrpcReceiver) -> None:
-    """The readout packs into a frame from ``new_batch`` with the ids the child has; a child started meanwhile has
+    """The readout packs into a frame from ``new_batch`` with the encoder's ids; a child started meanwhile has
     none of them, so ``submit_batch`` drops that frame (counted) and the next one goes out with its names."""
     use_env(monkeypatch, otlp_env(grpc_receiver.endpoint))
     job = f"gen-{uuid.uuid4().hex[:6]}"

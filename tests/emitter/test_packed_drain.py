@@ -3,7 +3,7 @@
 
 Each seed fills a C ring with a random mix of slots: read device-timed ones (``pre`` set), host-only ones without
 events, and the kinds the C drain leaves to readout.py (no ``pre`` yet, host-only with events, unfinished events
-that stop the drain, strings the export child has not seen, a timer that is not the C type). The two drains run
+that stop the drain, strings without an id yet, a timer that is not the C type). The two drains run
 on identical copies. CUDA cannot run here: the events are plain objects with the attributes the readout touches,
 and the pool's ``elapsed``/``query`` answer from them (the real driver path is in ``tests/gpu``).
 """
@@ -19,6 +19,7 @@ import pytest
 from otel_straggler import hot_path
 from otel_straggler.counters import READOUT_TIMEOUT, EmitterCounters
 from otel_straggler.export import wire
+from otel_straggler.interval import Interval
 from otel_straggler.readout import Readout
 from otel_straggler.ring import Ring
 
@@ -105,7 +106,7 @@ class BatchSink(ListSink):
 def scenario(seed: int, sink_of: Any) -> tuple[Readout, Any, Pool]:
     rng = random.Random(seed)
     enc = wire.WireEncoder()
-    known = [s for pair in NAMES[:-1] for s in pair] + list(REASONS[:3])  # the child has these; not the last ones
+    known = [s for pair in NAMES[:-1] for s in pair] + list(REASONS[:3])  # ids given; not the last ones
     enc.encode_intervals([])
     for s in known:
         enc._id(s, bytearray())
@@ -227,7 +228,7 @@ def test_the_c_drain_stops_where_readout_must_read_and_at_a_full_frame() -> None
     b = enc.batch(8)
     degraded: dict[str, int] = {}
     assert b.pack_slots(ring, 4, degraded, pool.free, 0) == 0
-    assert (b.count, ring.tail, degraded) == (2, 2, {"sampled_out": 2})  # "no_cuda" is new to the child: readout's
+    assert (b.count, ring.tail, degraded) == (2, 2, {"sampled_out": 2})  # "no_cuda" has no id: readout's
     ring.tail = 3
     small = enc.batch(1)
     small.pack_slots(ring, 4, degraded, pool.free, 0)
@@ -283,3 +284,26 @@ def test_a_failing_c_drain_is_one_counted_fault_and_the_batch_is_read_slot_by_sl
     assert sb.data == sa.data and sb.packed == 0
     assert rb.counters.faults_readout == ra.counters.faults_readout + 1
     assert state(rb, pb) | {"faults": 0} == state(ra, pa) | {"faults": 0}
+
+
+@native
+def test_a_string_new_to_the_child_goes_through_add_once_then_through_c_and_a_dropped_batch_forgets_it() -> None:
+    enc = wire.WireEncoder()
+    t = hot_path.core.TimerCore()
+    t.name, t._group, t._level = "forward-compute", "compute", 2
+    ring = Ring(16)
+    for i in range(5):
+        sl = ring.slots[i]
+        sl.timer, sl.binding, sl.start_ev, sl.end_ev, sl.reason = t, (1, None, None, None), None, None, "sampled_out"
+    ring.head = 5
+    sink = BatchSink(enc)
+    sink.submit_batch = lambda b: setattr(sink, "last", b)  # keep the batch unwritten
+    Readout(ring, Pool(), EmitterCounters(), sink, timeout_s=3600.0, wall_anchor=(0, 0)).drain()
+    b = sink.last
+    assert b.count == 5 and b.by_add == 1  # the first slot gave the three strings ids; C packed the rest with them
+    assert set(enc.ids) == {"forward-compute", "compute", "sampled_out"}
+    enc.rollback()  # the batch was dropped: the child never saw those names
+    assert enc.ids == {}
+    again = enc.batch(4)
+    again.add(Interval("forward-compute", 2, "compute", 1, 0, 0, 1, None, "sampled_out", None, None, None, False))
+    assert b"forward-compute" in again.finish()  # its NAME frame is sent again
