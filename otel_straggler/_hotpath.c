@@ -111,7 +111,6 @@ static struct {
 static int plain_timer(PyObject *o) {
     PyTypeObject *tp = Py_TYPE(o);
     if (tp == &TimerType) return 1;
-    if (!PyType_IsSubtype(tp, &TimerType)) return 0;
     int i = 0;
     for (; i < PLAIN && plain_types[i].type != NULL; i++) {
         if (plain_types[i].type == tp) {
@@ -119,6 +118,7 @@ static int plain_timer(PyObject *o) {
             break;
         }
     }
+    if (!PyType_IsSubtype(tp, &TimerType)) return 0;
     int plain = 1;
     PyObject *mro = tp->tp_mro;
     PyObject *names[4] = {s_name, s_group_attr, s_level_attr, s_collective};
@@ -185,10 +185,21 @@ static int set_ll(PyObject *o, PyObject *name, long long x) {
 
 static int add_ll(PyObject *o, PyObject *name, long long d, long long *after) {
     long long v;
-    if (get_ll(o, name, &v) < 0) return -1;
+    PyObject **s = slot_of(o, name); /* one lookup for the read and the write */
+    if (s == NULL || *s == NULL) {
+        if (get_ll(o, name, &v) < 0) return -1;
+        v += d;
+        if (after != NULL) *after = v;
+        return set_ll(o, name, v);
+    }
+    v = PyLong_AsLongLong(*s);
+    if (v == -1 && PyErr_Occurred()) return -1;
     v += d;
+    PyObject *nv = PyLong_FromLongLong(v);
+    if (nv == NULL) return -1;
+    Py_SETREF(*s, nv);
     if (after != NULL) *after = v;
-    return set_ll(o, name, v);
+    return 0;
 }
 
 /* counters.<name> += 1; an error here is swallowed (the counter is best effort, training goes on) */
@@ -666,21 +677,23 @@ static inline long long timer_clock(TimerObject *t) {
 
 static inline void set_reason(TimerObject *t, PyObject *reason) { Py_XSETREF(t->reason, Py_XNewRef(reason)); }
 
+/* an event's raw CUevent (its ``handle``) */
+static int handle_of(PyObject *ev, void **out) {
+    PyObject *h = get_obj(ev, s_handle);
+    if (h == NULL) return -1;
+    *out = PyLong_AsVoidPtr(h);
+    Py_DECREF(h);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
 /* record ev on the current stream: the stream recorded on (a new reference; None when torch's record made up
  * for a failed driver record), or NULL with an exception */
 static PyObject *do_record(TimerObject *t, ShareObject *sh, PyObject *ev) {
     if (t->cu_record && is_set(sh->stream_of)) {
         PyObject *stream = PyObject_CallNoArgs(sh->stream_of);
         if (stream == NULL) return NULL;
-        PyObject *h = get_obj(ev, s_handle);
-        if (h == NULL) {
-            Py_DECREF(stream);
-            return NULL;
-        }
-        void *handle = PyLong_AsVoidPtr(h);
-        Py_DECREF(h);
-        void *raw = NULL;
-        if (!PyErr_Occurred() && stream != Py_None) raw = PyLong_AsVoidPtr(stream);
+        void *handle = NULL, *raw = NULL;
+        if (handle_of(ev, &handle) == 0 && stream != Py_None) raw = PyLong_AsVoidPtr(stream);
         if (PyErr_Occurred()) {
             Py_DECREF(stream);
             return NULL;
@@ -1163,25 +1176,6 @@ static PyObject *timers_vectorcall(PyObject *self, PyObject *const *args, size_t
     return r;
 }
 
-/* the call through tp_call (a subclass that does not inherit the vectorcall flag: Python 3.11) */
-static PyObject *Timers_call(PyObject *self, PyObject *args, PyObject *kwargs) {
-    Py_ssize_t nargs = PyTuple_GET_SIZE(args);
-    Py_ssize_t nkw = kwargs ? PyDict_GET_SIZE(kwargs) : 0;
-    PyObject *r = NULL;
-    if (nargs >= 1 && nargs + nkw <= 2) {
-        PyObject *level = nargs == 2 ? PyTuple_GET_ITEM(args, 1) : NULL;
-        if (nkw == 1) level = PyDict_GetItemWithError(kwargs, s_log_level); /* borrowed; NULL: another keyword */
-        if (nkw == 0 || level != NULL) r = timers_fast((TimersObject *)self, PyTuple_GET_ITEM(args, 0), level);
-    }
-    if (r != NULL) return r;
-    PyErr_Clear();
-    PyObject *get = PyObject_GetAttr(self, s_get);
-    if (get == NULL) return NULL;
-    r = PyObject_Call(get, args, kwargs);
-    Py_DECREF(get);
-    return r;
-}
-
 static PyObject *Timers_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     TimersObject *ts = (TimersObject *)type->tp_alloc(type, 0);
     if (ts == NULL) return NULL;
@@ -1217,7 +1211,7 @@ static PyTypeObject TimersType = {
     .tp_basicsize = sizeof(TimersObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_vectorcall_offset = offsetof(TimersObject, vectorcall),
-    .tp_call = Timers_call,
+    .tp_call = PyVectorcall_Call, /* a subclass that does not inherit the vectorcall flag (Python 3.11) */
     .tp_new = Timers_new,
     .tp_dealloc = (destructor)Timers_dealloc,
     .tp_traverse = (traverseproc)Timers_traverse,
@@ -1230,14 +1224,6 @@ static PyTypeObject TimersType = {
 typedef int (*cu_event_elapsed_fn)(float *ms, void *start, void *end);
 typedef int (*cu_event_query_fn)(void *event);
 #define CUDA_ERROR_NOT_READY 600
-
-static int handle_of(PyObject *ev, void **out) {
-    PyObject *h = get_obj(ev, s_handle);
-    if (h == NULL) return -1;
-    *out = PyLong_AsVoidPtr(h);
-    Py_DECREF(h);
-    return PyErr_Occurred() ? -1 : 0;
-}
 
 static int fn_of(PyObject *addr, void **out) {
     *out = PyLong_AsVoidPtr(addr);

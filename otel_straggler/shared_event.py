@@ -43,7 +43,8 @@ from typing import Any, Final
 
 from otel_straggler import hot_path
 
-NO_REUSE: Final = -(1 << 62)  # ``SharedEvent.ns`` after a boundary that recorded nothing: no reuse before a record
+# ``SharedEvent.ns`` after a boundary that recorded nothing: no reuse before a record (the C module's, where it runs)
+NO_REUSE: Final = getattr(hot_path.core, "NO_REUSE", -(1 << 62))
 
 
 class PySharedEvent:
