@@ -19,7 +19,7 @@ from fake_cuda import FakeDevice, FakeEvent
 from otel_straggler import hot_path
 from otel_straggler.config import EmitterConfig
 from otel_straggler.counters import CUDA_ERROR, SAMPLED_OUT, UNBALANCED, EmitterCounters
-from otel_straggler.event_pool import CUDA_ERROR_NOT_READY, EventPool
+from otel_straggler.event_pool import CUDA_ERROR_NOT_READY, EventPool, _address
 from otel_straggler.interval import NullSink
 from otel_straggler.timers import Timers
 
@@ -28,10 +28,6 @@ native = pytest.mark.skipif(hot_path.core is None, reason=f"the C hot path is no
 RECORD = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
 ELAPSED = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p)
 QUERY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
-
-
-def _address(fn: Any) -> int:
-    return ctypes.cast(fn, ctypes.c_void_p).value
 
 
 class HandleEvent(FakeEvent):
@@ -440,7 +436,7 @@ def test_the_offset_cache_follows_changes_to_a_type_and_checks_the_descriptor() 
 def test_a_timer_subclass_overriding_a_field_is_read_through_python() -> None:
     """The C drain and lookup read a timer's C fields only when no class between its type and ``TimerCore`` defines
     ``name``, ``_group``, ``_level`` or ``collective``; otherwise readout.py and ``_get`` read them as Python does."""
-    from test_packed_drain import BatchSink, Pool
+    from test_packed_drain import BatchSink, Pool, encoder_with
 
     from otel_straggler.export import wire
     from otel_straggler.readout import Readout
@@ -453,10 +449,7 @@ def test_a_timer_subclass_overriding_a_field_is_read_through_python() -> None:
         def _group(self) -> str:
             return "compute"
 
-    enc = wire.WireEncoder()
-    for s in ("forward-compute", "compute", "other", "sampled_out"):
-        enc._id(s, bytearray())
-    enc.commit()
+    enc = encoder_with("forward-compute", "compute", "other", "sampled_out")
     t = Remapped()
     t.name, t._level = "forward-compute", 1
     hot_path.core.TimerCore._group.__set__(t, "other")  # the C field says "other"; Python reads "compute"

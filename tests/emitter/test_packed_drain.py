@@ -103,14 +103,18 @@ class BatchSink(ListSink):
         self.enc.commit()
 
 
-def scenario(seed: int, sink_of: Any) -> tuple[Readout, Any, Pool]:
-    rng = random.Random(seed)
+def encoder_with(*strings: str) -> wire.WireEncoder:
+    """An encoder whose child already has ``strings`` (their ids given and committed)."""
     enc = wire.WireEncoder()
-    known = [s for pair in NAMES[:-1] for s in pair] + list(REASONS[:3])  # ids given; not the last ones
-    enc.encode_intervals([])
-    for s in known:
+    for s in strings:
         enc._id(s, bytearray())
     enc.commit()
+    return enc
+
+
+def scenario(seed: int, sink_of: Any) -> tuple[Readout, Any, Pool]:
+    rng = random.Random(seed)
+    enc = encoder_with(*(s for pair in NAMES[:-1] for s in pair), *REASONS[:3])  # not the last ones
     timers: list[Any] = []
     for name, group in NAMES:
         t = hot_path.core.TimerCore()
@@ -214,10 +218,7 @@ def test_the_packed_records_decode_to_what_the_slots_held() -> None:
 def test_the_c_drain_stops_where_readout_must_read_and_at_a_full_frame() -> None:
     readout, _, pool = scenario(3, BatchSink)
     ring = readout.ring
-    enc = wire.WireEncoder()
-    for s in ("forward-compute", "compute", "sampled_out"):
-        enc._id(s, bytearray())
-    enc.commit()
+    enc = encoder_with("forward-compute", "compute", "sampled_out")
     t = hot_path.core.TimerCore()
     t.name, t._group, t._level = "forward-compute", "compute", 2
     ring.tail = ring.head = 0
