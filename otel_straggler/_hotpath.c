@@ -36,7 +36,7 @@ static PyTypeObject TimerType; /* defined below */
 static PyObject *s_refs, *s_tag, *s_tainted, *s_handle, *s_record, *s_apply, *s_step_timer_started, *s_append,
     *s_popleft, *s_unbalanced, *s_barriers_skipped, *s_faults_training, *s_dropped_ring_full, *s_barrier;
 /* degraded reasons (counters.py), set once by set_reasons() */
-static PyObject *r_unbalanced, *r_sampled_out, *r_cuda_error, *r_pool_exhausted;
+static PyObject *r_sampled_out, *r_cuda_error, *r_pool_exhausted;
 
 typedef int (*cu_event_record_fn)(void *event, void *stream);
 
@@ -810,18 +810,22 @@ static PyObject *start_impl(TimerObject *t, StepStateObject *ctx, ShareObject *s
     Py_RETURN_NONE;
 }
 
+/* a start of a started timer or a stop of a stopped one: counted, then raised as Megatron's assert raises it */
+static PyObject *misuse(TimerObject *t, const char *msg) {
+    bump(t->c, s_unbalanced);
+    PyErr_SetString(PyExc_AssertionError, msg);
+    return NULL;
+}
+
 static PyObject *Timer_start(TimerObject *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    int barrier = 0;
     if (nargs || kwnames) {
-        int barrier = parse_barrier(args, nargs, kwnames);
+        barrier = parse_barrier(args, nargs, kwnames);
         if (barrier == -1) return NULL; /* a call-shape error, raised as the Python method raises it */
         if (barrier < 0) return fault(t);
-        if (barrier) bump(t->c, s_barriers_skipped);
     }
-    if (t->started) {
-        bump(t->c, s_unbalanced);
-        set_reason(t, r_unbalanced); /* keep the first start; the interval is marked unbalanced */
-        Py_RETURN_NONE;
-    }
+    if (t->started) return misuse(t, "timer has already been started"); /* Megatron's assert, before anything */
+    if (barrier) bump(t->c, s_barriers_skipped);
     if (check_wiring(t) < 0) return fault(t);
     PyObject *ctx = Py_NewRef(t->ctx), *sh = Py_NewRef(t->share);
     PyObject *r = start_impl(t, (StepStateObject *)ctx, (ShareObject *)sh);
@@ -960,16 +964,14 @@ fail:
 }
 
 static PyObject *Timer_stop(TimerObject *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    int barrier = 0;
     if (nargs || kwnames) {
-        int barrier = parse_barrier(args, nargs, kwnames);
+        barrier = parse_barrier(args, nargs, kwnames);
         if (barrier == -1) return NULL;
         if (barrier < 0) return fault(t);
-        if (barrier) bump(t->c, s_barriers_skipped);
     }
-    if (!t->started) {
-        bump(t->c, s_unbalanced);
-        Py_RETURN_NONE;
-    }
+    if (!t->started) return misuse(t, "timer is not started");
+    if (barrier) bump(t->c, s_barriers_skipped);
     if (check_wiring(t) < 0) return fault(t);
     PyObject *ctx = Py_NewRef(t->ctx), *sh = Py_NewRef(t->share), *ring = Py_NewRef(t->ring);
     PyObject *res = stop_impl(t, (StepStateObject *)ctx, (ShareObject *)sh, (RingObject *)ring);
@@ -1031,9 +1033,9 @@ static PyObject *Timer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 
 static PyMethodDef Timer_methods[] = {
     {"start", (PyCFunction)(void (*)(void))Timer_start, METH_FASTCALL | METH_KEYWORDS,
-     "start(barrier=False): a host timestamp, and on a device-sampled step an event record."},
+     "start($self, /, barrier=False)\n--\n\nA host timestamp, and on a device-sampled step an event record."},
     {"stop", (PyCFunction)(void (*)(void))Timer_stop, METH_FASTCALL | METH_KEYWORDS,
-     "stop(barrier=False): ends the interval and publishes it in the ring."},
+     "stop($self, /, barrier=False)\n--\n\nEnds the interval and publishes it in the ring."},
     {NULL},
 };
 
@@ -1518,9 +1520,8 @@ static PyObject *pack_slots(PyObject *mod, PyObject *const *args, Py_ssize_t nar
 /* ---- module ------------------------------------------------------------------------------------------- */
 
 static PyObject *set_reasons(PyObject *mod, PyObject *args) {
-    PyObject *a, *b, *c, *d;
-    if (!PyArg_ParseTuple(args, "UUUU", &a, &b, &c, &d)) return NULL;
-    Py_XSETREF(r_unbalanced, Py_NewRef(a));
+    PyObject *b, *c, *d;
+    if (!PyArg_ParseTuple(args, "UUU", &b, &c, &d)) return NULL;
     Py_XSETREF(r_sampled_out, Py_NewRef(b));
     Py_XSETREF(r_cuda_error, Py_NewRef(c));
     Py_XSETREF(r_pool_exhausted, Py_NewRef(d));
@@ -1537,7 +1538,7 @@ static PyMethodDef module_methods[] = {
     {"pack_slots", (PyCFunction)(void (*)(void))pack_slots, METH_FASTCALL,
      "pack_slots(ring, head, ids, degraded, free, wall_offset, frame, count): read slots straight into wire records."},
     {"set_reasons", set_reasons, METH_VARARGS,
-     "set_reasons(unbalanced, sampled_out, cuda_error, pool_exhausted): the degraded reasons (counters.py)."},
+     "set_reasons(sampled_out, cuda_error, pool_exhausted): the degraded reasons (counters.py)."},
     {NULL},
 };
 
@@ -1573,7 +1574,6 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     INTERN(s_level_attr, "_level");
     INTERN(s_collective, "collective");
     INTERN(s_log_level, "log_level");
-    INTERN(r_unbalanced, "unbalanced");
     INTERN(r_sampled_out, "sampled_out");
     INTERN(r_cuda_error, "cuda_error");
     INTERN(r_pool_exhausted, "pool_exhausted");

@@ -23,7 +23,7 @@ import logging
 import os
 from types import ModuleType
 
-from otel_straggler.counters import CUDA_ERROR, POOL_EXHAUSTED, SAMPLED_OUT, UNBALANCED
+from otel_straggler.counters import CUDA_ERROR, POOL_EXHAUSTED, SAMPLED_OUT
 
 _log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def _load() -> tuple[ModuleType | None, str | None]:
     try:
         from otel_straggler import _hotpath
 
-        _hotpath.set_reasons(UNBALANCED, SAMPLED_OUT, CUDA_ERROR, POOL_EXHAUSTED)
+        _hotpath.set_reasons(SAMPLED_OUT, CUDA_ERROR, POOL_EXHAUSTED)
     except ImportError as exc:
         level = logging.WARNING if choice == "native" else logging.DEBUG
         _log.log(level, "otel-straggler: the C hot path is not built (%s); using the Python one", exc)

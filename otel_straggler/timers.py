@@ -9,9 +9,9 @@ Megatron's text format. Differences, all deliberate:
   HOST time (``time.perf_counter_ns``). On CUDA that is host launch time, not GPU time (Megatron's sync
   made them equal); the GPU stream time is measured with CUDA events and reaches the export side through
   the readout thread. ``log`` prints this rank's value in every field (min = max = this rank).
-* Start on a started timer / stop on a stopped timer: Megatron asserts; here the call returns normally
-  and is counted (``unbalanced``). A double start keeps the first start and the interval is marked
-  host-only with reason ``unbalanced``; a stop without start records nothing.
+* Start on a started timer / stop on a stopped timer raise Megatron's ``AssertionError`` ("timer has already
+  been started", "timer is not started"), before anything changes, and are counted (``unbalanced``); unlike a
+  Python ``assert`` they raise under ``python -O`` too.
 * Configuration errors in ``timers(name, log_level)`` (a level above 2 for a new name, a different level
   for an existing name) raise the same ``AssertionError`` as Megatron, at lookup: the program is equally
   (in)correct with either timers object, and the error shows at the first call, not mid-run silently.
@@ -35,11 +35,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from types import MethodType
 from typing import Any
 
 from otel_straggler import hot_path
 from otel_straggler.config import DEFAULTS, EmitterConfig
-from otel_straggler.counters import CUDA_ERROR, POOL_EXHAUSTED, SAMPLED_OUT, UNBALANCED, EmitterCounters
+from otel_straggler.counters import CUDA_ERROR, POOL_EXHAUSTED, SAMPLED_OUT, EmitterCounters
 from otel_straggler.event_pool import EventPool, HostOnlyPool
 from otel_straggler.interval import IntervalSink
 from otel_straggler.ring import Ring
@@ -136,13 +137,12 @@ class _PyTimerCore:
 
     # ---- hot path -------------------------------------------------------------------------------
     def start(self, barrier: bool = False) -> None:
+        if self._started:
+            self._c.unbalanced += 1
+            raise AssertionError("timer has already been started")  # Megatron's assert, before anything
         try:
             if barrier:
                 self._c.barriers_skipped += 1
-            if self._started:
-                self._c.unbalanced += 1
-                self._reason = UNBALANCED  # keep the first start; the interval is marked unbalanced
-                return
             ctx = self._ctx
             if self._is_step:
                 ctx.step_timer_started()
@@ -195,12 +195,12 @@ class _PyTimerCore:
             self._c.faults_training += 1
 
     def stop(self, barrier: bool = False) -> None:
+        if not self._started:
+            self._c.unbalanced += 1
+            raise AssertionError("timer is not started")
         try:
             if barrier:
                 self._c.barriers_skipped += 1
-            if not self._started:
-                self._c.unbalanced += 1
-                return
             injected = False
             if self._inject is not None:
                 injected = self._inject.apply(self._ctx.step)
@@ -416,7 +416,24 @@ class _PyTimersCore:
 TimersCore: Any = getattr(hot_path.core, "TimersCore", _PyTimersCore)
 
 
-class Timers(TimersCore):
+def _call(self: Timers, name: str, log_level: int | None = None) -> Timer | DummyTimer:
+    """``timers(name, log_level=None)``: the timer ``name`` (Megatron's ``Timers.__call__``)."""
+    return self(name, log_level)
+
+
+class _TimersType(type):
+    """The type of ``Timers`` where the C module answers ``timers(name, log_level)``: ``Timers.__call__`` read from
+    the class is ``_call``, with Megatron's signature, for ``inspect.signature``, ``mock.create_autospec`` and
+    wrappers. The call itself stays the C type's slot: a ``__call__`` defined on the class would replace it with a
+    Python dispatch (and, on Python 3.12+, lose its vectorcall)."""
+
+    def __getattribute__(cls, name: str) -> Any:
+        if name == "__call__":
+            return _call
+        return type.__getattribute__(cls, name)
+
+
+class Timers(TimersCore, metaclass=type if TimersCore is _PyTimersCore else _TimersType):
     """Group of timers, Megatron's ``Timers(log_level, log_option)`` plus keyword-only wiring.
 
     Built bare (``Timers(2, "minmax")``) it is a host-only timer group with nothing attached: intervals
@@ -425,6 +442,7 @@ class Timers(TimersCore):
     """
 
     __slots__ = (
+        "__dict__",
         "__weakref__",
         "_dummy_timer",
         "_log_level",
@@ -468,6 +486,10 @@ class Timers(TimersCore):
         assert log_option in allowed, f"input log option {log_option} is invalid. It must be one of {allowed}"
         self._log_level = log_level
         self._log_option = log_option
+        if TimersCore is not _PyTimersCore:
+            # ``timers.__call__`` read from the object: Megatron's signature too (``_TimersType`` says why); the
+            # call itself never reads it
+            self.__dict__["__call__"] = MethodType(_call, self)
         self._timers: dict[str, Timer] = {}
         self._log_levels: dict[str, int] = {}
         self._dummy_timer = DummyTimer()

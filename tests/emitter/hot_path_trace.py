@@ -12,6 +12,7 @@ and taint, the counters, the quarantine and the step fields.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import sys
@@ -28,6 +29,16 @@ import otel_straggler.timers as timers_mod
 from otel_straggler import hot_path
 from otel_straggler.config import EmitterConfig
 from otel_straggler.event_pool import EventPool
+
+
+def misuse(call: Any) -> str | None:
+    """Run ``call``; the message of the AssertionError it raised (a start of a started timer, a stop of a stopped
+    one: Megatron's misuse errors), else None."""
+    try:
+        call()
+    except AssertionError as exc:
+        return str(exc)
+    return None
 
 
 def trace(seed: int, n_ops: int) -> dict[str, Any]:
@@ -125,12 +136,12 @@ def trace(seed: int, n_ops: int) -> dict[str, Any]:
         x = t(name)
         if r < 0.30:
             b = rng.random() < 0.1
-            x.start(barrier=b) if rng.random() < 0.5 else (x.start(b) if b else x.start())
-            op = ("start", name, b)
+            kw = rng.random() < 0.5
+            call = functools.partial(x.start, barrier=b) if kw else (functools.partial(x.start, b) if b else x.start)
+            op = ("start", name, b, misuse(call))
         elif r < 0.60:
             b = rng.random() < 0.1
-            x.stop(barrier=b) if b else x.stop()
-            op = ("stop", name, b)
+            op = ("stop", name, b, misuse(functools.partial(x.stop, barrier=b) if b else x.stop))
         elif r < 0.63:
             x.reset()
             op = ("reset", name)

@@ -56,6 +56,9 @@ def test_both_hot_paths_leave_the_same_state_after_every_operation() -> None:
     assert sum(s["deg"].get("pool_exhausted", 0) for s in last) > 0
     assert sum(s["deg"].get("cuda_error", 0) for s in last) > 0
     assert sum(s["c"]["unbalanced"] for s in last) > 0
+    # Megatron's misuse errors: raised on both paths by the same calls (a trace records each call's message)
+    raised = {s["op"][3] for t in python for s in t["trace"] if s["op"][0] in ("start", "stop")}
+    assert raised == {None, "timer has already been started", "timer is not started"}
     assert sum(1 for t in python for iv in t["intervals"] if iv[5] is not None) > 100  # device times
     for seed, (a, b) in enumerate(zip(native, python, strict=True)):
         diff = _first_difference(a, b)

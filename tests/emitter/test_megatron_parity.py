@@ -164,21 +164,21 @@ def test_log_and_write_match(
     assert not [r for r in caplog.records if r.name == "otel_straggler.timers"]
 
 
-def test_megatron_asserts_where_we_count(one_rank_world: None) -> None:
+def test_misuse_raises_megatrons_assertion_errors_and_is_counted(one_rank_world: None) -> None:
     meg, ours = pair(2)
-    m = meg("x")
-    m.start()
-    with pytest.raises(AssertionError):
-        m.start()
-    m.stop()
-    with pytest.raises(AssertionError):
-        m.stop()
-    o = ours("x")
-    o.start()
-    o.start()  # returns normally
-    o.stop()
-    o.stop()
-    assert ours.counters.unbalanced == 2
+    for timers in (meg, ours):
+        t = timers("x")
+        with pytest.raises(AssertionError, match=r"^timer is not started$"):
+            t.stop()
+        t.start()
+        with pytest.raises(AssertionError, match=r"^timer has already been started$"):
+            t.start()
+        t.stop()  # the misuse changed nothing: the first start still runs
+        with pytest.raises(AssertionError, match=r"^timer is not started$"):
+            t.stop(barrier=True)
+        assert t.elapsed() > 0.0
+    assert ours.counters.unbalanced == 3
+    assert ours.counters.barriers_skipped == 0  # a refused call does nothing else
 
 
 def test_deepcopy_of_a_config_holding_the_timers(one_rank_world: None) -> None:

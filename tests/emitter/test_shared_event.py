@@ -256,10 +256,15 @@ def play(ops: list[tuple[str, Any]], clock: HostClock, *, gap_us: float, pool_si
             dev.work(arg)
             if arg:
                 clock.advance_us(GAP_US + 1)  # launching GPU work takes host time: no reuse across it
-        elif op == "start":
-            t(arg).start()
-        elif op == "stop":
-            t(arg).stop()
+        elif op in ("start", "stop"):
+            timer = t(arg)
+            misuse = timer._started == (op == "start")  # a start of a started timer, a stop of a stopped one
+            try:
+                getattr(timer, op)()
+            except AssertionError:
+                assert misuse, (op, arg)
+            else:
+                assert not misuse, (op, arg)
         elif op == "reset":
             t(arg).reset()
         elif op == "step":
