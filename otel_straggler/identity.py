@@ -7,6 +7,8 @@ Resolved once at install (never on the hot path), every probe guarded and failin
 * job id: the ``job_id`` argument (stripped) unless empty or ``none``, else ``job_id_from_env``
   (``OTEL_STRAGGLER_JOB_ID``, ``SLURM_JOB_ID[.SLURM_STEP_ID]``, ``TORCHELASTIC_RUN_ID`` unless ``none``, else
   derived per launch); logged once on rank 0;
+* run id: ``run_id_from_env`` (``OTEL_STRAGGLER_RUN_ID``, ``SLURM_RESTART_COUNT``, else the launch as derived
+  for the job id): a re-run under the same job id is a new run;
 * GPU: ``torch.cuda.get_device_properties(index)`` (``uuid``, PCI domain/bus/device) for the current
   device; ``cpu`` / ``""`` / -1 without CUDA, ``unknown`` when a probe fails (no nvidia-smi);
 * service name: ``OTEL_SERVICE_NAME``, else ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES``, else
@@ -62,6 +64,7 @@ class Identity:
     host: str = "unknown"
     pid: int = 0
     job_id: str = "local"
+    run_id: str = ""
     service_name: str = DEFAULT_SERVICE_NAME
     gpu_uuid: str = "cpu"
     gpu_pci_bus_id: str = ""
@@ -123,6 +126,7 @@ class Identity:
             schema.RES_DP_SIZE: self.dp_size,
             schema.RES_MODEL_CHUNK: self.model_chunk,
             schema.RES_JOB_ID: self.job_id,
+            schema.RES_RUN_ID: self.run_id,
             schema.RES_GPU_UUID: self.gpu_uuid,
             schema.RES_GPU_PCI_BUS_ID: self.gpu_pci_bus_id,
             schema.RES_GPU_INDEX: self.gpu_index,
@@ -243,6 +247,15 @@ def job_id_from_env(env: Mapping[str, str], world_size: int | None = None) -> Jo
     run_id = _given(env, "TORCHELASTIC_RUN_ID")
     if run_id:
         return JobId(run_id, "TORCHELASTIC_RUN_ID", True)
+    launch = _launch(env, world_size)
+    if launch is None:
+        return JobId("local", "local", False, "nothing (no launcher variables)")
+    return JobId(f"launch-{launch.value}", "launch", launch.per_launch, launch.basis)
+
+
+def _launch(env: Mapping[str, str], world_size: int | None) -> JobId | None:
+    """This launch as every rank derives it alike (``job_id_from_env``, 4.): 12 hex digits, or None when nothing
+    identifies it."""
     world = world_size if world_size is not None else (_env_int(env, "WORLD_SIZE") or 1)
     group_world = _env_int(env, "GROUP_WORLD_SIZE")
     local_world = _env_int(env, "LOCAL_WORLD_SIZE")
@@ -261,9 +274,29 @@ def job_id_from_env(env: Mapping[str, str], world_size: int | None = None) -> Jo
             parts.append(token)
             basis.insert(0, what)
     if not parts:
-        return JobId("local", "local", False, "nothing (no launcher variables)")
+        return None
     digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
-    return JobId(f"launch-{digest}", "launch", token is not None, " and ".join(basis))
+    return JobId(digest, "launch", token is not None, " and ".join(basis))
+
+
+def run_id_from_env(env: Mapping[str, str], world_size: int | None = None) -> JobId:
+    """One launch of the job, which a re-run under the same job id does not share: the collector judges each run
+    apart and step trace ids include it (``schema.trace_id_for_step``).
+
+    1. ``OTEL_STRAGGLER_RUN_ID``, as given (a scheduler's attempt id, say).
+    2. Under Slurm: ``SLURM_RESTART_COUNT`` (``r<n>``, ``r0`` before any requeue); the job id already names the
+       ``srun`` (``job_id_from_env``).
+    3. The launch as ``job_id_from_env`` derives it (4.): new with every launch on one host; across hosts the
+       master address and port, which a fixed ``--master-port`` repeats (``per_launch`` False).
+    4. Empty when nothing identifies the launch: the collector then tells runs apart only by their job ids.
+    """
+    explicit = _given(env, "OTEL_STRAGGLER_RUN_ID")
+    if explicit:
+        return JobId(explicit, "OTEL_STRAGGLER_RUN_ID", True)
+    if _given(env, "SLURM_JOB_ID"):
+        return JobId(f"r{_env_int(env, 'SLURM_RESTART_COUNT') or 0}", "SLURM_RESTART_COUNT", True)
+    launch = _launch(env, world_size)
+    return launch if launch is not None else JobId("", "none", False, "nothing (no launcher variables)")
 
 
 _logged: set[str] = set()
@@ -390,6 +423,7 @@ def resolve_identity(
     given_job = _set(job_id)
     job = JobId(given_job, "job_id", True) if given_job else job_id_from_env(env, int(w))
     _log_job_id(job, int(r))
+    run = run_id_from_env(env, int(w))
     return Identity(
         rank=int(r),
         local_rank=int(lr),
@@ -397,6 +431,7 @@ def resolve_identity(
         host=_safe(socket.gethostname, "unknown") or "unknown",
         pid=os.getpid(),
         job_id=job.value,
+        run_id=run.value,
         service_name=service_name_from_env(env) or DEFAULT_SERVICE_NAME,
         gpu_uuid=uuid,
         gpu_pci_bus_id=pci,

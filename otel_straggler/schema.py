@@ -43,6 +43,8 @@ RES_DP_RANK: Final = "dl.data_parallel.rank"
 RES_DP_SIZE: Final = "dl.data_parallel.size"
 RES_MODEL_CHUNK: Final = "dl.model_chunk"
 RES_JOB_ID: Final = "straggler.job.id"
+# one launch of the job: a re-run under the same job id is a new run (its own windows and trace ids)
+RES_RUN_ID: Final = "straggler.run.id"
 RES_GPU_UUID: Final = "straggler.gpu.uuid"
 RES_GPU_PCI_BUS_ID: Final = "straggler.gpu.pci_bus_id"
 RES_GPU_INDEX: Final = "straggler.gpu.index"
@@ -236,23 +238,39 @@ UNIT_COUNT: Final = "1"
 UNIT_SECONDS: Final = "s"
 
 
-def trace_id_for_step(job_id: str, step: int) -> int:
-    """All ranks' spans of one step share this 128-bit trace id (deterministic in job id and step)."""
-    digest = hashlib.sha256(f"otel-straggler/trace/{job_id}/{int(step)}".encode()).digest()
+def _ids_of(job_id: str, run_id: str) -> str:
+    """The part of every step id that names the launch: the job, and its run when the emitter knows one."""
+    return f"{job_id}/run/{run_id}" if run_id else job_id
+
+
+def trace_id_for_step(job_id: str, step: int, run_id: str = "") -> int:
+    """All ranks' spans of one step share this 128-bit trace id (deterministic in job id, run id and step)."""
+    digest = hashlib.sha256(f"otel-straggler/trace/{_ids_of(job_id, run_id)}/{int(step)}".encode()).digest()
     value = int.from_bytes(digest[:16], "big")
     return value or 1
 
 
-def job_step_span_id(job_id: str, step: int) -> int:
+def job_step_span_id(job_id: str, step: int, run_id: str = "") -> int:
     """Span id of the job-level ``train-step`` root span (emitted by rank 0)."""
-    digest = hashlib.sha256(f"otel-straggler/job-step/{job_id}/{int(step)}".encode()).digest()
+    digest = hashlib.sha256(f"otel-straggler/job-step/{_ids_of(job_id, run_id)}/{int(step)}".encode()).digest()
     return int.from_bytes(digest[:8], "big") or 1
 
 
-def rank_step_span_id(job_id: str, step: int, rank: int) -> int:
+def rank_step_span_id(job_id: str, step: int, rank: int, run_id: str = "") -> int:
     """Span id of one rank's ``rank-step`` span, parent of its stage spans for that step."""
-    digest = hashlib.sha256(f"otel-straggler/rank-step/{job_id}/{int(step)}/{int(rank)}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") or 1
+    key = f"otel-straggler/rank-step/{_ids_of(job_id, run_id)}/{int(step)}/{int(rank)}"
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") or 1
+
+
+def run_cohort(cohort_key: str, run_id: str) -> str:
+    """The collector's key of a cohort within one run, ``<cohort key>@<run id>``: a re-run under the same job id
+    gets cohorts (windows, baselines, verdicts) of its own. The cohort key alone without a run id."""
+    return f"{cohort_key}@{run_id}" if run_id else cohort_key
+
+
+def cohort_run(run_cohort_key: str) -> str:
+    """The run id in a key made by ``run_cohort`` ('' when it has none)."""
+    return run_cohort_key.rpartition("@")[2] if "@" in run_cohort_key else ""
 
 
 def cohort_key(

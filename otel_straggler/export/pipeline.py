@@ -64,7 +64,8 @@ class ExportPipeline:
             schedule_delay_ms=self.delay_fit.delay_ms if self.delay_fit is not None else None,
         )
         self.builder = SpanBuilder(self.providers.tracer, self.ids, job_id=job_id, rank=rank,
-                                   step_tracer=self.providers.step_tracer)
+                                   step_tracer=self.providers.step_tracer,
+                                   run_id=str(resource_attributes.get(schema.RES_RUN_ID, "")))
         self._stats: dict[str, int | float] = {}
         self._out: list[SpanRecord] = []
         self.self_metrics: SelfMetrics | None = None

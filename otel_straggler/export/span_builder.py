@@ -25,11 +25,12 @@ def _parent(trace_id: int, span_id: int) -> object:
 
 class SpanBuilder:
     def __init__(self, tracer: trace.Tracer, ids: PresetIdGenerator, *, job_id: str, rank: int,
-                 step_tracer: trace.Tracer) -> None:
+                 step_tracer: trace.Tracer, run_id: str = "") -> None:
         self._tracer = tracer
         self._step_tracer = step_tracer
         self._ids = ids
         self.job_id = str(job_id)
+        self.run_id = str(run_id)
         self.rank = int(rank)
         self._step_cache: tuple[int, int, int, int] | None = None  # step, trace id, job span, rank span
 
@@ -37,9 +38,10 @@ class SpanBuilder:
         cached = self._step_cache
         if cached is not None and cached[0] == step:
             return cached[1], cached[2], cached[3]
-        tid = schema.trace_id_for_step(self.job_id, step)
-        jid = schema.job_step_span_id(self.job_id, step)
-        rid = schema.rank_step_span_id(self.job_id, step, self.rank)
+        job, run = self.job_id, self.run_id
+        tid = schema.trace_id_for_step(job, step, run)
+        jid = schema.job_step_span_id(job, step, run)
+        rid = schema.rank_step_span_id(job, step, self.rank, run)
         self._step_cache = (step, tid, jid, rid)
         return tid, jid, rid
 

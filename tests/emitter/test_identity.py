@@ -9,7 +9,7 @@ import pytest
 
 from otel_straggler import hot_path, schema
 from otel_straggler.demo.run import free_port
-from otel_straggler.identity import Identity, job_id_from_env, resolve_identity
+from otel_straggler.identity import Identity, job_id_from_env, resolve_identity, run_id_from_env
 
 HERE = Path(__file__).resolve().parent
 
@@ -246,3 +246,32 @@ def test_parallel_state_when_initialised(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_parallel_state_not_initialised_falls_back() -> None:
     ident = resolve_identity(env={"OTEL_STRAGGLER_PP_RANK": "1"})
     assert ident.pp_rank == 1 and ident.source == "env"
+
+
+def test_a_run_id_tells_launches_of_one_job_id_apart() -> None:
+    """``OTEL_STRAGGLER_JOB_ID`` exported once in a shell names every torchrun started from it: the run id is the
+    launch, the same on every worker and restart of one launch, new with the next launch."""
+    job = {"OTEL_STRAGGLER_JOB_ID": "pretrain-7"}
+    rank0 = run_id_from_env(_worker(**job))
+    err = "TORCHELASTIC_ERROR_FILE"
+    rank1 = run_id_from_env(_worker(**job, **{err: "/tmp/torchelastic_k2/none_8x1q/attempt_0/1/error.json"}))
+    again = run_id_from_env(_worker(**job, **{err: "/tmp/torchelastic_p0/none_u7c2/attempt_0/0/error.json"}))
+    assert rank0 == rank1 and rank0.per_launch and rank0.value
+    assert again.value != rank0.value
+    assert run_id_from_env({**job, "OTEL_STRAGGLER_RUN_ID": " attempt-3 "}).value == "attempt-3"
+    # Slurm names the srun in the job id; a requeued job keeps it, its restart count is the run
+    assert run_id_from_env({"SLURM_JOB_ID": "41", "SLURM_STEP_ID": "0"}).value == "r0"
+    assert run_id_from_env({"SLURM_JOB_ID": "41", "SLURM_RESTART_COUNT": "2"}).value == "r2"
+    ident = resolve_identity(env=_worker(**job), use_parallel_state=False)
+    assert ident.job_id == "pretrain-7" and ident.run_id == rank0.value
+    assert ident.resource_attributes()[schema.RES_RUN_ID] == rank0.value
+
+
+def test_step_ids_of_two_runs_of_one_job_differ_and_without_a_run_are_as_before() -> None:
+    a, b = (schema.trace_id_for_step("j", 5, run) for run in ("r0", "r1"))
+    assert a != b
+    assert schema.trace_id_for_step("j", 5, "") == schema.trace_id_for_step("j", 5)
+    assert schema.rank_step_span_id("j", 5, 2, "r0") != schema.rank_step_span_id("j", 5, 2, "r1")
+    assert schema.job_step_span_id("j", 5, "r0") != schema.job_step_span_id("j", 5)
+    key = schema.run_cohort("e0/s/tp0.pp0", "r1")
+    assert schema.cohort_run(key) == "r1" and schema.cohort_run("e0/s/tp0.pp0") == ""

@@ -42,7 +42,8 @@ _isfinite = math.isfinite
 @dataclass(slots=True)
 class ResourceIdentity:
     job: str = ""
-    cohort: str = ""
+    cohort: str = ""  # the cohort key, with the run id once the resource is read (schema.run_cohort)
+    run: str = ""
     rank: int = -1
     host: str = ""
     gpu: str = ""
@@ -79,6 +80,8 @@ def resource_identity(rs: ResourceSpans) -> ResourceIdentity:
             ident.cohort = v.string_value
         elif k == s.RES_JOB_ID:
             ident.job = v.string_value
+        elif k == s.RES_RUN_ID:
+            ident.run = v.string_value
         elif k == s.RES_HOST_NAME:
             ident.host = v.string_value
         elif k == s.RES_GPU_UUID:
@@ -91,6 +94,8 @@ def resource_identity(rs: ResourceSpans) -> ResourceIdentity:
             ident.service = v.string_value
         elif k == s.RES_STEP_SUMMARY:
             ident.summary = v.bool_value
+    if ident.run and ident.cohort:
+        ident.cohort = s.run_cohort(ident.cohort, ident.run)
     return ident
 
 

@@ -237,7 +237,8 @@ class Detector:
                         g[r] = g.get(r, 0.0) + cv
         world_size = max((cohort.ranks[r].world_size for r in present if r in cohort.ranks), default=0)
         step = window.max_step if window.kind == KIND_STEP else None
-        trace_id = s.trace_id_for_step(cohort.job, step).to_bytes(16, "big") if step is not None else b""
+        trace_id = (s.trace_id_for_step(cohort.job, step, s.cohort_run(cohort.key)).to_bytes(16, "big")
+                    if step is not None else b"")
         ev = WindowEvidence(cohort, window, out, step, trace_id, period, world_size or len(cohort.ranks),
                             collectives, rank_tokens, tok_median, uniform, now_ns, stats)
         return ev, stats

@@ -162,7 +162,7 @@ def verdict_span(v: Verdict) -> Span | None:
     return Span(
         trace_id=v.trace_id,
         span_id=verdict_span_id(v),
-        parent_span_id=s.job_step_span_id(v.job, v.step).to_bytes(8, "big"),
+        parent_span_id=s.job_step_span_id(v.job, v.step, s.cohort_run(v.cohort)).to_bytes(8, "big"),
         name=s.SPAN_VERDICT,
         kind=Span.SpanKind.SPAN_KIND_INTERNAL,
         start_time_unix_nano=v.emitted_unix_ns,

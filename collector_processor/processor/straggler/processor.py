@@ -49,6 +49,9 @@ _LATE_PERIOD_S = 60.0
 _LATE_WARN_RATE = 0.01
 _LATE_WARN_MIN = 20
 _LATE_LOG_EVERY_S = 600.0
+# A late step this many windows behind what its own rank already sent did not lag: the rank's steps started again
+# (a re-run or a restart from a checkpoint under the same job and run id). A retried request is 1-2 windows back.
+_RERUN_BEHIND_WINDOWS = 2
 
 COUNTERS = (
     "spans_accepted", "rejected_malformed", "rejected_non_finite", "rejected_duplicate", "rejected_late",
@@ -93,8 +96,11 @@ class StragglerProcessor:
         self.last_rejected = 0
         for structure in EVICTED_STRUCTURES:  # at 0 from the start
             telemetry.evictions.labels(structure=structure)
-        # late rejections in the current period: [period start, samples and summaries offered, late]
-        self._late_period: list[float] = [0.0, 0.0, 0.0]
+        # late rejections in the current period: [period start, samples and summaries offered, late, late ones
+        # of steps far behind their own rank's (its steps started again: a re-run, _RERUN_BEHIND_WINDOWS)]
+        self._late_period: list[float] = [0.0, 0.0, 0.0, 0.0]
+        self._far_late = 0  # such samples in the request being processed (added to the period by _rate_late)
+        self._rerun_job = ""  # the job of the latest such sample
         self._late_logged_s: float | None = None
 
     # --- component ----------------------------------------------------------------------------------
@@ -358,15 +364,29 @@ class StragglerProcessor:
         late share is high, say so and how to fix it (``_LATE_*``)."""
         period = self._late_period
         if now - period[0] >= _LATE_PERIOD_S:
-            period[0], period[1], period[2] = now, 0.0, 0.0
+            period[0], period[1], period[2], period[3] = now, 0.0, 0.0, 0.0
         period[1] += offered
         period[2] += late
+        period[3] += self._far_late
+        self._far_late = 0
         if not late or period[2] < _LATE_WARN_MIN or period[2] < _LATE_WARN_RATE * period[1]:
             return
         if self._late_logged_s is not None and now - self._late_logged_s < _LATE_LOG_EVERY_S:
             return
         self._late_logged_s = now
         cfg = self.cfg
+        if period[3] >= period[2] / 2:
+            log.warning(
+                "%d of %d step samples (%.1f %%) since %.0f s ago were rejected as late (%s{reason=\"late\"}), %d "
+                "of them from steps more than %d windows behind what their own rank had already sent, latest of "
+                "job %r: its steps started again from a lower number, so this is a re-run (or a restart "
+                "from a checkpoint) under the same job id and run id as the run already judged, not a slow "
+                "delivery. Each launch needs a run of its own: the emitter derives %s from the launch, except "
+                "across hosts with a fixed --master-port; set OTEL_STRAGGLER_RUN_ID (or a new "
+                "OTEL_STRAGGLER_JOB_ID) per launch.",
+                int(period[2]), int(period[1]), 100.0 * period[2] / max(period[1], 1.0), now - period[0],
+                s.M_SPANS_REJECTED, int(period[3]), _RERUN_BEHIND_WINDOWS, self._rerun_job, s.RES_RUN_ID)
+            return
         lag = max((ch.steps.lag_max for ch in self.cohorts), default=0.0)
         grace = max((ch.steps.grace(cfg.grace_s, cfg.grace_max_s) for ch in self.cohorts), default=cfg.grace_s)
         log.warning(
@@ -440,6 +460,9 @@ class StragglerProcessor:
                 info.max_wall_index = idx
         if ws.closed_through is not None and idx <= ws.closed_through:
             ws.late(idx, now)
+            if step is not None and info.max_step_index - idx > _RERUN_BEHIND_WINDOWS:
+                self._far_late += 1  # behind the rank's own progress: its steps started again, no lag does that
+                self._rerun_job = cohort.job
             return None
         w = ws.open.get(idx)
         if w is None:

@@ -50,6 +50,7 @@ kv = key_value
 class Sim:
     ranks: int = 8
     job: str = "job-1"
+    run: str = ""  # straggler.run.id: one launch of the job ("" sends none)
     cohort: str = COHORT
     seed: int = 1
     noise: float = 0.02
@@ -78,13 +79,14 @@ class Sim:
             kv(s.RES_SERVICE_NAME, "megatron-training"), kv(s.RES_RANK, rank), kv(s.RES_WORLD_SIZE, self.ranks),
             kv(s.RES_HOST_NAME, f"node{rank // 4}"), kv(s.RES_GPU_UUID, f"GPU-{rank:04d}"),
             kv(s.RES_JOB_ID, self.job), kv(s.RES_COHORT_KEY, cohort),
+            *([kv(s.RES_RUN_ID, self.run)] if self.run else []),
         ])
 
     def step_spans(self, step: int, ranks: list[int] | None = None) -> dict[int, list[Span]]:
         """Spans of one step for each rank (ranks default: all)."""
         ranks = list(range(self.ranks)) if ranks is None else ranks
         measured = self.device and step % self.device_every == 0
-        trace = s.trace_id_for_step(self.job, step).to_bytes(16, "big")
+        trace = s.trace_id_for_step(self.job, step, self.run).to_bytes(16, "big")
         t0 = self.step_time_unix_ns + step * 300_000_000
         compute: dict[int, dict[str, tuple[float, float]]] = {}
         for r in range(self.ranks):
@@ -109,7 +111,7 @@ class Sim:
             wait = slowest - busy[r]
             comm = self._noisy(STAGES[3][2]) + wait
             spans: list[Span] = []
-            rank_step_id = s.rank_step_span_id(self.job, step, r).to_bytes(8, "big")
+            rank_step_id = s.rank_step_span_id(self.job, step, r, self.run).to_bytes(8, "big")
             total = 0.0
             for name, group, _base in STAGES:
                 dev, host = (comm, comm) if name == "grads-all-reduce" else compute[r][name]
@@ -132,11 +134,12 @@ class Sim:
             if tok is not None:
                 rs_attrs.append(kv(s.ATTR_WORKLOAD_TOKENS, tok))
             spans.append(Span(trace_id=trace, span_id=rank_step_id,
-                              parent_span_id=s.job_step_span_id(self.job, step).to_bytes(8, "big"),
+                              parent_span_id=s.job_step_span_id(self.job, step, self.run).to_bytes(8, "big"),
                               name=s.SPAN_RANK_STEP, start_time_unix_nano=t0,
                               end_time_unix_nano=t0 + int(total * 1e6), attributes=rs_attrs))
             if r == 0:
-                spans.append(Span(trace_id=trace, span_id=s.job_step_span_id(self.job, step).to_bytes(8, "big"),
+                job_span = s.job_step_span_id(self.job, step, self.run).to_bytes(8, "big")
+                spans.append(Span(trace_id=trace, span_id=job_span,
                                   name=s.SPAN_JOB_STEP, start_time_unix_nano=t0,
                                   end_time_unix_nano=t0 + int(total * 1e6),
                                   attributes=[kv(s.ATTR_ITERATION, step), kv(s.ATTR_STAGE_GROUP, "step")]))
