@@ -19,6 +19,7 @@ The choice is made once, when ``otel_straggler`` is first imported, by ``OTEL_ST
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from types import ModuleType
@@ -31,6 +32,15 @@ ENV = "OTEL_STRAGGLER_HOT_PATH"
 CHOICES = ("auto", "native", "python")
 
 
+def _built() -> bool:
+    """Whether there is a C module to import (an import of a missing submodule during the package's own import
+    would say "circular import")."""
+    try:
+        return importlib.util.find_spec("otel_straggler._hotpath") is not None
+    except (ImportError, ValueError):  # a module without a spec in sys.modules: the import below says what it is
+        return True
+
+
 def _load() -> tuple[ModuleType | None, str | None]:
     choice = os.environ.get(ENV, "auto").strip().lower() or "auto"
     if choice not in CHOICES:
@@ -38,13 +48,17 @@ def _load() -> tuple[ModuleType | None, str | None]:
         choice = "auto"
     if choice == "python":
         return None, f"{ENV}=python"
+    level = logging.WARNING if choice == "native" else logging.DEBUG
+    if not _built():
+        _log.log(level, "otel-straggler: the C hot path is not built (no otel_straggler/_hotpath module: this "
+                 "install had no C compiler or Python headers); using the Python one")
+        return None, "not built"
     try:
         from otel_straggler import _hotpath
 
         _hotpath.set_reasons(SAMPLED_OUT, CUDA_ERROR, POOL_EXHAUSTED)
     except ImportError as exc:
-        level = logging.WARNING if choice == "native" else logging.DEBUG
-        _log.log(level, "otel-straggler: the C hot path is not built (%s); using the Python one", exc)
+        _log.log(level, "otel-straggler: the C hot path could not be imported (%s); using the Python one", exc)
         return None, "not built"
     except Exception as exc:  # a module that fails to load or to set up (one built from other sources)
         _log.warning("otel-straggler: the C hot path failed to load (%s: %s); using the Python one",

@@ -1,8 +1,9 @@
-"""``debug`` exporter: one line per event (a connector's, e.g. a verdict) and, per OTLP request, its item count
-(``detailed``: the request itself) on stderr."""
+"""``debug`` exporter: one log line per event (a connector's, e.g. a verdict) at the event's level and, per OTLP
+request, its item count (``detailed``: the request itself) on stderr."""
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Literal
 
@@ -13,6 +14,8 @@ from collector_processor.config.types import Strict
 from collector_processor.receiver.decode import count_items
 from collector_processor.registry import BuildContext, Factory
 from collector_processor.telemetry import Telemetry
+
+_events = logging.getLogger("otel-straggler-collector.events")
 
 
 class Config(Strict):
@@ -35,7 +38,10 @@ class DebugExporter:
             self.t.export_failures.labels(self.id).inc()
 
     def export_events(self, batch: EventBatch) -> None:
-        self._write("".join(f"[{self.id}] {line}\n" for line in batch.lines()))
+        """Each event through the ``otel-straggler-collector.events`` logger at its level (a straggler verdict
+        WARNING, a recovery INFO, an uncertain window DEBUG): ``--log-level`` decides what shows."""
+        for level, line in batch.console_lines():
+            _events.log(level, "[%s] %s", self.id, line)
 
     def _summary(self, signal: str, msg: Message) -> None:
         text = f"[{self.id}] {signal}: {count_items(signal, msg)} items\n"

@@ -242,7 +242,7 @@ def test_the_python_path_runs_where_the_c_one_cannot_load() -> None:
     out, log = _choice_in_a_fresh_process("python")
     assert out == f"python {hot_path.ENV}=python" and log == ""
     out, log = _choice_in_a_fresh_process("native", "sys.modules['otel_straggler._hotpath'] = None")
-    assert out == "python not built" and "the C hot path is not built" in log
+    assert out == "python not built" and "the C hot path is not built" in log and "circular" not in log
     out, log = _choice_in_a_fresh_process(None, "sys.modules['otel_straggler._hotpath'] = None")
     assert out == "python not built" and log == ""  # auto: the Python path without a word
     stale = "sys.modules['otel_straggler._hotpath'] = types.ModuleType('otel_straggler._hotpath')"

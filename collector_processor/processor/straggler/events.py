@@ -4,6 +4,7 @@ verdicts as the events the straggler connector puts into ``logs`` pipelines (``V
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 from collections.abc import Iterable, Sequence
 
@@ -18,6 +19,8 @@ from collector_processor.processor.straggler.decode import COLLECTOR_SERVICE_NAM
 from collector_processor.processor.straggler.model import Verdict
 from otel_straggler import schema as s
 
+_LOG_LEVEL = {s.VERDICT_STRAGGLER: logging.WARNING, s.VERDICT_RECOVERED: logging.INFO,
+              s.VERDICT_UNCERTAIN: logging.DEBUG}
 _SEVERITY = {
     s.VERDICT_STRAGGLER: (SeverityNumber.SEVERITY_NUMBER_WARN, "WARN"),
     s.VERDICT_RECOVERED: (SeverityNumber.SEVERITY_NUMBER_INFO, "INFO"),
@@ -141,8 +144,10 @@ class VerdictEvents:
     def records(self) -> list[dict[str, object]]:
         return [verdict_to_dict(v) for v in self.verdicts]
 
-    def lines(self) -> list[str]:
-        return [verdict_line(v) for v in self.verdicts]
+    def console_lines(self) -> list[tuple[int, str]]:
+        """A straggler verdict at WARNING, a recovery at INFO, an uncertain window at DEBUG (the log records'
+        severities)."""
+        return [(_LOG_LEVEL.get(v.verdict, logging.DEBUG), verdict_line(v)) for v in self.verdicts]
 
     def to_logs(self) -> ExportLogsServiceRequest:
         if self._logs is None:

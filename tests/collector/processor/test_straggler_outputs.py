@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import pytest
@@ -232,3 +233,20 @@ def test_every_schema_reason_is_one_named_constant() -> None:
     assert sorted(constants) == sorted(s.REASONS)
     with pytest.raises(ValueError, match="REASONS"):
         model._reason("slow_ish")
+
+
+def test_the_console_shows_a_verdict_as_a_warning_a_recovery_as_info_and_uncertain_only_at_debug(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from collector_processor.exporter.debug import Config as DebugConfig
+    from collector_processor.exporter.debug import DebugExporter
+    from collector_processor.processor.straggler.events import VerdictEvents
+    from collector_processor.telemetry import Telemetry
+
+    batch = VerdictEvents([_verdict(), _verdict(verdict=s.VERDICT_RECOVERED, rank=4),
+                           _verdict(verdict=s.VERDICT_UNCERTAIN, rank=5, reason="below_absolute_floor")])
+    caplog.set_level(logging.INFO, logger="otel-straggler-collector.events")
+    DebugExporter("debug", DebugConfig(), Telemetry()).export_events(batch)
+    shown = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "otel-straggler-collector.events"]
+    assert [lvl for lvl, _ in shown] == [logging.WARNING, logging.INFO]  # the uncertain window: DEBUG, not shown
+    assert "verdict=straggler" in shown[0][1] and "rank=3" in shown[0][1]
+    assert "verdict=recovered" in shown[1][1] and "rank=4" in shown[1][1]
