@@ -33,6 +33,17 @@ from collector_processor.telemetry import Telemetry
 log = logging.getLogger(__name__)
 
 
+
+def _start(cid: str, c: Component) -> None:
+    """Start ``c``; an address it cannot listen on is named with the component (``Address already in use`` alone
+    says neither which port nor whose)."""
+    try:
+        c.start()
+    except (OSError, RuntimeError) as e:  # grpc says RuntimeError("Failed to bind to address ...")
+        where = ", ".join(f"{ep.what} {ep.host}:{ep.port}" for ep in c.endpoints()) if isinstance(c, Serving) else ""
+        raise OSError(getattr(e, "errno", None), f"{cid}{f' ({where})' if where else ''}: "
+                                                 f"{getattr(e, 'strerror', None) or e}") from e
+
 class Service:
     def __init__(self, cfg: CollectorConfig, telemetry: Telemetry | None = None) -> None:
         assert cfg.service is not None
@@ -138,18 +149,18 @@ class Service:
     def start(self) -> None:
         started: list[Component] = []
         try:
-            for group in (self.exporters.values(), self.connectors.values(),
-                          (st.impl for st in self.processors.values())):
-                for c in group:
-                    c.start()
+            for group in (self.exporters.items(), self.connectors.items(),
+                          ((pid, st.impl) for pid, st in self.processors.items())):
+                for cid, c in group:
+                    _start(cid, c)
                     started.append(c)
             for p in self.pipelines.values():
                 p.start()
             if self.metrics_server is not None:
-                self.metrics_server.start()
+                _start("service.telemetry.metrics", self.metrics_server)
                 started.append(self.metrics_server)
-            for r in self.receivers.values():
-                r.start()
+            for rid, r in self.receivers.items():
+                _start(rid, r)
                 started.append(r)
         except Exception:
             for c in reversed(started):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from typing import Annotated
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
@@ -48,10 +49,44 @@ def split_host_port(endpoint: str, default_port: int | None = None) -> tuple[str
         if default_port is None:
             raise ValueError(f"endpoint {endpoint!r} has no port")
         return host or "127.0.0.1", default_port
-    port = int(port_s)
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise ValueError(f"endpoint {endpoint!r}: port {port_s!r} is not a number") from None
     if not 0 <= port <= 65535:
-        raise ValueError(f"port out of range in {endpoint!r}")
+        raise ValueError(f"endpoint {endpoint!r}: port {port} is out of range (0-65535)")
     return host or "127.0.0.1", port
+
+
+def _listen(default_port: int) -> BeforeValidator:
+    """An address to listen on: ``host:port`` whose port parses and is in range (checked at ``--validate``)."""
+
+    def check(value: object) -> object:
+        if isinstance(value, str):
+            split_host_port(value, default_port)
+        return value
+
+    return BeforeValidator(check)
+
+
+def _export_url(value: object) -> object:
+    """An endpoint to export to: empty (disabled), ``host:port`` or ``http(s)://host[:port][/path]``."""
+    if isinstance(value, str) and value.strip():
+        v = value.strip()
+        parts = urlsplit(v if "://" in v else f"http://{v}")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"endpoint {value!r}: expected http(s)://host:port")
+        try:
+            parts.port  # noqa: B018 (raises on a port that is not a number or out of range)
+        except ValueError as e:
+            raise ValueError(f"endpoint {value!r}: {e}") from None
+    return value
+
+
+GrpcListen = Annotated[str, _listen(4317)]
+HttpListen = Annotated[str, _listen(4318)]
+MetricsListen = Annotated[str, _listen(9464)]
+ExportEndpoint = Annotated[str, BeforeValidator(_export_url)]
 
 
 class Strict(BaseModel):

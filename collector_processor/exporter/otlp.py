@@ -25,7 +25,7 @@ from google.protobuf.message import Message
 from google.rpc.error_details_pb2 import RetryInfo
 from pydantic import Field
 
-from collector_processor.config.types import ClientTLS, Duration, Strict
+from collector_processor.config.types import ClientTLS, Duration, ExportEndpoint, Strict
 from collector_processor.receiver.decode import CT_PROTOBUF, GRPC_SERVICES, HTTP_PATHS, RETRY_INFO_KEY, count_items
 from collector_processor.registry import BuildContext, Factory
 from collector_processor.telemetry import Telemetry
@@ -49,7 +49,7 @@ class QueueConfig(Strict):
 
 
 class Config(Strict):
-    endpoint: str = ""
+    endpoint: ExportEndpoint = ""
     tls: ClientTLS = Field(default_factory=ClientTLS)
     compression: Literal["gzip", "none", ""] = "gzip"
     timeout: Duration = 5.0

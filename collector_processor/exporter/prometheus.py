@@ -25,7 +25,7 @@ from prometheus_client.registry import Collector
 from pydantic import Field
 
 from collector_processor.component import Endpoint
-from collector_processor.config.types import Strict, split_host_port
+from collector_processor.config.types import MetricsListen, Strict, split_host_port
 from collector_processor.exporter.prometheus_names import prometheus_name
 from collector_processor.receiver.auth import AuthConfig, BearerAuth
 from collector_processor.registry import BuildContext, Factory
@@ -39,7 +39,7 @@ DEFAULT_HELP = "Emitter self-metric re-exported from OTLP"
 
 
 class Config(Strict):
-    endpoint: str = "127.0.0.1:9464"
+    endpoint: MetricsListen = "127.0.0.1:9464"
     max_series: int = Field(20000, ge=1, le=10_000_000)
     auth: AuthConfig = Field(default_factory=AuthConfig)
 

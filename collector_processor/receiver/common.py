@@ -14,7 +14,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from pydantic import Field, model_validator
 
 from collector_processor.component import Admission, Refusal
-from collector_processor.config.types import Duration, ServerTLS, Strict
+from collector_processor.config.types import Duration, GrpcListen, HttpListen, ServerTLS, Strict
 from collector_processor.pipeline import Pipeline, Result
 from collector_processor.receiver.auth import AuthConfig
 from collector_processor.receiver.decode import CT_PROTOBUF, DecodeFailure, count_items, decode, decode_cost
@@ -35,13 +35,13 @@ _RESPONSES: dict[str, tuple[type[Message], str]] = {
 
 
 class GrpcProtocol(Strict):
-    endpoint: str = "127.0.0.1:4317"
+    endpoint: GrpcListen = "127.0.0.1:4317"
     max_recv_msg_size_mib: float = Field(16, gt=0)
     max_workers: int = Field(8, ge=1, le=256)
 
 
 class HttpProtocol(Strict):
-    endpoint: str = "127.0.0.1:4318"
+    endpoint: HttpListen = "127.0.0.1:4318"
     max_request_body_size_mib: float = Field(16, gt=0)
 
 

@@ -36,6 +36,7 @@ from otel_straggler.demo.options import (
 )
 from otel_straggler.demo.outcome import problems, summarise
 from otel_straggler.demo.tap import StagePoint, TraceTap
+from otel_straggler.export.probe import probe_otlp
 
 __all__ = ["CollectorStartError", "DemoOptions", "DemoResult", "collector_config", "detector_settings", "free_port",
            "run_demo"]
@@ -319,7 +320,11 @@ def _run_demo(opts: DemoOptions, children: list[Any]) -> DemoResult:
             con.say("2 ranks: each rank is compared with its one peer (min_cohort_size 2; 3 by default)")
     else:
         endpoint = opts.endpoint
-        con.say(f"exporting to external collector {endpoint}")
+        answer = probe_otlp(endpoint, opts.protocol)
+        if not answer.ok:  # the ranks' spans would reach no collector: nothing to find, nothing to say it found
+            raise CollectorStartError(f"no collector takes OTLP ({opts.protocol}) exports at {endpoint}: "
+                                      f"{answer.detail}")
+        con.say(f"exporting to external collector {endpoint} ({answer.detail})")
 
     con.say(f"starting {opts.ranks} ranks x {opts.steps} steps ({opts.model}); injected slowdown: "
             f"{describe_injection(opts)}")

@@ -42,3 +42,32 @@ def test_megatron_device_injections_below_the_host_floor_are_not_refused() -> No
                                   inject_kind=kind, inject_ms=ms, inject_from=50), det)
     with pytest.raises(OptionError, match="absolute floor"):  # the toy model's stages are host-timed
         check_options(DemoOptions(ranks=4, steps=130, inject_rank=1, inject_ms=1.0, inject_from=50), det)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_dead_endpoint_fails_before_any_rank_starts_and_names_it(tmp_path, protocol: str) -> None:  # type: ignore[no-untyped-def]
+    """``--endpoint`` where nothing takes OTLP: no span could reach a collector, so the demo says so and exits 1
+    instead of reporting that the external collector holds the verdicts."""
+    from otel_straggler.cli import main
+    from otel_straggler.demo.run import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    out = tmp_path / "out"
+    rc = main(["demo", "--endpoint", dead, "--protocol", protocol, "--ranks", "2", "--steps", "5",
+               "--inject-rank", "-1", "--out", str(out), "--quiet"])
+    assert rc == 1
+    assert not list(out.glob("rank*.log"))  # no rank was started
+
+
+def test_the_probe_takes_a_live_otlp_receiver() -> None:
+    from otel_straggler.demo.run import free_port
+    from otel_straggler.demo.tap import TraceTap
+    from otel_straggler.export.probe import probe_otlp
+
+    tap, port = TraceTap(), free_port()
+    tap.start(port)
+    try:
+        answer = probe_otlp(f"http://127.0.0.1:{port}", "grpc")
+    finally:
+        tap.stop()
+    assert answer.ok and answer.rtt_ms is not None and f"127.0.0.1:{port}" in answer.detail
