@@ -1,4 +1,4 @@
-"""``otel-straggler``: the project's command line (``demo`` runs the end-to-end demo).
+"""``otel-straggler``: the project's command line (``demo`` runs the end-to-end demo, ``doctor`` checks a node).
 
 Exit status of ``demo``: 0 when the injected rank was convicted and nobody else was (or, with
 ``--endpoint``, when every rank finished), 1 when the run did not show that (the reasons are printed),
@@ -66,7 +66,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _demo_parser(sub)
+    doc = sub.add_parser("doctor", help="say what the emitter will do on this node, and check the collector",
+                         description="Checks, from this environment: enabled, settings, hot path, torch/CUDA, "
+                                     "launcher ranks, job and run ids, whether the OTLP endpoint takes trace "
+                                     "exports and the collector's clock. Exits 1 when a check fails.")
+    doc.add_argument("--json", action="store_true", help="one JSON object instead of lines")
+    doc.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the endpoint (default 5)")
     args = parser.parse_args(argv)
+    if args.command == "doctor":
+        from otel_straggler import doctor
+
+        return doctor.run(as_json=args.json, timeout_s=args.timeout)
     if args.command == "demo":
         from otel_straggler.demo.options import DemoOptions, OptionError, default_inject_rank
 

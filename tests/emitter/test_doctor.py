@@ -1,0 +1,55 @@
+"""``otel-straggler doctor`` says what the emitter will do on a node and exits 1 when something will not work."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from otel_straggler import doctor
+from otel_straggler.cli import main
+from otel_straggler.demo.run import free_port
+from otel_straggler.demo.tap import TraceTap
+
+WORKER = {"OTEL_STRAGGLER_ENABLED": "1", "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+          "GROUP_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+          "TORCHELASTIC_ERROR_FILE": "/tmp/torchelastic_x/none_y/attempt_0/1/error.json",
+          "OTEL_STRAGGLER_JOB_ID": "pretrain-1"}
+
+
+def _by_name(found: list[doctor.Check]) -> dict[str, doctor.Check]:
+    return {c.name: c for c in found}
+
+
+def test_a_worker_pointed_at_a_live_collector_passes_and_says_what_it_derived() -> None:
+    tap, port = TraceTap(), free_port()
+    tap.start(port)
+    try:
+        found = _by_name(doctor.checks({**WORKER, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"}))
+    finally:
+        tap.stop()
+    assert all(c.status != doctor.FAIL for c in found.values()), found
+    assert found["enabled"].status == doctor.OK
+    assert "'pretrain-1'" in found["job id"].detail and "OTEL_STRAGGLER_JOB_ID" in found["job id"].detail
+    assert found["run id"].status == doctor.OK and "launch" in found["run id"].detail
+    assert "RANK=1" in found["ranks"].detail and "WORLD_SIZE=2" in found["ranks"].detail
+    assert found["endpoint"].status == doctor.OK and f"127.0.0.1:{port}" in found["endpoint"].detail
+
+
+def test_a_dead_endpoint_a_bad_setting_and_an_unnamed_multi_rank_job_fail(capsys: pytest.CaptureFixture[str],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {"OTEL_STRAGGLER_ENABLED": "1", "WORLD_SIZE": "4", "OTEL_STRAGGLER_RING_SIZE": "-3",
+           "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}"}
+    found = _by_name(doctor.checks(env, timeout_s=2.0))
+    assert found["endpoint"].status == doctor.FAIL and "no collector takes exports" in found["endpoint"].detail
+    assert found["settings"].status == doctor.FAIL and "ring_size" in found["settings"].detail
+    assert found["job id"].status == doctor.FAIL and "'local'" in found["job id"].detail
+    for k in list(__import__("os").environ):
+        if k.startswith(("OTEL_", "RANK", "WORLD_", "LOCAL_", "SLURM_", "TORCHELASTIC_", "MASTER_")):
+            monkeypatch.delenv(k)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert main(["doctor", "--json", "--timeout", "2"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is False and {c["name"] for c in report["checks"] if c["status"] == "FAIL"} == {
+        "settings", "job id", "endpoint"}
