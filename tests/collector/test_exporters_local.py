@@ -212,7 +212,7 @@ def test_otel_to_prometheus_names(name: str, unit: str, counter: bool, expected:
     assert prometheus_name(name, unit, counter) == expected
 
 
-def test_debug_prints_one_line_per_verdict(start_service, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_debug_prints_one_line_per_verdict(start_service, caplog) -> None:  # type: ignore[no-untyped-def]
     text = BASE_RECEIVER + """
 processors:
   double: {verdicts: true}
@@ -223,14 +223,15 @@ service:
     traces: {receivers: [otlp], processors: [double], exporters: [debug]}
     logs/verdicts: {receivers: [double], exporters: [debug]}
 """
+    caplog.set_level("INFO", logger="otel-straggler-collector.events")  # a straggler verdict: WARNING
     run = start_service(text)
     exp = GrpcSpanExporter(endpoint=run.grpc, insecure=True, timeout=5)
     exp.export(make_spans(2))
     exp.shutdown()
     assert wait_for(lambda: len(DoubleProcessor.instances[0].requests) == 1)
     run.svc.shutdown(2)  # drains the verdict queue; the double also emits one verdict (step 9999) at shutdown
-    err = capsys.readouterr().err
-    lines = [x for x in err.splitlines() if "verdict=" in x]
+    lines = [r.getMessage() for r in caplog.records
+             if r.name == "otel-straggler-collector.events" and r.levelname == "WARNING"]
     assert len(lines) == 2
     assert all("verdict=straggler" in x and "rank=3" in x and "deviation=+25.0%" in x for x in lines)
     assert "window=9990..9999" in lines[1]
