@@ -3,7 +3,7 @@
 Each check is one line, ``ok``, ``warn`` or ``FAIL``: whether it is enabled, its settings, which hot path runs,
 torch and CUDA, the job and run ids and where they come from, the ranks the launcher gave, and whether the OTLP
 endpoint takes trace exports (one empty export, as the ranks' exporter would send it: its round trip, and over
-HTTP the collector's clock against this one). Exit status 1 when a check failed, else 0. Nothing here starts the
+the collector's name and its clock against this one). Exit status 1 when a check failed, else 0. Nothing here starts the
 emitter: run it beside the training command, with the same environment.
 """
 
@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from email.utils import parsedate_to_datetime
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -87,19 +85,22 @@ def checks(env: Mapping[str, str] | None = None, *, timeout_s: float = 5.0) -> l
     if otel.sdk_disabled or sig.exporter != "otlp":
         out.append(Check("endpoint", FAIL, "trace export is off (OTEL_SDK_DISABLED or OTEL_TRACES_EXPORTER)"))
         return out
-    t0 = time.time()
     answer = probe_otlp(sig.endpoint, sig.protocol, timeout_s, _headers(env))
-    t1 = time.time()
     out.append(Check("endpoint", OK if answer.ok else FAIL,
                      f"{sig.endpoint} ({sig.protocol}): " + (f"{answer.detail}, {answer.rtt_ms} ms" if answer.ok
                                                               else f"no collector takes exports: {answer.detail}")))
-    if answer.ok and answer.server_date:
-        try:
-            offset = parsedate_to_datetime(answer.server_date).timestamp() - (t0 + t1) / 2
-            out.append(Check("clock", OK if abs(offset) < 5 else WARN,
-                             f"collector clock {offset:+.0f} s from this node's (HTTP Date, 1 s resolution)"))
-        except (TypeError, ValueError):
-            pass
+    if not answer.ok:
+        return out
+    ours = bool(answer.server and answer.server.startswith("otel-straggler-collector/"))
+    out.append(Check("collector", OK if ours else WARN,
+                     answer.server.replace("/", " ", 1) if ours and answer.server else
+                     f"{answer.server or 'it does not say what it is'}: not an otel-straggler collector? "
+                     "(a gateway in front of one is fine)"))
+    if answer.clock_offset_s is not None:
+        off = answer.clock_offset_s
+        out.append(Check("clock", OK if abs(off) < 2 else WARN,
+                         f"the collector's clock is {off:+.3f} s from this node's"
+                         + ("" if abs(off) < 2 else ": wall-clock windows and trace times will disagree (NTP?)")))
     return out
 
 

@@ -203,3 +203,17 @@ def export_response(signal: str, r: Result) -> Message:
         setattr(resp.partial_success, rejected_field, r.rejected)  # type: ignore[attr-defined]
         resp.partial_success.error_message = r.message  # type: ignore[attr-defined]
     return resp
+
+
+def server_name() -> str:
+    """``otel-straggler-collector/<version>``: what the receivers tell a client that asks who answers
+    (HTTP ``Server``; gRPC health check trailing metadata ``otel-straggler-collector``)."""
+    try:
+        from importlib.metadata import version
+
+        return f"otel-straggler-collector/{version('otel-straggler')}"
+    except Exception:  # not installed (a checkout on PYTHONPATH)
+        return "otel-straggler-collector/unknown"
+
+
+SERVER = server_name()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,14 @@ from collector_processor.config.model import MIB
 from collector_processor.config.types import split_host_port
 from collector_processor.receiver.aio import LoopThread, Workers, stop_runtime
 from collector_processor.receiver.auth import BearerAuth
-from collector_processor.receiver.common import Config, Dispatcher, GrpcProtocol, export_response, refusal_code
+from collector_processor.receiver.common import (
+    SERVER,
+    Config,
+    Dispatcher,
+    GrpcProtocol,
+    export_response,
+    refusal_code,
+)
 from collector_processor.receiver.decode import GRPC_SERVICES, RETRY_INFO_KEY, DecodeFailure
 from collector_processor.telemetry import Telemetry
 
@@ -183,7 +191,9 @@ class OtlpGrpcReceiver:
         self._workers = Workers(self.proto.max_workers, f"grpc-{self.id}-worker")
         grpc_limit = self.limit + 64 * 1024  # room to answer a slightly bigger body with our own counted error
 
-        async def health(_req: bytes, _ctx: grpc.aio.ServicerContext) -> bytes:
+        async def health(_req: bytes, ctx: grpc.aio.ServicerContext) -> bytes:
+            # who answers, and its clock (ns since the epoch), for a client that asks (otel-straggler doctor)
+            ctx.set_trailing_metadata((("otel-straggler-collector", SERVER), ("x-unix-time-ns", str(time.time_ns()))))
             return _SERVING if self.healthy() else _NOT_SERVING
 
         async def serve() -> int:

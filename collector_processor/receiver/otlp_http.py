@@ -29,6 +29,7 @@ import math
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from email.utils import formatdate
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
@@ -39,7 +40,14 @@ from collector_processor.config.model import MIB
 from collector_processor.config.types import split_host_port
 from collector_processor.receiver.aio import LoopThread, Workers, stop_runtime
 from collector_processor.receiver.auth import BearerAuth
-from collector_processor.receiver.common import Config, Dispatcher, HttpProtocol, export_response, refusal_code
+from collector_processor.receiver.common import (
+    SERVER,
+    Config,
+    Dispatcher,
+    HttpProtocol,
+    export_response,
+    refusal_code,
+)
 from collector_processor.receiver.decode import (
     CT_JSON,
     CT_PROTOBUF,
@@ -482,7 +490,7 @@ class OtlpHttpReceiver:
         if self._closing:
             ans.close = True
         lines = [f"HTTP/1.1 {ans.code} {_REASONS.get(ans.code, 'Error')}", f"Content-Type: {ans.ctype}",
-                 f"Content-Length: {len(ans.body)}"]
+                 f"Content-Length: {len(ans.body)}", f"Server: {SERVER}", f"Date: {formatdate(usegmt=True)}"]
         lines += [f"{k}: {v}" for k, v in ans.headers.items()]
         if ans.close:
             lines.append("Connection: close")

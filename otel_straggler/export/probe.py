@@ -8,6 +8,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from urllib.parse import urlsplit
 
 
@@ -16,7 +17,8 @@ class ProbeResult:
     ok: bool
     detail: str  # what answered, or why nothing did
     rtt_ms: float | None = None
-    server_date: str | None = None  # the HTTP Date header, when the collector sent one
+    server: str | None = None  # who answered, when it says (HTTP Server; gRPC health check trailing metadata)
+    clock_offset_s: float | None = None  # its clock minus this one's, when it says what its clock reads
 
 
 def _target(endpoint: str) -> tuple[str, bool]:
@@ -45,21 +47,44 @@ def probe_otlp(endpoint: str, protocol: str = "grpc", timeout_s: float = 5.0,
             channel = grpc.secure_channel(target, grpc.ssl_channel_credentials()) if tls \
                 else grpc.insecure_channel(target)
             try:
-                TraceServiceStub(channel).Export(ExportTraceServiceRequest(), timeout=timeout_s,
-                                                 metadata=tuple((k.lower(), v) for k, v in (headers or {}).items()))
+                md = tuple((k.lower(), v) for k, v in (headers or {}).items())
+                TraceServiceStub(channel).Export(ExportTraceServiceRequest(), timeout=timeout_s, metadata=md)
+                rtt = round((time.monotonic() - t0) * 1000, 1)
+                server, offset = _grpc_identity(channel, timeout_s, md)
             finally:
                 channel.close()
-            return ProbeResult(True, f"OTLP/gRPC export accepted by {target}",
-                               round((time.monotonic() - t0) * 1000, 1))
+            return ProbeResult(True, f"OTLP/gRPC export accepted by {target}", rtt, server, offset)
         url = endpoint.rstrip("/")
         url = url if url.endswith("/v1/traces") else url + "/v1/traces"
         req = urllib.request.Request(url, data=body, method="POST",
                                      headers={"Content-Type": "application/x-protobuf", **(headers or {})})
+        sent = time.time()
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            offset = None
+            date = resp.headers.get("Date")
+            if date:  # one-second resolution
+                offset = parsedate_to_datetime(date).timestamp() - (sent + time.time()) / 2
             return ProbeResult(True, f"OTLP/HTTP export accepted by {url} ({resp.status})",
-                               round((time.monotonic() - t0) * 1000, 1), resp.headers.get("Date"))
+                               round((time.monotonic() - t0) * 1000, 1), resp.headers.get("Server"), offset)
     except Exception as exc:  # every failure is the answer: nothing takes exports there
         return ProbeResult(False, _why(exc))
+
+
+def _grpc_identity(channel: object, timeout_s: float, md: tuple) -> tuple[str | None, float | None]:
+    """The collector's name and clock from its gRPC health check's trailing metadata (none from another server)."""
+    try:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check",  # type: ignore[attr-defined]
+                                    request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        sent = time.time_ns()
+        _, call = check.with_call(b"", timeout=timeout_s, metadata=md)
+        got = time.time_ns()
+        trail = dict(call.trailing_metadata() or ())
+        server = trail.get("otel-straggler-collector")
+        ns = trail.get("x-unix-time-ns")
+        offset = (int(ns) - (sent + got) / 2) / 1e9 if ns else None
+        return (str(server) if server else None), offset
+    except Exception:  # no health service, or none that says: nothing to report
+        return None, None
 
 
 def _why(exc: BaseException) -> str:

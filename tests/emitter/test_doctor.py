@@ -53,3 +53,42 @@ def test_a_dead_endpoint_a_bad_setting_and_an_unnamed_multi_rank_job_fail(capsys
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] is False and {c["name"] for c in report["checks"] if c["status"] == "FAIL"} == {
         "settings", "job id", "endpoint"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_the_real_collector_says_what_it_is_and_what_its_clock_reads(tmp_path, protocol: str) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    grpc, http, metrics = free_port(), free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update(OTEL_STRAGGLER_OTLP_GRPC_ENDPOINT=f"127.0.0.1:{grpc}",
+               OTEL_STRAGGLER_OTLP_HTTP_ENDPOINT=f"127.0.0.1:{http}",
+               OTEL_STRAGGLER_METRICS_ENDPOINT=f"127.0.0.1:{metrics}",
+               OTEL_STRAGGLER_EVIDENCE_PATH=str(tmp_path / "verdicts.jsonl"))
+    proc = subprocess.Popen([sys.executable, "-m", "collector_processor", "--config", "configs/collector.yaml"],
+                            cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{metrics}/healthz", timeout=2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.3)
+        port = grpc if protocol == "grpc" else http
+        found = _by_name(doctor.checks({**WORKER, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+                                        "OTEL_EXPORTER_OTLP_PROTOCOL": protocol}))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert found["endpoint"].status == doctor.OK, found["endpoint"]
+    assert found["collector"].status == doctor.OK and found["collector"].detail.startswith("otel-straggler-collector ")
+    assert found["clock"].status == doctor.OK  # the same machine's clock, within the round trip (HTTP: 1 s)
