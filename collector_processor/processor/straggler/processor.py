@@ -494,8 +494,9 @@ class StragglerProcessor:
         if self.metrics.registered:
             self.metrics.record_window(cohort.job, cohort.key, out, now)
             for alert in out.alerts.values():
-                if alert is not None:
-                    self.metrics.record_alert(alert, now)
+                if alert is not None:  # judged slow in this window, or held from an earlier one
+                    self.metrics.record_alert(alert, now, judged=(alert.window_start, alert.window_end)
+                                              == (w.start, w.end))
             for v in out.verdicts:
                 if v.verdict == s.VERDICT_RECOVERED:
                     self.metrics.record_alert(v, now)
