@@ -201,6 +201,9 @@ M_VERDICTS: Final = "otel_straggler_verdicts_total"
 # Per-rank view for dashboards (labels: training_job, cohort, rank, stage_group, measurement), capped
 M_RANK_STAGE_SECONDS: Final = "otel_straggler_rank_stage_seconds"  # gauge, last window statistic
 M_RANK_DEVIATION: Final = "otel_straggler_rank_deviation_ratio"  # gauge (labels: training_job, cohort, rank)
+# Wall-clock time (Unix seconds) the collector last accepted a sample of the job (labels: training_job); expires
+# after series_ttl_s like the per-rank series, so "stopped sending" alerts for that long
+M_JOB_LAST_SEEN: Final = "otel_straggler_job_last_seen_timestamp_seconds"
 # Collector self-telemetry
 M_SPANS_RECEIVED: Final = "otel_straggler_collector_spans_received_total"  # labels: receiver
 M_SPANS_ACCEPTED: Final = "otel_straggler_collector_spans_accepted_total"

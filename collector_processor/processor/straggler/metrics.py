@@ -33,6 +33,7 @@ ALERT_LABELS = (*COST_LABELS, s.L_FIRST_STEP, s.L_TRACE_ID)
 VERDICT_LABELS = (JOB, "verdict", "reason")
 RANK_STAGE_LABELS = (JOB, "cohort", "rank", "stage_group", "measurement")
 RANK_DEV_LABELS = (JOB, "cohort", "rank")
+JOB_LABELS = (JOB,)
 
 _Key = tuple[str, ...]
 _Snapshot = tuple[
@@ -41,8 +42,9 @@ _Snapshot = tuple[
     tuple[tuple[_Key, float], ...],
     tuple[tuple[_Key, float, str], ...],
     tuple[tuple[_Key, float, str], ...],
+    tuple[tuple[_Key, float], ...],
 ]
-_EMPTY: _Snapshot = ((), (), (), (), ())
+_EMPTY: _Snapshot = ((), (), (), (), (), ())
 
 
 class StragglerMetrics(Collector):
@@ -55,6 +57,7 @@ class StragglerMetrics(Collector):
         self._rank_dev: dict[_Key, list[float]] = {}
         self._verdicts: dict[_Key, list[float | str]] = {}  # labels -> [count, exemplar trace id]
         self._cost: dict[_Key, list[float | str]] = {}  # labels -> [GPU-seconds, exemplar trace id]
+        self._seen: dict[_Key, list[float]] = {}  # (job,) -> [last accepted sample's wall time, t]
         self._snapshot: _Snapshot = _EMPTY
         self._dirty = False
         self._next_expiry_s = 0.0
@@ -69,7 +72,7 @@ class StragglerMetrics(Collector):
     # --- processor thread ---------------------------------------------------------------------------
     def _series_count(self) -> int:
         return (len(self._alerts) + len(self._rank_stage) + len(self._rank_dev) + len(self._verdicts)
-                + len(self._cost))
+                + len(self._cost) + len(self._seen))
 
     def _room(self, priority: bool = False) -> bool:
         """Room for one more series. Per-rank dashboard series stop at 90 % of ``max_series``: the rest is
@@ -96,6 +99,11 @@ class StragglerMetrics(Collector):
             self._put(self._rank_stage, (job, cohort, str(rank), group, meas), [seconds, now_s])
         for rank, dev in outcome.rank_deviation.items():
             self._put(self._rank_dev, (job, cohort, str(rank)), [dev, now_s])
+        self._dirty = True
+
+    def record_seen(self, job: str, now_s: float) -> None:
+        """The collector accepted a sample of ``job`` at ``now_s`` (its wall clock)."""
+        self._put(self._seen, (job,), [now_s, now_s], priority=True)
         self._dirty = True
 
     def record_alert(self, v: Verdict, now_s: float, judged: bool = False) -> None:
@@ -136,7 +144,7 @@ class StragglerMetrics(Collector):
         ttl = self.cfg.series_ttl_s
         if now_s >= self._next_expiry_s:
             self._next_expiry_s = now_s + min(1.0, ttl / 10.0)
-            for d, t_idx in ((self._alerts, 4), (self._rank_stage, 1), (self._rank_dev, 1)):
+            for d, t_idx in ((self._alerts, 4), (self._rank_stage, 1), (self._rank_dev, 1), (self._seen, 1)):
                 stale = [k for k, v in d.items() if now_s - v[t_idx] > ttl]
                 for k in stale:
                     del d[k]
@@ -150,6 +158,7 @@ class StragglerMetrics(Collector):
             tuple((k, v[0]) for k, v in self._rank_dev.items()),
             tuple((k, float(v[0]), str(v[1])) for k, v in self._verdicts.items()),
             tuple((k, float(v[0]), str(v[1])) for k, v in self._cost.items()),
+            tuple((k, v[0]) for k, v in self._seen.items()),
         )
         self._dirty = False
 
@@ -166,9 +175,10 @@ class StragglerMetrics(Collector):
         yield CounterMetricFamily(s.M_VERDICTS.removesuffix("_total"), "", labels=VERDICT_LABELS)
         yield GaugeMetricFamily(s.M_RANK_STAGE_SECONDS, "", labels=RANK_STAGE_LABELS)
         yield GaugeMetricFamily(s.M_RANK_DEVIATION, "", labels=RANK_DEV_LABELS)
+        yield GaugeMetricFamily(s.M_JOB_LAST_SEEN, "", labels=JOB_LABELS)
 
     def collect(self) -> Iterator[Metric]:
-        alerts, rank_stage, rank_dev, verdicts, cost = self._snapshot  # one reference read: consistent
+        alerts, rank_stage, rank_dev, verdicts, cost, seen = self._snapshot  # one reference read: consistent
         active = GaugeMetricFamily(s.M_STRAGGLER_ACTIVE, "1 while a straggler verdict holds, 0 after recovery")
         dev = GaugeMetricFamily(s.M_STRAGGLER_DEVIATION, "Deviation of the latest judged window")
         lost = GaugeMetricFamily(s.M_STEP_TIME_LOST, "Step time lost per step")
@@ -191,4 +201,7 @@ class StragglerMetrics(Collector):
         rd = GaugeMetricFamily(s.M_RANK_DEVIATION, "Worst deviation of the rank in its last window")
         for labels, v in rank_dev:
             add_sample(rd, RANK_DEV_LABELS, labels, v)
-        yield from (active, dev, lost, gpu, gs, vc, rs, rd)
+        js = GaugeMetricFamily(s.M_JOB_LAST_SEEN, "When the collector last accepted a sample of the job")
+        for labels, v in seen:
+            add_sample(js, JOB_LABELS, labels, v)
+        yield from (active, dev, lost, gpu, gs, vc, rs, rd, js)

@@ -162,7 +162,11 @@ class StragglerProcessor:
             elif ok:
                 accepted += ok
                 touched[id(cohort)] = cohort
+        seen = None
         for cohort in touched.values():
+            if self.metrics.registered and cohort.job != seen:
+                seen = cohort.job
+                self.metrics.record_seen(cohort.job, now)
             self._close_by_progress(cohort, now)
         # telemetry, once per request
         c["spans_accepted"] += accepted
