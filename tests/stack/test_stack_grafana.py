@@ -4,6 +4,7 @@ uids, the job/cohort/rank variables, and every panel and query names a datasourc
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from stack_support import GRAFANA_PROVISIONING, dashboard_files, dashboard_panels, load_dashboard, load_yaml
@@ -194,3 +195,80 @@ def test_collector_health_covers_the_collector_self_metrics() -> None:
         assert f"otel_straggler_collector_{metric}" in text, metric
     assert "histogram_quantile(0.99" in text
     assert text.count("otel_straggler_emitter_") >= 5
+
+
+def _all_links(path: Path) -> list[str]:
+    import re
+
+    return re.findall(r'"url": "([^"]*)"', path.read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("path", dashboard_files(), ids=lambda p: p.name)
+def test_explore_links_name_provisioned_datasources(path: Path) -> None:
+    """Every Explore data link names a provisioned datasource by uid, with that datasource's type."""
+    import json
+    import urllib.parse
+
+    uids = {d["uid"]: d["type"] for d in _datasources()}
+    explore = [u for u in _all_links(path) if u.startswith("/explore")]
+    for url in explore:
+        pane = json.loads(urllib.parse.unquote(urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)["panes"][0]))
+        for q in pane["a"]["queries"]:
+            assert uids.get(q["datasource"]["uid"]) == q["datasource"]["type"], url
+
+
+def _sdk() -> Any:
+    sdk = pytest.importorskip("grafana_foundation_sdk", reason="grafana-foundation-sdk (the dev extra) checks "
+                                                                "dashboards against Grafana's schema models")
+    from grafana_foundation_sdk.cog import plugins, runtime
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    plugins.register_default_plugins()
+    return sdk, runtime, JSONEncoder, Dashboard
+
+
+def _lost(a: Any, b: Any, path: str = "") -> list[str]:
+    """What of ``a`` is not in ``b`` (keys, values, list lengths)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [x for k in a for x in ([f"{path}/{k}"] if k not in b else _lost(a[k], b[k], f"{path}/{k}"))]
+    if isinstance(a, list) and isinstance(b, list):
+        out = [f"{path}: {len(a)} items, {len(b)} after"] if len(a) != len(b) else []
+        return out + [x for i, (u, v) in enumerate(zip(a, b)) for x in _lost(u, v, f"{path}[{i}]")]
+    return [] if a == b else [f"{path}: {a!r} -> {b!r}"]
+
+
+def _round_trip(dash: dict) -> list[str]:
+    import json
+
+    _, _, encoder, model = _sdk()
+    back = json.loads(json.dumps(model.from_json(dash), cls=encoder))
+    # `definition` (what Grafana's editor shows for a query variable) is not in the schema: it must repeat the query
+    for v in dash["templating"]["list"]:
+        if "definition" in v:
+            assert v["definition"] == v["query"]["query"], v["name"]
+    return [x for x in _lost(dash, back) if not x.endswith("/definition")]
+
+
+@pytest.mark.parametrize("path", dashboard_files(), ids=lambda p: p.name)
+def test_dashboard_conforms_to_grafanas_schema_models(path: Path) -> None:
+    """Each dashboard loads into grafana-foundation-sdk's models of Grafana's dashboard schema (generated from its
+    CUE kinds: the dashboard, every panel plugin's options and field config, the Prometheus query) and comes back
+    whole: no key or value the schema does not know, every panel type and query type known."""
+    _, runtime, _, _ = _sdk()
+    dash = load_dashboard(path)
+    assert _round_trip(dash) == []
+    for p in dashboard_panels(path):
+        if p["type"] != "row":
+            assert runtime.panelcfg_config(p["type"]) is not None, p["type"]
+            for t in p["targets"]:
+                q = runtime.dataquery_from_json(t, t["datasource"]["type"])
+                assert not isinstance(q, runtime.UnknownDataquery), (p["title"], t["refId"])
+
+
+def test_schema_check_catches_a_misspelled_key() -> None:
+    dash = load_dashboard(dashboard_files()[0])
+    panel = next(p for p in dash["panels"] if p["type"] != "row")
+    panel["fieldConfig"]["defaults"]["unitt"] = "s"
+    panel["targets"][0]["exprr"] = "up"
+    assert {x.rsplit("/", 1)[-1] for x in _round_trip(dash)} == {"unitt", "exprr"}
