@@ -130,3 +130,18 @@ def test_grafana_alerting_provisioning_format() -> None:
     policy = doc["policies"][0]
     assert policy["receiver"] == contact["name"]
     assert policy["group_by"] == ["alertname", "training_job", "host"]
+
+
+def test_deployment_guide_walks_from_the_alert_to_the_trace_in_five_steps() -> None:
+    """docs/deployment.md: "From the alert to the trace" is at most five numbered steps, and every label and link
+    annotation it names is one the StragglerDetected alert carries."""
+    text = (REPO / "docs" / "deployment.md").read_text(encoding="utf-8")
+    section = text.split("### From the alert to the trace", 1)[1].split("\n#", 1)[0]
+    steps = re.findall(r"^(\d+)\. ", section, re.M)
+    assert 1 <= len(steps) <= 5 and steps == [str(i) for i in range(1, len(steps) + 1)], steps
+    rule = _prom_rules()["StragglerDetected"]
+    carried = set(STRAGGLER_LABELS) | set(rule["annotations"])
+    named = set(re.findall(r"`([a-z_]+)`", section.split("The links are built", 1)[0]))
+    for key in ("training_job", "first_step", "trace_id", "jaeger_url", "tempo_url", "dashboard_url"):
+        assert key in named, key
+    assert {k for k in named if k.endswith("_url") or k in STRAGGLER_LABELS} <= carried
