@@ -133,7 +133,8 @@ class StragglerMetrics(Collector):
             cur = self._verdicts.get(key)
             if cur is not None:
                 cur[0] = float(cur[0]) + 1
-                cur[1] = trace
+                if trace:  # a verdict without a step (wall-clock window) keeps the last exemplar
+                    cur[1] = trace
             elif self._room(priority=True):
                 self._verdicts[key] = [1.0, trace]
             self._dirty = True
