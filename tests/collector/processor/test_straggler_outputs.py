@@ -284,3 +284,29 @@ def test_every_schema_reason_is_one_named_constant() -> None:
     assert sorted(constants) == sorted(s.REASONS)
     with pytest.raises(ValueError, match="REASONS"):
         model._reason("slow_ish")
+
+
+def test_unknown_label_values_are_left_out_of_the_series() -> None:
+    """A rank whose host and GPU are unknown, judged in a wall-clock window (no step, no trace): its alert series
+    has no host, gpu, first_step or trace_id label rather than empty ones, and its verdict count no exemplar."""
+    from prometheus_client import CollectorRegistry
+
+    from collector_processor.processor.straggler.metrics import StragglerMetrics
+    from collector_processor.telemetry import Telemetry
+
+    tel = Telemetry(CollectorRegistry())
+    m = StragglerMetrics(MetricsConfig(), tel)
+    v = _verdict(host="", gpu="", step=None, trace_id=b"", window_gpu_seconds=2.0)
+    m.record_alert(v, 1.0, judged=True)
+    m.count_verdicts([v])
+    m.publish(1.0)
+    text = generate_latest(tel.registry).decode()
+    (active,) = [ln for ln in text.splitlines() if ln.startswith(s.M_STRAGGLER_ACTIVE + "{")]
+    assert active == ('otel_straggler_active{attribution="gpu_stream_stall",cohort="c",rank="3",'
+                      'stage="forward-compute",training_job="j"} 1.0')
+    assert '=""' not in text
+    om = openmetrics_latest(tel.registry).decode()
+    assert " # {" not in om  # no trace: no exemplar
+    assert tel.registry.get_sample_value(s.M_GPU_LOST_SECONDS, {
+        "training_job": "j", "cohort": "c", "rank": "3", "stage": "forward-compute",
+        "attribution": "gpu_stream_stall"}) == 2.0
