@@ -1,6 +1,6 @@
 """The components of this collector distribution (what otelcol's builder writes into ``components.go``): the core's
-OTLP receiver, memory limiter and exporters, and the straggler plugin's processor and connector. This is the one
-module that names them; the core (service, pipelines, config) only sees the ``Factories`` it returns."""
+OTLP receiver, memory limiter, span filter and exporters, and the straggler plugin's processor and connector. This
+is the one module that names them; the core (service, pipelines, config) only sees the ``Factories`` it returns."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collector_processor.registry import Factories
 
 def factories() -> Factories:
     from collector_processor.exporter import debug, evidence, otlp, prometheus
+    from collector_processor.processor import filter as span_filter
     from collector_processor.processor import memory_limiter
     from collector_processor.processor.straggler import factory as straggler
     from collector_processor.receiver import otlp as otlp_receiver
@@ -16,6 +17,7 @@ def factories() -> Factories:
     return Factories([
         otlp_receiver.FACTORY,
         memory_limiter.FACTORY,
+        span_filter.FACTORY,
         straggler.PROCESSOR,
         straggler.CONNECTOR,
         otlp.GRPC_FACTORY,

@@ -13,7 +13,10 @@ series stay bounded by the configuration.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import Exemplar, Metric, Sample
 
 from otel_straggler import schema as s
 
@@ -21,6 +24,18 @@ from otel_straggler import schema as s
 def _base(name: str) -> str:
     """prometheus_client appends ``_total`` to counters itself."""
     return name.removesuffix("_total")
+
+
+EXEMPLAR_LABEL = "trace_id"
+
+
+def add_sample(fam: Metric, names: Sequence[str], values: Sequence[str], value: float, trace_id: str = "") -> None:
+    """One series of ``fam``: labels whose value is empty are left out (Prometheus treats an empty value as no
+    label, and dashboards match on presence), ``trace_id`` becomes the sample's exemplar."""
+    labels = {n: v for n, v in zip(names, values, strict=True) if v != ""}
+    exemplar = Exemplar({EXEMPLAR_LABEL: trace_id}, value) if trace_id else None
+    suffix = "_total" if fam.type == "counter" else ""
+    fam.samples.append(Sample(fam.name + suffix, labels, value, None, exemplar))
 
 
 class Telemetry:

@@ -155,7 +155,9 @@ EV_STEP_TIME_LOST_MS: Final = "straggler.impact.step_time_lost_ms"  # double
 EV_GPU_SECONDS_PER_HOUR: Final = "straggler.impact.gpu_seconds_per_hour"  # double
 EV_COHORT_SIZE: Final = "straggler.cohort.size"  # int, effective comparable peers incl. the rank
 EV_COLLECTIVE_EVIDENCE: Final = "straggler.evidence.collective_wait"  # str, see docs
-EV_TRACE_ID: Final = "trace_id"  # hex, also set as the log record's trace id
+EV_TRACE_ID: Final = "trace_id"  # hex, the trace of the step where the verdict fired
+EV_FIRST_STEP: Final = "straggler.first_step"  # int, the step where the alert was first convicted
+EV_FIRST_TRACE_ID: Final = "straggler.first_trace_id"  # hex, that step's trace: the verdict span's and log's
 
 VERDICT_STRAGGLER: Final = "straggler"
 VERDICT_RECOVERED: Final = "recovered"
@@ -182,16 +184,28 @@ ATTRIBUTION_UNKNOWN: Final = "attribution_unknown"
 ATTRIBUTIONS: Final = (ATTRIBUTION_GPU, ATTRIBUTION_HOST, ATTRIBUTION_UNKNOWN)
 
 # --- Prometheus metrics exported by the collector -----------------------------------------------
-# Straggler state (labels: job, cohort, rank, host, gpu, stage, attribution)
+# Labels of the collector's series. The training job's id is ``training_job`` (never ``job`` or ``instance``:
+# a scrape with the default ``honor_labels: false`` would rename those ``exported_*``); a label whose value
+# would be empty is left out of the series.
+L_TRAINING_JOB: Final = "training_job"
+L_FIRST_STEP: Final = "first_step"  # the step where the alert was first convicted
+L_TRACE_ID: Final = "trace_id"  # that step's trace id (hex): where its verdict span lives
+# Straggler state (labels: training_job, cohort, rank, host, gpu, stage, attribution, first_step, trace_id)
 M_STRAGGLER_ACTIVE: Final = "otel_straggler_active"  # gauge 1 while a straggler verdict holds, else 0
 M_STRAGGLER_DEVIATION: Final = "otel_straggler_deviation_ratio"  # gauge, deviation of the active verdict
 M_STEP_TIME_LOST: Final = "otel_straggler_step_time_lost_seconds"  # gauge, per step
-M_GPU_SECONDS_LOST: Final = "otel_straggler_gpu_seconds_lost_per_hour"  # gauge
-# Verdict counter (labels: job, verdict, reason)
+M_GPU_LOST_RATIO: Final = "otel_straggler_gpu_lost_ratio"  # gauge, GPU-seconds lost per second of wall time
+# GPU-seconds lost by the waiting ranks while alerts held (labels: training_job, cohort, rank, host, gpu, stage,
+# attribution; exemplar: trace_id of the convicting step)
+M_GPU_LOST_SECONDS: Final = "otel_straggler_gpu_lost_seconds_total"
+# Verdict counter (labels: training_job, verdict, reason; exemplar: trace_id of the verdict's step)
 M_VERDICTS: Final = "otel_straggler_verdicts_total"
-# Per-rank view for dashboards (labels: job, cohort, rank, stage_group, measurement), capped
+# Per-rank view for dashboards (labels: training_job, cohort, rank, stage_group, measurement), capped
 M_RANK_STAGE_SECONDS: Final = "otel_straggler_rank_stage_seconds"  # gauge, last window statistic
-M_RANK_DEVIATION: Final = "otel_straggler_rank_deviation_ratio"  # gauge (labels: job, cohort, rank)
+M_RANK_DEVIATION: Final = "otel_straggler_rank_deviation_ratio"  # gauge (labels: training_job, cohort, rank)
+# Wall-clock time (Unix seconds) the collector last accepted a sample of the job (labels: training_job); expires
+# after series_ttl_s like the per-rank series, so "stopped sending" alerts for that long
+M_JOB_LAST_SEEN: Final = "otel_straggler_job_last_seen_timestamp_seconds"
 # Collector self-telemetry
 M_SPANS_RECEIVED: Final = "otel_straggler_collector_spans_received_total"  # labels: receiver
 M_SPANS_ACCEPTED: Final = "otel_straggler_collector_spans_accepted_total"
@@ -213,7 +227,7 @@ COLLECTOR_DROPPED_REASONS: Final = ("queue_full", "memory_limit", "shutting_down
 COLLECTOR_REJECTED_REASONS: Final = ("malformed", "non_finite", "duplicate", "late", "over_cap")
 COLLECTOR_REQUEST_OUTCOMES: Final = ("ok", "partial", "invalid", "throttled", "unauthenticated", "too_large",
                                      "aborted")
-# Emitter self-metrics re-exported from OTLP metrics the ranks send (labels: job, rank, reason)
+# Emitter self-metrics re-exported from OTLP metrics the ranks send (labels: training_job, rank, reason)
 M_EMITTER_PREFIX: Final = "otel_straggler_emitter_"
 
 # --- emitter self-metrics (OTel metric instruments, exported over OTLP by every rank) -----------

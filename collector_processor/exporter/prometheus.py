@@ -1,13 +1,18 @@
 """``prometheus`` exporter: ``/metrics`` and ``/healthz`` over HTTP.
 
 ``/metrics`` serves the collector's shared registry (self-telemetry and the straggler processor's series) plus the
-emitter self-metrics that ranks send over OTLP metrics, re-exported with labels ``{job,rank,reason}`` under their
-Prometheus names (``prometheus_names``: the OTel instrument name with dots as underscores, the unit as a suffix,
-``_total`` on counters): ``otel_straggler.emitter.dropped`` (unit ``1``) is ``otel_straggler_emitter_dropped_total``,
-the gauge ``otel_straggler.emitter.readout.lag`` (unit ``s``) is ``otel_straggler_emitter_readout_lag_seconds``.
-``reason`` is the data point's ``reason`` attribute (or ``where`` for faults), empty when absent; the instrument's
-description is the HELP text. New series past ``max_series`` are not created and are counted in
+emitter self-metrics that ranks send over OTLP metrics, re-exported with labels ``{training_job,rank,reason}``
+under their Prometheus names (``prometheus_names``: the OTel instrument name with dots as underscores, the unit as
+a suffix, ``_total`` on counters): ``otel_straggler.emitter.dropped`` (unit ``1``) is
+``otel_straggler_emitter_dropped_total``, the gauge ``otel_straggler.emitter.readout.lag`` (unit ``s``) is
+``otel_straggler_emitter_readout_lag_seconds``. ``reason`` is the data point's ``reason`` attribute (or ``where``
+for faults), left out when absent (as is any label whose value is empty); the instrument's description is the
+HELP text. New series past ``max_series`` are not created and are counted in
 ``evictions_total{structure="metric_series"}``.
+
+``/metrics`` answers in the OpenMetrics text format when the scraper asks for it (``Accept:
+application/openmetrics-text``, as Prometheus does), with exemplars (``trace_id`` on the verdict counter and the
+GPU-seconds-lost counter), else in the Prometheus text format.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.metrics.v1 import metrics_pb2
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from pydantic import Field
 
@@ -29,12 +35,13 @@ from collector_processor.config.types import MetricsListen, Strict, split_host_p
 from collector_processor.exporter.prometheus_names import prometheus_name
 from collector_processor.receiver.auth import AuthConfig, BearerAuth
 from collector_processor.registry import BuildContext, Factory
-from collector_processor.telemetry import Telemetry
+from collector_processor.telemetry import Telemetry, add_sample
 from otel_straggler import schema as s
 
 log = logging.getLogger(__name__)
 OTEL_PREFIX = "otel_straggler.emitter."
-LABELS = ("job", "rank", "reason")
+LABELS = (s.L_TRAINING_JOB, "rank", "reason")
+_OM_EOF = b"# EOF\n"
 DEFAULT_HELP = "Emitter self-metric re-exported from OTLP"
 
 
@@ -111,12 +118,22 @@ class EmitterMetrics(Collector):
             if fam is None:
                 doc = helps.get((kind, name), DEFAULT_HELP)
                 if kind == "counter":
-                    fam = CounterMetricFamily(name, doc, labels=LABELS)  # name ends in _total: kept once
+                    fam = CounterMetricFamily(name, doc)  # name ends in _total: kept once
                 else:
-                    fam = GaugeMetricFamily(name, doc, labels=LABELS)
+                    fam = GaugeMetricFamily(name, doc)
                 fams[(kind, name)] = fam
-            fam.add_metric([job, rank, reason], v)
+            add_sample(fam, LABELS, (job, rank, reason), v)
         yield from fams.values()
+
+
+def render(registries: list[CollectorRegistry], accept: str | None) -> tuple[bytes, str]:
+    """The registries one after the other in the format ``accept`` asks for (OpenMetrics: one ``# EOF`` at the
+    end), and its content type."""
+    encoder, ctype = choose_encoder(accept or "")
+    parts = [encoder(r) for r in registries]
+    if parts and parts[-1].endswith(_OM_EOF):
+        parts = [p.removesuffix(_OM_EOF) for p in parts] + [_OM_EOF]
+    return b"".join(parts), ctype
 
 
 class MetricsHTTPServer:
@@ -164,8 +181,8 @@ class MetricsHTTPServer:
                     outer.t.unauthenticated.labels(outer.label).inc()
                     self._send(401, b"unauthorized\n")
                     return
-                body = b"".join(generate_latest(r) for r in outer.registries)
-                self._send(200, body, CONTENT_TYPE_LATEST)
+                body, ctype = render(outer.registries, self.headers.get("Accept"))
+                self._send(200, body, ctype)
 
         class Server(ThreadingHTTPServer):
             daemon_threads = True

@@ -74,6 +74,11 @@ def test_evidence_rotation_keeps_max_files_of_complete_lines(tmp_path: Path) -> 
     assert t.registry.get_sample_value("otel_straggler_collector_evidence_lines_total") == 40
 
 
+# what Prometheus 2.x sends when it scrapes
+OPENMETRICS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+                      "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+
+
 def test_prometheus_serves_self_metrics_and_reexports_emitter_metrics(start_service) -> None:  # type: ignore[no-untyped-def]
     text = BASE_RECEIVER + """
 processors:
@@ -108,15 +113,23 @@ service:
         scrape(url)
     assert ei.value.code == 401
     m = scrape(url, {"Authorization": "Bearer scrape-me"})
-    assert m["otel_straggler_emitter_dropped_total{job=job-9,rank=5,reason=ring_full}"] == 6  # cumulative
-    assert m["otel_straggler_emitter_dropped_total{job=job-9,rank=5,reason=late}"] == 1
-    assert m["otel_straggler_emitter_intervals_total{job=job-9,rank=5,reason=}"] == 100
+    assert m["otel_straggler_emitter_dropped_total{rank=5,reason=ring_full,training_job=job-9}"] == 6  # cumulative
+    assert m["otel_straggler_emitter_dropped_total{rank=5,reason=late,training_job=job-9}"] == 1
+    assert m["otel_straggler_emitter_intervals_total{rank=5,training_job=job-9}"] == 100
     assert not any(k.startswith("otel_straggler_emitter_readout") for k in m)  # 4th series: over the cap of 3
     assert not any("unrelated" in k for k in m)
     assert m["otel_straggler_collector_evictions_total{structure=metric_series}"] >= 1
     assert m["otel_straggler_collector_requests_total{outcome=ok,receiver=otlp/grpc}"] == 3  # 2 flushes + shutdown
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
         assert resp.status == 200 and resp.read() == b"ok\n"
+    # OpenMetrics when asked (as Prometheus asks): both registries in one exposition with one "# EOF" at the end
+    req = urllib.request.Request(url, headers={"Authorization": "Bearer scrape-me", "Accept": OPENMETRICS_ACCEPT})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
+        om = resp.read().decode()
+    assert om.endswith("# EOF\n") and om.count("# EOF") == 1
+    assert 'otel_straggler_emitter_dropped_total{rank="5",reason="ring_full",training_job="job-9"} 6.0' in om
+    assert "otel_straggler_collector_requests_total{" in om
 
 
 def test_emitter_metrics_take_prometheus_names_by_unit_and_kind(start_service) -> None:  # type: ignore[no-untyped-def]
@@ -144,11 +157,11 @@ service:
     mp.shutdown()
     url = f"http://127.0.0.1:{run.svc.exporters['prometheus'].port}/metrics"
     m = scrape(url)
-    assert m["otel_straggler_emitter_pool_high_water{job=j,rank=0,reason=}"] == 17
-    assert m["otel_straggler_emitter_readout_lag_seconds{job=j,rank=0,reason=}"] == 0.25
-    assert m["otel_straggler_emitter_intervals_total{job=j,rank=0,reason=}"] == 3
-    assert m["otel_straggler_emitter_spill_bytes_total{job=j,rank=0,reason=}"] == 4096
-    assert m["otel_straggler_emitter_wait_seconds{job=j,rank=0,reason=}"] == 2
+    assert m["otel_straggler_emitter_pool_high_water{rank=0,training_job=j}"] == 17
+    assert m["otel_straggler_emitter_readout_lag_seconds{rank=0,training_job=j}"] == 0.25
+    assert m["otel_straggler_emitter_intervals_total{rank=0,training_job=j}"] == 3
+    assert m["otel_straggler_emitter_spill_bytes_total{rank=0,training_job=j}"] == 4096
+    assert m["otel_straggler_emitter_wait_seconds{rank=0,training_job=j}"] == 2
     assert not [k for k in m if k.startswith("otel_straggler_emitter_readout_lag{")]
     with urllib.request.urlopen(url, timeout=5) as resp:
         page = resp.read().decode()

@@ -1,13 +1,15 @@
 """Real Prometheus + Alertmanager around a straggler collector, for the alerting end-to-end tests.
 
-``alert_stack`` starts Alertmanager (webhook to an in-test receiver) and Prometheus (1 s scrape and
-evaluation, the shipped rules with ``for: 1m`` -> ``for: 2s`` in a test copy) on free loopback ports.
+``alert_stack`` starts Alertmanager (the shipped route's grouping, a webhook to an in-test receiver) and Prometheus
+(the default scrape config, i.e. ``honor_labels: false``; exemplar storage on; 1 s scrape and evaluation; the
+shipped rules with every ``for`` -> ``2s`` in a test copy) on free loopback ports.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,7 +19,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from stack_support import PROM_RULES, free_ports, http_get, load_yaml, process, require_binary, tail, wait_until
+from stack_support import (
+    CONFIGS,
+    PROM_RULES,
+    free_ports,
+    http_get,
+    load_yaml,
+    process,
+    require_binary,
+    tail,
+    wait_until,
+)
 
 TEST_FOR = "2s"
 
@@ -53,17 +65,21 @@ class Webhook:
         self.server.shutdown()
         self.server.server_close()
 
-    def alerts(self, status: str) -> list[dict[str, Any]]:
+    def alerts(self, status: str, alertname: str = "StragglerDetected") -> list[dict[str, Any]]:
         with self._lock:
             return [a for n in self.notifications for a in n["alerts"]
-                    if a["status"] == status and a["labels"].get("alertname") == "StragglerDetected"]
+                    if a["status"] == status and a["labels"].get("alertname") == alertname]
 
 
 def rules_copy(dst: Path) -> None:
+    """The shipped rules with every alert's ``for`` shortened to ``TEST_FOR`` (nothing else changed)."""
     doc = load_yaml(PROM_RULES)
     rule = next(r for g in doc["groups"] for r in g["rules"] if r.get("alert") == "StragglerDetected")
     assert rule["for"] == "1m"
-    rule["for"] = TEST_FOR
+    for g in doc["groups"]:
+        for r in g["rules"]:
+            if "for" in r:
+                r["for"] = TEST_FOR
     dst.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
 
 
@@ -86,11 +102,20 @@ class AlertStack:
 
     def query(self, expr: str) -> list[dict[str, str]]:
         """Label sets of an instant query's result in the real Prometheus."""
-        url = f"http://127.0.0.1:{self.prom_port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        return [r["metric"] for r in self.api("query", query=expr)["result"]]
+
+    def api(self, path: str, **params: str) -> Any:
+        """``data`` of a Prometheus HTTP API answer (``/api/v1/<path>``)."""
+        url = f"http://127.0.0.1:{self.prom_port}/api/v1/{path}?" + urllib.parse.urlencode(params)
         code, body = http_get(url)
         if code != 200:
             raise ValueError(f"prometheus answered {code}: {body[:300]!r}")
-        return [r["metric"] for r in json.loads(body)["data"]["result"]]
+        return json.loads(body)["data"]
+
+    def exemplars(self, expr: str, lookback_s: float = 600.0) -> list[dict[str, Any]]:
+        """Exemplars Prometheus stored for the series of ``expr`` (``/api/v1/query_exemplars``)."""
+        now = time.time()
+        return self.api("query_exemplars", query=expr, start=f"{now - lookback_s:.3f}", end=f"{now + 60:.3f}")
 
 
 @contextmanager
@@ -101,11 +126,12 @@ def alert_stack(tmp_path: Path, metrics_port: int, collector_log: Path) -> Itera
     with Webhook() as hook:
         am_dir = tmp_path / "alertmanager"
         am_dir.mkdir()
-        (am_dir / "alertmanager.yml").write_text(yaml.safe_dump({
-            "route": {"receiver": "test", "group_by": ["alertname", "job", "cohort"], "group_wait": "1s",
-                      "group_interval": "1s", "repeat_interval": "1h"},
-            "receivers": [{"name": "test", "webhook_configs": [{"url": hook.url, "send_resolved": True}]}],
-        }), encoding="utf-8")
+        am_cfg = load_yaml(CONFIGS / "alertmanager" / "alertmanager.yml")  # the shipped route, faster
+        am_cfg["route"].update({"group_wait": "1s", "group_interval": "1s", "repeat_interval": "1h"})
+        for receiver in am_cfg["receivers"]:
+            for hook_cfg in receiver["webhook_configs"]:
+                hook_cfg["url"] = hook.url
+        (am_dir / "alertmanager.yml").write_text(yaml.safe_dump(am_cfg), encoding="utf-8")
         prom_dir = tmp_path / "prometheus"
         prom_dir.mkdir()
         rules_copy(prom_dir / "straggler.rules.yml")
@@ -113,14 +139,15 @@ def alert_stack(tmp_path: Path, metrics_port: int, collector_log: Path) -> Itera
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": ["straggler.rules.yml"],
             "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
-            "scrape_configs": [{"job_name": "otel-straggler-collector", "honor_labels": True,
+            # the shipped scrape job's name and defaults (honor_labels: false), on the test's collector
+            "scrape_configs": [{"job_name": "otel-straggler-collector",
                                 "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}]}],
         }), encoding="utf-8")
         am_argv = [alertmanager, f"--config.file={am_dir / 'alertmanager.yml'}", f"--storage.path={am_dir}",
                    f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="]
         prom_argv = [prometheus, f"--config.file={prom_dir / 'prometheus.yml'}",
                      f"--storage.tsdb.path={prom_dir / 'data'}", f"--web.listen-address=127.0.0.1:{prom_port}",
-                     "--rules.alert.resend-delay=1s", "--log.level=warn"]
+                     "--rules.alert.resend-delay=1s", "--log.level=warn", "--enable-feature=exemplar-storage"]
         with process(am_argv, tmp_path / "am.log") as am, process(prom_argv, tmp_path / "prom.log") as prom:
             logs = "\n--- alertmanager:\n{}\n--- prometheus:\n{}\n--- collector:\n{}"
 

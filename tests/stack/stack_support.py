@@ -116,6 +116,10 @@ def emitter_metric_names() -> set[str]:
     return names
 
 
+# series Prometheus writes itself for every target, which rules may query (StragglerCollectorDown)
+SCRAPE_SERIES = frozenset({"up"})
+
+
 def exported_metric_names() -> set[str]:
     """Every Prometheus metric name the straggler collector exports, per ``otel_straggler.schema``."""
     names = set()
@@ -175,11 +179,13 @@ def annotation_metric_names() -> list[tuple[str, str]]:
 
 
 def alert_exprs() -> list[tuple[str, str]]:
-    """(where, PromQL) of every Prometheus alerting rule and every Grafana alert rule's Prometheus query."""
+    """(where, PromQL) of every Prometheus alerting rule and every Grafana alert rule's Prometheus query (the
+    recording rule of the links' base URLs is a constant, ``vector(1)``)."""
     out = []
     for g in load_yaml(PROM_RULES)["groups"]:
         for r in g["rules"]:
-            out.append((f"prometheus rule {r.get('alert') or r.get('record')}", r["expr"]))
+            if "alert" in r:
+                out.append((f"prometheus rule {r['alert']}", r["expr"]))
     for g in load_yaml(GRAFANA_ALERTS)["groups"]:
         for r in g["rules"]:
             for d in r["data"]:
@@ -289,12 +295,19 @@ QUICK_STRAGGLER = {"window_steps": 2, "warmup_windows": 0, "persistence_windows"
                    "tolerance": 0.05, "absolute_floor_ms": 1.0, "min_cohort_size": 3}
 
 
+TRACE_EXPORTERS = ("otlp_grpc/jaeger", "otlp_grpc/tempo")  # the compose collector's verdict-span forwarders
+
+
 def collector_config(grpc_port: int, http_port: int, metrics_port: int, evidence: Path,
-                     straggler: dict[str, Any] | None = None) -> dict[str, Any]:
+                     straggler: dict[str, Any] | None = None,
+                     trace_endpoints: dict[str, str] | None = None) -> dict[str, Any]:
     """configs/collector-compose.yaml on loopback ports, evidence in ``evidence``, and by default short windows
     so a straggler is judged within a few steps (window of 2 steps, no warm-up, one window of persistence);
-    ``straggler`` replaces those processor settings (``{}``: the shipped defaults)."""
+    ``straggler`` replaces those processor settings (``{}``: the shipped defaults). The verdict-span forwarders
+    (Jaeger, Tempo) send to ``trace_endpoints`` (exporter id -> host:port), else are disabled."""
     cfg = load_yaml(CONFIGS / "collector-compose.yaml")
+    for exporter in TRACE_EXPORTERS:
+        cfg["exporters"][exporter]["endpoint"] = (trace_endpoints or {}).get(exporter, "")
     cfg["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"] = f"127.0.0.1:{grpc_port}"
     cfg["receivers"]["otlp"]["protocols"]["http"]["endpoint"] = f"127.0.0.1:{http_port}"
     cfg["processors"]["straggler"] = dict(QUICK_STRAGGLER if straggler is None else straggler)
@@ -304,12 +317,14 @@ def collector_config(grpc_port: int, http_port: int, metrics_port: int, evidence
 
 
 @contextlib.contextmanager
-def run_collector(tmp: Path, straggler: dict[str, Any] | None = None) -> Iterator[Collector]:
+def run_collector(tmp: Path, straggler: dict[str, Any] | None = None,
+                  trace_endpoints: dict[str, str] | None = None) -> Iterator[Collector]:
     argv = require_collector()
     grpc_port, http_port, metrics_port = free_ports(3)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}  # ${env:...} defaults apply
     cfg_path = tmp / "collector.yaml"
-    cfg = collector_config(grpc_port, http_port, metrics_port, tmp / "evidence" / "verdicts.jsonl", straggler)
+    cfg = collector_config(grpc_port, http_port, metrics_port, tmp / "evidence" / "verdicts.jsonl", straggler,
+                           trace_endpoints)
     cfg_path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
     log = tmp / "collector.log"
     with process([*argv, "--config", str(cfg_path)], log, env=env) as proc:
@@ -360,27 +375,30 @@ def _planned_ids() -> Any:
 
 
 class StragglerFeed:
-    """8 ranks (one Resource + TracerProvider each, as in docs/schema.md) exporting through the real
-    ``OTLPSpanExporter`` over gRPC; ``step()`` emits one training step for every rank."""
+    """``ranks`` ranks (8 by default; one Resource + TracerProvider each, as in docs/schema.md) of training job
+    ``job`` exporting through the real ``OTLPSpanExporter`` over gRPC; ``step()`` emits one training step for every
+    rank, rank 0 the job-level ``train-step`` root of the step's trace."""
 
-    def __init__(self, grpc_port: int, base_ms: float = 100.0) -> None:
+    def __init__(self, grpc_port: int, base_ms: float = 100.0, ranks: int = RANKS, job: str = JOB_ID) -> None:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
         self.base_ms = base_ms
+        self.ranks = ranks
+        self.job = job
         self.t_ns = time.time_ns() - 3600 * 10**9
         cohort = s.cohort_key(topology_epoch=0, stage_schema="megatron-v1")
         self.cohort = cohort
         self.providers, self.tracers, self.ids = [], [], []
-        for rank in range(RANKS):
+        for rank in range(ranks):
             res = Resource.create({
                 s.RES_SERVICE_NAME: "megatron-training", s.RES_HOST_NAME: f"node-{rank // 4}",
-                s.RES_PROCESS_PID: 1000 + rank, s.RES_RANK: rank, s.RES_WORLD_SIZE: RANKS,
-                s.RES_LOCAL_RANK: rank % 4, s.RES_DP_RANK: rank, s.RES_DP_SIZE: RANKS,
+                s.RES_PROCESS_PID: 1000 + rank, s.RES_RANK: rank, s.RES_WORLD_SIZE: ranks,
+                s.RES_LOCAL_RANK: rank % 4, s.RES_DP_RANK: rank, s.RES_DP_SIZE: ranks,
                 s.RES_TP_RANK: 0, s.RES_TP_SIZE: 1, s.RES_PP_RANK: 0, s.RES_PP_SIZE: 1,
-                s.RES_JOB_ID: JOB_ID, s.RES_GPU_UUID: f"GPU-{rank:04d}", s.RES_GPU_INDEX: rank % 4,
+                s.RES_JOB_ID: job, s.RES_GPU_UUID: f"GPU-{rank:04d}", s.RES_GPU_INDEX: rank % 4,
                 s.RES_COHORT_KEY: cohort, s.RES_TOPOLOGY_EPOCH: 0, s.RES_STAGE_SCHEMA: "megatron-v1",
                 s.RES_SCHEMA_VERSION: s.SCHEMA_VERSION,
             })
@@ -396,21 +414,22 @@ class StragglerFeed:
         from opentelemetry import trace
         from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-        trace_id = s.trace_id_for_step(JOB_ID, step)
-        root_ctx = SpanContext(trace_id, s.job_step_span_id(JOB_ID, step), is_remote=True,
+        job = self.job
+        trace_id = s.trace_id_for_step(job, step)
+        root_ctx = SpanContext(trace_id, s.job_step_span_id(job, step), is_remote=True,
                                trace_flags=TraceFlags(TraceFlags.SAMPLED))
         t0 = self.t_ns + step * 10**9
         step_ms = self.base_ms * 3
-        for rank in range(RANKS):
+        for rank in range(self.ranks):
             tracer, ids = self.tracers[rank], self.ids[rank]
             parent = trace.set_span_in_context(NonRecordingSpan(root_ctx))
             if rank == 0:
-                ids.next_trace_id, ids.next_span_id = trace_id, s.job_step_span_id(JOB_ID, step)
+                ids.next_trace_id, ids.next_span_id = trace_id, s.job_step_span_id(job, step)
                 root = tracer.start_span(s.SPAN_JOB_STEP, context=trace.set_span_in_context(trace.INVALID_SPAN),
                                          start_time=t0,
                                          attributes={s.ATTR_ITERATION: step, s.ATTR_STAGE_GROUP: "step"})
                 root.end(end_time=t0 + int(step_ms * 1e6))
-            ids.next_span_id = s.rank_step_span_id(JOB_ID, step, rank)
+            ids.next_span_id = s.rank_step_span_id(job, step, rank)
             rank_step = tracer.start_span(s.SPAN_RANK_STEP, context=parent, start_time=t0, attributes={
                 s.ATTR_ITERATION: step, s.ATTR_STAGE: s.SPAN_RANK_STEP, s.ATTR_STAGE_GROUP: "step",
                 s.ATTR_HOST_MS: step_ms, s.ATTR_WORKLOAD_TOKENS: 4096})
@@ -433,7 +452,7 @@ class StragglerFeed:
             tp.shutdown()
 
 
-def send_emitter_metrics(grpc_port: int, rank: int = 0) -> None:
+def send_emitter_metrics(grpc_port: int, rank: int = 0, job: str = JOB_ID) -> None:
     """One export of every emitter self-metric instrument through the real ``OTLPMetricExporter``."""
     from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
     from opentelemetry.sdk.metrics import MeterProvider
@@ -443,7 +462,7 @@ def send_emitter_metrics(grpc_port: int, rank: int = 0) -> None:
     reader = PeriodicExportingMetricReader(
         OTLPMetricExporter(endpoint=f"127.0.0.1:{grpc_port}", insecure=True, timeout=5),
         export_interval_millis=3_600_000)
-    mp = MeterProvider(resource=Resource.create({s.RES_JOB_ID: JOB_ID, s.RES_RANK: rank}),
+    mp = MeterProvider(resource=Resource.create({s.RES_JOB_ID: job, s.RES_RANK: rank}),
                        metric_readers=[reader], shutdown_on_exit=False)
     meter = mp.get_meter(s.SCOPE_NAME)
     for name, (kind, unit) in _emitter_instruments().items():
@@ -453,3 +472,47 @@ def send_emitter_metrics(grpc_port: int, rank: int = 0) -> None:
             meter.create_gauge(name, unit=unit).set(3.0)
     assert mp.force_flush(10_000), "emitter metrics were not exported"
     mp.shutdown()
+
+
+class TraceSink:
+    """A real OTLP/gRPC trace backend on 127.0.0.1 (a stand-in for Jaeger or Tempo) that keeps every span."""
+
+    def __init__(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+        from threading import Lock
+
+        import grpc
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+        outer = self
+        self._lock = Lock()
+        self._resource_spans: list[Any] = []
+
+        class Servicer(trace_service_pb2_grpc.TraceServiceServicer):
+            def Export(self, request, context):  # type: ignore[no-untyped-def]
+                with outer._lock:
+                    outer._resource_spans.extend(request.resource_spans)
+                return trace_service_pb2.ExportTraceServiceResponse()
+
+        self.server = grpc.server(ThreadPoolExecutor(max_workers=2))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Servicer(), self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.endpoint = f"127.0.0.1:{self.port}"
+
+    def __enter__(self) -> TraceSink:
+        self.server.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.stop(0.5).wait(5)
+
+    def spans(self) -> list[tuple[str, Any]]:
+        """(service.name, span) of every span received."""
+        with self._lock:
+            rss = list(self._resource_spans)
+        out = []
+        for rs in rss:
+            service = next((kv.value.string_value for kv in rs.resource.attributes
+                            if kv.key == s.RES_SERVICE_NAME), "")
+            out.extend((service, sp) for ss in rs.scope_spans for sp in ss.spans)
+        return out

@@ -54,7 +54,7 @@ def test_straggler_alert_fires_with_the_slow_rank_and_resolves(tmp_path: Path) -
                 firing = wait_until(st.active, 300, what="StragglerDetected in Alertmanager")
                 (alert,) = firing
                 labels = alert["labels"]
-                assert labels["rank"] == str(SLOW_RANK) and labels["job"] == JOB_ID
+                assert labels["rank"] == str(SLOW_RANK) and labels["training_job"] == JOB_ID
                 assert labels["stage"] == STAGE and labels["severity"] == "warning"
                 assert labels["cohort"] == feed.cohort and labels["host"] and labels["gpu"]
                 assert labels["attribution"] in ("gpu_stream_stall", "host_only_stall", "attribution_unknown")

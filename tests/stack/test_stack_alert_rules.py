@@ -8,7 +8,10 @@ import re
 import pytest
 from stack_support import GRAFANA_ALERTS, GRAFANA_PROVISIONING, PROM_RULES, REPO, load_yaml
 
-STRAGGLER_LABELS = ["job", "cohort", "rank", "host", "gpu", "stage", "attribution"]
+STRAGGLER_LABELS = ["training_job", "cohort", "rank", "host", "gpu", "stage", "attribution", "first_step", "trace_id"]
+ALERTS = {"StragglerDetected", "StragglerCollectorDropping", "StragglerCollectorDown", "StragglerJobStoppedSending",
+          "StragglerEmitterDropping"}
+LINKS = ("tempo_url", "jaeger_url", "dashboard_url")
 
 
 def _prom_rules() -> dict[str, dict]:
@@ -33,18 +36,19 @@ def _norm(expr: str) -> str:
     return re.sub(r"\s+", " ", expr).strip()
 
 
-def test_the_two_alerts_exist_in_both_systems() -> None:
-    assert set(_prom_rules()) == set(_grafana_rules()) == {"StragglerDetected", "StragglerCollectorDropping"}
+def test_the_alerts_exist_in_both_systems() -> None:
+    assert set(_prom_rules()) == set(_grafana_rules()) == ALERTS
 
 
 def test_straggler_detected_expression_and_labels() -> None:
     rule = _prom_rules()["StragglerDetected"]
     assert _norm(rule["expr"]) == f"max by ({', '.join(STRAGGLER_LABELS)}) (otel_straggler_active) > 0"
+    assert "job" not in STRAGGLER_LABELS and "instance" not in STRAGGLER_LABELS  # the scrape's, not the job's
     assert rule["for"] == "1m"
     assert rule["labels"]["severity"]
 
 
-@pytest.mark.parametrize("name", ["StragglerDetected", "StragglerCollectorDropping"])
+@pytest.mark.parametrize("name", sorted(ALERTS))
 def test_grafana_rule_equals_prometheus_rule(name: str) -> None:
     prom, graf = _prom_rules()[name], _grafana_rules()[name]
     assert _norm(_condition_query(graf)) == _norm(prom["expr"])
@@ -62,15 +66,38 @@ def test_straggler_description_carries_deviation_and_cost_in_both() -> None:
     prom = _prom_rules()["StragglerDetected"]["annotations"]["description"]
     graf_rule = _grafana_rules()["StragglerDetected"]
     graf = graf_rule["annotations"]["description"]
-    assert "otel_straggler_deviation_ratio" in prom and "otel_straggler_gpu_seconds_lost_per_hour" in prom
+    assert "otel_straggler_deviation_ratio" in prom and "otel_straggler_gpu_lost_ratio" in prom
     queries = {d["refId"]: d["model"].get("expr", "") for d in graf_rule["data"]}
-    for metric in ("otel_straggler_deviation_ratio", "otel_straggler_gpu_seconds_lost_per_hour"):
+    for metric in ("otel_straggler_deviation_ratio", "otel_straggler_gpu_lost_ratio"):
         ref = next(r for r, q in queries.items() if metric in q)
         assert f"$values.{ref}" in graf, f"Grafana description does not use the {metric} query {ref}"
         assert _norm(queries[ref]) == f"max by ({', '.join(STRAGGLER_LABELS)}) ({metric})", \
             "the value query must carry the alert's label set to match its instances"
     for text in (prom, graf):
-        assert "Deviation" in text and "GPU-seconds per hour" in text
+        assert "Deviation" in text and "GPUs' worth of time" in text
+
+
+def test_straggler_alert_links_to_the_trace_in_both() -> None:
+    """Both alert definitions link to the convicting step's trace by its id (Tempo and Jaeger) and to the overview
+    dashboard filtered to the job, cohort and rank; Prometheus builds them from the base URLs of its recording
+    rule, Grafana from its own URL."""
+    prom = _prom_rules()["StragglerDetected"]["annotations"]
+    graf = _grafana_rules()["StragglerDetected"]["annotations"]
+    for ann in (prom, graf):
+        assert ann["trace_id"] == "{{ $labels.trace_id }}"
+        for key in LINKS:
+            assert key in ann, key
+        assert "{{ $labels.trace_id }}" in ann["tempo_url"] and "tempo" in ann["tempo_url"]
+        assert "{{ $labels.trace_id }}" in ann["jaeger_url"]
+        assert "var-job={{ $labels.training_job | urlquery }}" in ann["dashboard_url"]
+        assert "var-rank={{ $labels.rank }}" in ann["dashboard_url"]
+        assert "/d/otel-straggler-overview/" in ann["dashboard_url"]
+    base = next(r for g in load_yaml(PROM_RULES)["groups"] for r in g["rules"]
+                if r.get("record") == "otel_straggler:link_base_urls:info")
+    assert set(base["labels"]) == {"grafana_url", "jaeger_url", "tempo_datasource"}
+    for key in LINKS:
+        assert 'query "otel_straggler:link_base_urls:info"' in prom[key], key
+    assert all(graf[key].startswith("{{ externalURL }}") for key in LINKS)
 
 
 def test_runbook_urls_point_at_existing_runbook_sections() -> None:
@@ -102,4 +129,19 @@ def test_grafana_alerting_provisioning_format() -> None:
     assert receiver["type"] == "webhook" and receiver["settings"]["url"] == "${ALERT_WEBHOOK_URL}"
     policy = doc["policies"][0]
     assert policy["receiver"] == contact["name"]
-    assert policy["group_by"] == ["alertname", "job", "host"]
+    assert policy["group_by"] == ["alertname", "training_job", "host"]
+
+
+def test_deployment_guide_walks_from_the_alert_to_the_trace_in_five_steps() -> None:
+    """docs/deployment.md: "From the alert to the trace" is at most five numbered steps, and every label and link
+    annotation it names is one the StragglerDetected alert carries."""
+    text = (REPO / "docs" / "deployment.md").read_text(encoding="utf-8")
+    section = text.split("### From the alert to the trace", 1)[1].split("\n#", 1)[0]
+    steps = re.findall(r"^(\d+)\. ", section, re.M)
+    assert 1 <= len(steps) <= 5 and steps == [str(i) for i in range(1, len(steps) + 1)], steps
+    rule = _prom_rules()["StragglerDetected"]
+    carried = set(STRAGGLER_LABELS) | set(rule["annotations"])
+    named = set(re.findall(r"`([a-z_]+)`", section.split("The links are built", 1)[0]))
+    for key in ("training_job", "first_step", "trace_id", "jaeger_url", "tempo_url", "dashboard_url"):
+        assert key in named, key
+    assert {k for k in named if k.endswith("_url") or k in STRAGGLER_LABELS} <= carried

@@ -210,13 +210,25 @@ def test_pyproject_readme_is_copied_into_the_image() -> None:
         assert any(fnmatch.fnmatch(readme, src) for src in copies), f"Dockerfile does not copy {readme}"
 
 
-def test_collector_compose_config_is_valid_and_forwards_nothing() -> None:
+def test_collector_compose_config_forwards_only_verdict_spans_to_jaeger_and_tempo(compose: dict) -> None:
+    """The compose collector forwards, by default, the spans its straggler processor appends (service.name
+    otel-straggler-collector: the verdict spans) to Jaeger and Tempo, and nothing to the gateway (which sends every
+    span to it: a loop) or elsewhere; the stage spans reach the trace stores through the gateway only."""
     cfg = load_yaml(CONFIGS / "collector-compose.yaml")
     protocols = cfg["receivers"]["otlp"]["protocols"]
     assert protocols["grpc"]["endpoint"] == "0.0.0.0:4317" and protocols["http"]["endpoint"] == "0.0.0.0:4318"
     assert cfg["exporters"]["prometheus"]["endpoint"] == "0.0.0.0:9464"
-    forwarders = [e for e in cfg["exporters"] if e.split("/")[0] in ("otlp", "otlp_grpc", "otlphttp", "otlp_http")]
-    assert all(cfg["exporters"][e]["endpoint"] == "" for e in forwarders), "the compose collector forwards nothing"
+    forwarders = {e: cfg["exporters"][e]["endpoint"] for e in cfg["exporters"]
+                  if e.split("/")[0] in ("otlp", "otlp_grpc", "otlphttp", "otlp_http")}
+    assert forwarders == {"otlp_grpc/jaeger": "jaeger:4317", "otlp_grpc/tempo": "tempo:4317"}
+    for name in ("jaeger", "tempo"):
+        assert "4317" in compose["services"][name]["expose"]
+    traces = cfg["service"]["pipelines"]["traces"]
+    assert traces["processors"][-2:] == ["straggler", "filter/verdict_spans"]
+    assert cfg["processors"]["filter/verdict_spans"]["include_services"] == ["otel-straggler-collector"]
+    assert set(traces["exporters"]) == {*forwarders, "straggler"}
+    gateway = load_yaml(CONFIGS / "otelcol-gateway.yaml")
+    assert {"otlp_grpc/jaeger", "otlp_grpc/tempo"} <= set(gateway["service"]["pipelines"]["traces"]["exporters"])
     try:
         from collector_processor.config.loader import load_files
         from collector_processor.config.validate import validate
@@ -225,13 +237,14 @@ def test_collector_compose_config_is_valid_and_forwards_nothing() -> None:
     raw, marks = load_files([CONFIGS / "collector-compose.yaml"], env={})
     validated = validate(raw, marks)
     assert "straggler" in validated.service.pipelines["traces"].processors
+    assert validated.processors["straggler"].config.collector_service_name == "otel-straggler-collector"
 
 
 def test_ports_agree_between_compose_prometheus_and_collector(compose: dict) -> None:
     prom = load_yaml(CONFIGS / "prometheus/prometheus.yml")
     jobs = {j["job_name"]: j for j in prom["scrape_configs"]}
     col_job = jobs["otel-straggler-collector"]
-    assert col_job["honor_labels"] is True, "the collector's `job` label is the training job: keep it"
+    assert col_job.get("honor_labels", False) is False, "a default scrape: the collector sets no job/instance"
     sd = col_job["dns_sd_configs"][0]
     assert set(sd["names"]) == {n for n in compose["services"] if n.startswith("straggler-collector")}
     metrics_port = int(load_yaml(CONFIGS / "collector-compose.yaml")["exporters"]["prometheus"]["endpoint"]

@@ -4,6 +4,7 @@ uids, the job/cohort/rank variables, and every panel and query names a datasourc
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from stack_support import GRAFANA_PROVISIONING, dashboard_files, dashboard_panels, load_dashboard, load_yaml
@@ -94,35 +95,94 @@ def test_overview_heatmap_table_and_verdict_timeline() -> None:
     exprs = [t["expr"] for t in table["targets"]]
     assert "otel_straggler_active" in exprs[0] and "== 1" in exprs[0]
     for metric in ("otel_straggler_deviation_ratio", "otel_straggler_step_time_lost_seconds",
-                   "otel_straggler_gpu_seconds_lost_per_hour"):
+                   "otel_straggler_gpu_lost_ratio"):
         assert any(metric in e and "otel_straggler_active" in e for e in exprs), metric
     assert all(t["instant"] and t["format"] == "table" for t in table["targets"])
     # one row per straggler: every query is aggregated to the straggler's labels before the merge joins them
-    labels = "max by (job, cohort, rank, host, gpu, stage, attribution) ("
+    labels = "max by (training_job, cohort, rank, host, gpu, stage, attribution, first_step, trace_id) ("
     assert all(t["expr"].startswith(labels) for t in table["targets"]), [t["expr"] for t in table["targets"]]
     assert table["transformations"][0]["id"] == "merge"
-    rank_links = [link for o in table["fieldConfig"]["overrides"] if o["matcher"]["options"] == "rank"
-                  for prop in o["properties"] for link in prop["value"]]
-    assert any("tempo" in link["url"] and "dl.rank" in link["url"] and "straggler.cohort.key" in link["url"]
-               for link in rank_links)
-    assert any("jaeger_url" in link["url"] and "dl.rank" in link["url"] for link in rank_links)
     timeline = next(p for p in _by_type("otel-straggler-overview", "timeseries")
                     if "otel_straggler_verdicts_total" in p["targets"][0]["expr"])
-    assert "by (job, verdict, reason)" in timeline["targets"][0]["expr"]
+    assert "by (training_job, verdict, reason)" in timeline["targets"][0]["expr"]
     assert "increase(" in timeline["targets"][0]["expr"]
-    links = timeline["fieldConfig"]["defaults"]["links"]
-    assert {("tempo" in link["url"]) for link in links} == {True, False}, "one Tempo link and one Jaeger link"
     (state,) = _by_type("otel-straggler-overview", "state-timeline")
-    assert "by (job, cohort, rank) (otel_straggler_active" in state["targets"][0]["expr"]
-    state_links = state["fieldConfig"]["defaults"]["links"]
-    assert any("resource.dl.rank" in link["url"] and "${__field.labels.rank}" in link["url"]
-               and "resource.straggler.cohort.key" in link["url"] for link in state_links)
+    assert "by (training_job, cohort, rank, first_step, trace_id) (otel_straggler_active" in state["targets"][0]["expr"]
+
+
+def _links(panel: dict, field: str | None = None) -> list[dict]:
+    """Data links of a panel's fields (``field`` None) or of one field (an override by name)."""
+    if field is None:
+        return panel["fieldConfig"]["defaults"].get("links", [])
+    return [link for o in panel["fieldConfig"]["overrides"] if o["matcher"]["options"] == field
+            for prop in o["properties"] if prop["id"] == "links" for link in prop["value"]]
+
+
+def _explore_query(url: str) -> tuple[str, str]:
+    """(datasource uid, query) of a Grafana Explore link."""
+    import json
+    import urllib.parse
+
+    pane = json.loads(urllib.parse.unquote(urllib.parse.parse_qs(urllib.parse.urlsplit(url).query,
+                                                                 keep_blank_values=True)["panes"][0]))["a"]
+    (q,) = pane["queries"]
+    assert q["datasource"]["uid"] == pane["datasource"]
+    return pane["datasource"], q["query"]
+
+
+def test_verdict_rows_link_to_the_convicting_steps_trace_in_tempo_and_jaeger() -> None:
+    """A verdict row (the *Active stragglers* table's trace_id cell, a lane of the state timeline) links to the trace
+    of the step where the rank was first convicted, by trace id: Grafana Explore on the Tempo datasource and the
+    Jaeger UI; the rank cell to the rank's traces filtered to its job and rank."""
+    (table,) = _by_type("otel-straggler-overview", "table")
+    (state,) = _by_type("otel-straggler-overview", "state-timeline")
+    for links, ref in ((_links(table, "trace_id"), "${__data.fields.trace_id}"),
+                       (_links(state), "${__field.labels.trace_id}")):
+        tempo = [link for link in links if link["url"].startswith("/explore") and ref in link["url"]]
+        assert [_explore_query(link["url"]) for link in tempo] == [("tempo", ref)]
+        assert any(link["url"] == "${jaeger_url}/trace/" + ref for link in links), links
+    rank_links = _links(table, "rank")
+    assert any(_explore_query(link["url"]) == (
+        "tempo", '{ resource.straggler.job.id = "${__data.fields.training_job}" && '
+                 'resource.dl.rank = ${__data.fields.rank} }') for link in rank_links if "/explore" in link["url"])
+
+
+@pytest.mark.parametrize("uid", ["otel-straggler-overview", "otel-straggler-rank-stages"])
+def test_per_rank_panels_link_to_the_ranks_traces_filtered_by_job_and_rank(uid: str) -> None:
+    """Every panel with one series per rank links to that rank's traces in Tempo (TraceQL on the job and the rank)
+    and in Jaeger (tags straggler.job.id and dl.rank); no link names a service: Jaeger's search takes the
+    dashboard's ``service`` variable."""
+    path = next(p for p in dashboard_files() if load_dashboard(p)["uid"] == uid)
+    per_rank = [p for p in dashboard_panels(path) if p["type"] in ("timeseries", "state-timeline")
+                and any("rank" in t.get("legendFormat", "") for t in p["targets"])]
+    assert per_rank
+    for p in per_rank:
+        links = _links(p)
+        tempo = [_explore_query(link["url"])[1] for link in links if link["url"].startswith("/explore")]
+        assert any("resource.straggler.job.id" in q and "resource.dl.rank = ${__field.labels.rank}" in q
+                   for q in tempo), (p["title"], tempo)
+        jaeger = [link["url"] for link in links if link["url"].startswith("${jaeger_url}/search")]
+        assert jaeger and all("service=${service}" in u and "dl.rank" in u and "straggler.job.id" in u
+                              for u in jaeger), (p["title"], jaeger)
+    text = path.read_text(encoding="utf-8")
+    assert "service=megatron-training" not in text
+    assert any(v["name"] == "service" for v in load_dashboard(path)["templating"]["list"])
+
+
+def test_prometheus_datasource_links_exemplars_to_tempo_and_jaeger() -> None:
+    prom = next(d for d in _datasources() if d["uid"] == "prometheus")
+    dests = {(d["name"], d["datasourceUid"]) for d in prom["jsonData"]["exemplarTraceIdDestinations"]}
+    assert dests == {("trace_id", "tempo"), ("trace_id", "jaeger")}
+    exemplar_panels = [p for path in dashboard_files() for p in dashboard_panels(path)
+                       if any(t.get("exemplar") for t in p.get("targets", []))]
+    exprs = " ".join(t["expr"] for p in exemplar_panels for t in p["targets"])
+    assert "otel_straggler_verdicts_total" in exprs and "otel_straggler_gpu_lost_seconds_total" in exprs
 
 
 def test_rank_stage_breakdown_splits_device_and_host() -> None:
     exprs = [t["expr"] for p in _by_type("otel-straggler-rank-stages", "timeseries") for t in p["targets"]]
-    assert any('measurement="device"' in e and "by (rank, stage_group)" in e for e in exprs)
-    assert any('measurement="host_only"' in e and "by (rank, stage_group)" in e for e in exprs)
+    assert any('measurement="device"' in e and "by (training_job, rank, stage_group)" in e for e in exprs)
+    assert any('measurement="host_only"' in e and "by (training_job, rank, stage_group)" in e for e in exprs)
     assert all('rank=~"$rank"' in e for e in exprs if "otel_straggler_rank_stage_seconds{" in e.split("-")[0])
 
 
@@ -135,3 +195,80 @@ def test_collector_health_covers_the_collector_self_metrics() -> None:
         assert f"otel_straggler_collector_{metric}" in text, metric
     assert "histogram_quantile(0.99" in text
     assert text.count("otel_straggler_emitter_") >= 5
+
+
+def _all_links(path: Path) -> list[str]:
+    import re
+
+    return re.findall(r'"url": "([^"]*)"', path.read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("path", dashboard_files(), ids=lambda p: p.name)
+def test_explore_links_name_provisioned_datasources(path: Path) -> None:
+    """Every Explore data link names a provisioned datasource by uid, with that datasource's type."""
+    import json
+    import urllib.parse
+
+    uids = {d["uid"]: d["type"] for d in _datasources()}
+    explore = [u for u in _all_links(path) if u.startswith("/explore")]
+    for url in explore:
+        pane = json.loads(urllib.parse.unquote(urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)["panes"][0]))
+        for q in pane["a"]["queries"]:
+            assert uids.get(q["datasource"]["uid"]) == q["datasource"]["type"], url
+
+
+def _sdk() -> Any:
+    sdk = pytest.importorskip("grafana_foundation_sdk", reason="grafana-foundation-sdk (the dev extra) checks "
+                                                                "dashboards against Grafana's schema models")
+    from grafana_foundation_sdk.cog import plugins, runtime
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    plugins.register_default_plugins()
+    return sdk, runtime, JSONEncoder, Dashboard
+
+
+def _lost(a: Any, b: Any, path: str = "") -> list[str]:
+    """What of ``a`` is not in ``b`` (keys, values, list lengths)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [x for k in a for x in ([f"{path}/{k}"] if k not in b else _lost(a[k], b[k], f"{path}/{k}"))]
+    if isinstance(a, list) and isinstance(b, list):
+        out = [f"{path}: {len(a)} items, {len(b)} after"] if len(a) != len(b) else []
+        return out + [x for i, (u, v) in enumerate(zip(a, b)) for x in _lost(u, v, f"{path}[{i}]")]
+    return [] if a == b else [f"{path}: {a!r} -> {b!r}"]
+
+
+def _round_trip(dash: dict) -> list[str]:
+    import json
+
+    _, _, encoder, model = _sdk()
+    back = json.loads(json.dumps(model.from_json(dash), cls=encoder))
+    # `definition` (what Grafana's editor shows for a query variable) is not in the schema: it must repeat the query
+    for v in dash["templating"]["list"]:
+        if "definition" in v:
+            assert v["definition"] == v["query"]["query"], v["name"]
+    return [x for x in _lost(dash, back) if not x.endswith("/definition")]
+
+
+@pytest.mark.parametrize("path", dashboard_files(), ids=lambda p: p.name)
+def test_dashboard_conforms_to_grafanas_schema_models(path: Path) -> None:
+    """Each dashboard loads into grafana-foundation-sdk's models of Grafana's dashboard schema (generated from its
+    CUE kinds: the dashboard, every panel plugin's options and field config, the Prometheus query) and comes back
+    whole: no key or value the schema does not know, every panel type and query type known."""
+    _, runtime, _, _ = _sdk()
+    dash = load_dashboard(path)
+    assert _round_trip(dash) == []
+    for p in dashboard_panels(path):
+        if p["type"] != "row":
+            assert runtime.panelcfg_config(p["type"]) is not None, p["type"]
+            for t in p["targets"]:
+                q = runtime.dataquery_from_json(t, t["datasource"]["type"])
+                assert not isinstance(q, runtime.UnknownDataquery), (p["title"], t["refId"])
+
+
+def test_schema_check_catches_a_misspelled_key() -> None:
+    dash = load_dashboard(dashboard_files()[0])
+    panel = next(p for p in dash["panels"] if p["type"] != "row")
+    panel["fieldConfig"]["defaults"]["unitt"] = "s"
+    panel["targets"][0]["exprr"] = "up"
+    assert {x.rsplit("/", 1)[-1] for x in _round_trip(dash)} == {"unitt", "exprr"}

@@ -24,7 +24,8 @@ def test_promtool_check_config_including_rule_files() -> None:
     promtool = require_binary("promtool")
     r = _run([promtool, "check", "config", str(PROM_YML)])
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 2 rules found" in r.stdout + r.stderr, "the rule file was not checked with the config"
+    n = sum(len(g["rules"]) for g in load_yaml(PROM_RULES)["groups"])
+    assert f"SUCCESS: {n} rules found" in r.stdout + r.stderr, "the rule file was not checked with the config"
 
 
 def test_promtool_check_rules() -> None:
@@ -59,6 +60,34 @@ def test_rule_unit_tests_cover_firing_and_silence() -> None:
     assert zero_series, "a series that stays 0 must be part of the test"
 
 
+def test_every_alert_has_a_firing_and_a_silent_promtool_case() -> None:
+    """Each shipped alert (the straggler, and the watcher's: collector down or dropping, job stopped sending,
+    emitters dropping) is unit-tested by promtool: an evaluation where it fires with its labels and annotations,
+    and one where it does not."""
+    alerts = {r["alert"] for g in load_yaml(PROM_RULES)["groups"] for r in g["rules"] if "alert" in r}
+    assert {"StragglerDetected", "StragglerCollectorDropping", "StragglerCollectorDown",
+            "StragglerJobStoppedSending", "StragglerEmitterDropping"} <= alerts
+    cases = [c for t in load_yaml(RULES_TEST)["tests"] for c in t["alert_rule_test"]]
+    for name in alerts:
+        mine = [c for c in cases if c["alertname"] == name]
+        firing = [a for c in mine for a in c["exp_alerts"]]
+        assert firing and any(not c["exp_alerts"] for c in mine), name
+        assert all(a["exp_annotations"].get("runbook_url") and a["exp_labels"].get("severity") for a in firing), name
+
+
+def test_rule_unit_tests_fail_when_a_watcher_rule_is_silenced(tmp_path: Path) -> None:
+    """The watcher's cases really evaluate the rules: with StragglerCollectorDown's threshold moved out of reach,
+    ``promtool test rules`` fails."""
+    promtool = require_binary("promtool")
+    text = PROM_RULES.read_text(encoding="utf-8")
+    assert 'expr: 1 - up{job="otel-straggler-collector"} > 0' in text
+    (tmp_path / PROM_RULES.name).write_text(text.replace('1 - up{job="otel-straggler-collector"} > 0',
+                                                         '1 - up{job="otel-straggler-collector"} > 1'))
+    shutil.copy(RULES_TEST, tmp_path / RULES_TEST.name)
+    r = _run([promtool, "test", "rules", RULES_TEST.name], cwd=tmp_path)
+    assert r.returncode != 0 and "StragglerCollectorDown" in r.stdout + r.stderr
+
+
 def test_amtool_check_config() -> None:
     amtool = require_binary("amtool")
     r = _run([amtool, "check-config", str(ALERTMANAGER_YML)])
@@ -83,7 +112,7 @@ def test_amtool_rejects_a_route_to_an_unknown_receiver(tmp_path: Path) -> None:
 
 def test_alertmanager_route_and_receiver() -> None:
     cfg = load_yaml(ALERTMANAGER_YML)
-    assert cfg["route"]["group_by"] == ["alertname", "job", "host"]
+    assert cfg["route"]["group_by"] == ["alertname", "training_job", "host"]
     receivers = {r["name"]: r for r in cfg["receivers"]}
     hooks = receivers[cfg["route"]["receiver"]]["webhook_configs"]
     assert hooks and hooks[0]["url"].startswith("http") and hooks[0]["send_resolved"] is True

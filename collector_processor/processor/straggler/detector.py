@@ -761,6 +761,14 @@ class Judgement:
         lost = max(value - ref_ms, 0.0) if (value is not None and ref_ms is not None
                                               and verdict == s.VERDICT_STRAGGLER) else 0.0
         straggler = verdict == s.VERDICT_STRAGGLER
+        alert = self.st.alert  # a refresh, hold or recovery stays with the step that convicted
+        first_step, first_trace = (alert.first_step, alert.first_trace_id) if alert is not None \
+            else (ev.step, ev.trace_id)
+        per_hour = impact(lost, ev.world_size, ev.period_ms)
+        if ev.window.kind == KIND_STEP:
+            window_s = (ev.period_ms or 0.0) / 1000.0 * (ev.window.end - ev.window.start + 1)
+        else:
+            window_s = self.cfg.wall_window_s
         return Verdict(
             job=ev.cohort.job, cohort=ev.cohort.key, rank=self.rank, host=info.host if info else "",
             gpu=info.gpu if info else "", stage=self.se.name, group=self.se.group, verdict=verdict, reason=reason,
@@ -768,7 +776,8 @@ class Judgement:
             reference_rank=cmp.ref_rank, reference_ms=ref_ms,
             measurement=cmp.measurement or DEVICE, window_start=ev.window.start, window_end=ev.window.end,
             step=ev.step, attribution=attribution, step_time_lost_ms=lost,
-            gpu_seconds_per_hour=impact(lost, ev.world_size, ev.period_ms), cohort_size=cmp.size,
+            gpu_seconds_per_hour=per_hour, cohort_size=cmp.size,
             collective_evidence=collective.wait_evidence(self.det, ev, self.rank) if straggler else "",
-            trace_id=ev.trace_id, emitted_unix_ns=ev.now_ns,
+            trace_id=ev.trace_id, emitted_unix_ns=ev.now_ns, first_step=first_step, first_trace_id=first_trace,
+            window_gpu_seconds=per_hour / 3600.0 * window_s,
         )

@@ -68,7 +68,20 @@ def event_attributes(v: Verdict) -> list[tuple[str, object]]:
         (s.EV_COLLECTIVE_EVIDENCE, v.collective_evidence),
         (s.EV_TRACE_ID, v.trace_id.hex()),
     ]
+    step, trace = convicted_step(v)
+    if step is not None:
+        attrs.append((s.EV_FIRST_STEP, int(step)))
+    if trace:
+        attrs.append((s.EV_FIRST_TRACE_ID, trace.hex()))
     return attrs
+
+
+def convicted_step(v: Verdict) -> tuple[int | None, bytes]:
+    """(step, trace id) where the verdict's alert was first convicted: the verdict's own step for a new
+    straggler verdict or one without an alert, the alert's for a refresh, hold or recovery."""
+    if v.first_step is not None and len(v.first_trace_id) == 16:
+        return v.first_step, v.first_trace_id
+    return v.step, v.trace_id if len(v.trace_id) == 16 else b""
 
 
 def summary(v: Verdict) -> str:
@@ -99,8 +112,9 @@ def verdicts_to_logs(verdicts: Iterable[Verdict], service_name: str = COLLECTOR_
             attributes=[_kv(k, val) for k, val in event_attributes(v)],
             event_name=s.EVENT_VERDICT,
         )
-        if len(v.trace_id) == 16:
-            rec.trace_id = v.trace_id
+        trace = convicted_step(v)[1]
+        if trace:
+            rec.trace_id = trace
         records.append(rec)
     return ExportLogsServiceRequest(resource_logs=[ResourceLogs(
         resource=Resource(attributes=[_kv(s.RES_SERVICE_NAME, service_name)]),
@@ -161,13 +175,15 @@ def verdict_span_id(v: Verdict) -> bytes:
 
 
 def verdict_span(v: Verdict) -> Span | None:
-    """The verdict as a span in the step's trace, child of the job-level train-step (None without a step)."""
-    if v.step is None or len(v.trace_id) != 16:
+    """The verdict as a span in the trace of the step where its alert was first convicted, child of that
+    step's job-level ``train-step`` root (None without a step)."""
+    step, trace = convicted_step(v)
+    if step is None or not trace:
         return None
     return Span(
-        trace_id=v.trace_id,
+        trace_id=trace,
         span_id=verdict_span_id(v),
-        parent_span_id=s.job_step_span_id(v.job, v.step, s.cohort_run(v.cohort)).to_bytes(8, "big"),
+        parent_span_id=s.job_step_span_id(v.job, step, s.cohort_run(v.cohort)).to_bytes(8, "big"),
         name=s.SPAN_VERDICT,
         kind=Span.SpanKind.SPAN_KIND_INTERNAL,
         start_time_unix_nano=v.emitted_unix_ns,

@@ -6,6 +6,11 @@ neither side takes a lock and nothing is done per span. Series are capped by ``m
 new series is not created and ``evictions{structure="metric_series"}`` counts it) and expire after
 ``series_ttl_s`` without an update (an alert refreshes its series every window in which it is judged or
 held, so only alerts of cohorts that stopped reporting or were evicted expire).
+
+Labels (docs/schema.md "Metrics"): the training job is ``training_job`` (a scrape with ``honor_labels: false``
+keeps it as is), a label whose value is empty (an unknown host or GPU, no step) is left out of the series, and
+an alert's series carry the step where it was first convicted and that step's trace id, so the alert leads to
+the trace. The verdict counter and the GPU-seconds-lost counter carry that trace id as an OpenMetrics exemplar.
 """
 
 from __future__ import annotations
@@ -17,22 +22,29 @@ from prometheus_client.registry import Collector
 
 from collector_processor.processor.straggler.config import MetricsConfig
 from collector_processor.processor.straggler.detector import WindowOutcome
+from collector_processor.processor.straggler.events import convicted_step
 from collector_processor.processor.straggler.model import Verdict
-from collector_processor.telemetry import Telemetry
+from collector_processor.telemetry import Telemetry, add_sample
 from otel_straggler import schema as s
 
-ALERT_LABELS = ("job", "cohort", "rank", "host", "gpu", "stage", "attribution")
-VERDICT_LABELS = ("job", "verdict", "reason")
-RANK_STAGE_LABELS = ("job", "cohort", "rank", "stage_group", "measurement")
-RANK_DEV_LABELS = ("job", "cohort", "rank")
+JOB = s.L_TRAINING_JOB
+COST_LABELS = (JOB, "cohort", "rank", "host", "gpu", "stage", "attribution")
+ALERT_LABELS = (*COST_LABELS, s.L_FIRST_STEP, s.L_TRACE_ID)
+VERDICT_LABELS = (JOB, "verdict", "reason")
+RANK_STAGE_LABELS = (JOB, "cohort", "rank", "stage_group", "measurement")
+RANK_DEV_LABELS = (JOB, "cohort", "rank")
+JOB_LABELS = (JOB,)
 
+_Key = tuple[str, ...]
 _Snapshot = tuple[
-    tuple[tuple[tuple[str, ...], tuple[float, float, float, float]], ...],
-    tuple[tuple[tuple[str, ...], float], ...],
-    tuple[tuple[tuple[str, ...], float], ...],
-    tuple[tuple[tuple[str, ...], float], ...],
+    tuple[tuple[_Key, tuple[float, float, float, float]], ...],
+    tuple[tuple[_Key, float], ...],
+    tuple[tuple[_Key, float], ...],
+    tuple[tuple[_Key, float, str], ...],
+    tuple[tuple[_Key, float, str], ...],
+    tuple[tuple[_Key, float], ...],
 ]
-_EMPTY: _Snapshot = ((), (), (), ())
+_EMPTY: _Snapshot = ((), (), (), (), (), ())
 
 
 class StragglerMetrics(Collector):
@@ -40,10 +52,12 @@ class StragglerMetrics(Collector):
         self.cfg = config
         self._evictions = telemetry.evictions.labels(structure="metric_series")
         self.series_refused = 0
-        self._alerts: dict[tuple[str, ...], list[float]] = {}  # labels -> [active, dev, lost_s, gpu_s, t]
-        self._rank_stage: dict[tuple[str, ...], list[float]] = {}  # labels -> [seconds, t]
-        self._rank_dev: dict[tuple[str, ...], list[float]] = {}
-        self._verdicts: dict[tuple[str, ...], float] = {}
+        self._alerts: dict[_Key, list[float]] = {}  # labels -> [active, dev, lost_s, gpu_ratio, t]
+        self._rank_stage: dict[_Key, list[float]] = {}  # labels -> [seconds, t]
+        self._rank_dev: dict[_Key, list[float]] = {}
+        self._verdicts: dict[_Key, list[float | str]] = {}  # labels -> [count, exemplar trace id]
+        self._cost: dict[_Key, list[float | str]] = {}  # labels -> [GPU-seconds, exemplar trace id]
+        self._seen: dict[_Key, list[float]] = {}  # (job,) -> [last accepted sample's wall time, t]
         self._snapshot: _Snapshot = _EMPTY
         self._dirty = False
         self._next_expiry_s = 0.0
@@ -57,7 +71,8 @@ class StragglerMetrics(Collector):
 
     # --- processor thread ---------------------------------------------------------------------------
     def _series_count(self) -> int:
-        return len(self._alerts) + len(self._rank_stage) + len(self._rank_dev) + len(self._verdicts)
+        return (len(self._alerts) + len(self._rank_stage) + len(self._rank_dev) + len(self._verdicts)
+                + len(self._cost) + len(self._seen))
 
     def _room(self, priority: bool = False) -> bool:
         """Room for one more series. Per-rank dashboard series stop at 90 % of ``max_series``: the rest is
@@ -70,7 +85,7 @@ class StragglerMetrics(Collector):
         self._evictions.inc()
         return False
 
-    def _put(self, store: dict[tuple[str, ...], list[float]], key: tuple[str, ...], row: list[float],
+    def _put(self, store: dict[_Key, list[float]], key: _Key, row: list[float],
              priority: bool = False) -> None:
         """Update a series in place, or add it when there is room for it."""
         cur = store.get(key)
@@ -86,23 +101,42 @@ class StragglerMetrics(Collector):
             self._put(self._rank_dev, (job, cohort, str(rank)), [dev, now_s])
         self._dirty = True
 
-    def record_alert(self, v: Verdict, now_s: float) -> None:
-        """A straggler alert (new or refreshed) or a recovery (active 0) for its series."""
-        key = (v.job, v.cohort, str(v.rank), v.host, v.gpu, v.stage, v.attribution)
+    def record_seen(self, job: str, now_s: float) -> None:
+        """The collector accepted a sample of ``job`` at ``now_s`` (its wall clock)."""
+        self._put(self._seen, (job,), [now_s, now_s], priority=True)
+        self._dirty = True
+
+    def record_alert(self, v: Verdict, now_s: float, judged: bool = False) -> None:
+        """A straggler alert (new, refreshed or held) or a recovery (active 0) for its series; ``judged``: the
+        alert was judged slow in this window, so the window's GPU-seconds lost are added to its cost."""
+        step, trace = convicted_step(v)
+        base = (v.job, v.cohort, str(v.rank), v.host, v.gpu, v.stage, v.attribution)
+        key = (*base, "" if step is None else str(step), trace.hex())
         active = 1.0 if v.verdict == s.VERDICT_STRAGGLER else 0.0
         lost = v.step_time_lost_ms / 1000.0 if active else 0.0
-        gpu = v.gpu_seconds_per_hour if active else 0.0
+        gpu = v.gpu_seconds_per_hour / 3600.0 if active else 0.0
         dev = v.deviation if v.deviation is not None else 0.0
         self._put(self._alerts, key, [active, dev, lost, gpu, now_s], priority=True)
+        if judged and active:
+            cur = self._cost.get(base)
+            if cur is not None:
+                cur[0] = float(cur[0]) + v.window_gpu_seconds
+                cur[1] = trace.hex()
+            elif self._room(priority=True):
+                self._cost[base] = [v.window_gpu_seconds, trace.hex()]
         self._dirty = True
 
     def count_verdicts(self, verdicts: Iterable[Verdict]) -> None:
         for v in verdicts:
             key = (v.job, v.verdict, v.reason)
-            if key in self._verdicts:
-                self._verdicts[key] += 1
+            trace = convicted_step(v)[1].hex()
+            cur = self._verdicts.get(key)
+            if cur is not None:
+                cur[0] = float(cur[0]) + 1
+                if trace:  # a verdict without a step (wall-clock window) keeps the last exemplar
+                    cur[1] = trace
             elif self._room(priority=True):
-                self._verdicts[key] = 1
+                self._verdicts[key] = [1.0, trace]
             self._dirty = True
 
     def publish(self, now_s: float) -> None:
@@ -111,7 +145,7 @@ class StragglerMetrics(Collector):
         ttl = self.cfg.series_ttl_s
         if now_s >= self._next_expiry_s:
             self._next_expiry_s = now_s + min(1.0, ttl / 10.0)
-            for d, t_idx in ((self._alerts, 4), (self._rank_stage, 1), (self._rank_dev, 1)):
+            for d, t_idx in ((self._alerts, 4), (self._rank_stage, 1), (self._rank_dev, 1), (self._seen, 1)):
                 stale = [k for k, v in d.items() if now_s - v[t_idx] > ttl]
                 for k in stale:
                     del d[k]
@@ -123,7 +157,9 @@ class StragglerMetrics(Collector):
             tuple((k, (v[0], v[1], v[2], v[3])) for k, v in self._alerts.items()),
             tuple((k, v[0]) for k, v in self._rank_stage.items()),
             tuple((k, v[0]) for k, v in self._rank_dev.items()),
-            tuple(self._verdicts.items()),
+            tuple((k, float(v[0]), str(v[1])) for k, v in self._verdicts.items()),
+            tuple((k, float(v[0]), str(v[1])) for k, v in self._cost.items()),
+            tuple((k, v[0]) for k, v in self._seen.items()),
         )
         self._dirty = False
 
@@ -135,33 +171,38 @@ class StragglerMetrics(Collector):
         yield GaugeMetricFamily(s.M_STRAGGLER_ACTIVE, "", labels=ALERT_LABELS)
         yield GaugeMetricFamily(s.M_STRAGGLER_DEVIATION, "", labels=ALERT_LABELS)
         yield GaugeMetricFamily(s.M_STEP_TIME_LOST, "", labels=ALERT_LABELS)
-        yield GaugeMetricFamily(s.M_GPU_SECONDS_LOST, "", labels=ALERT_LABELS)
+        yield GaugeMetricFamily(s.M_GPU_LOST_RATIO, "", labels=ALERT_LABELS)
+        yield CounterMetricFamily(s.M_GPU_LOST_SECONDS.removesuffix("_total"), "", labels=COST_LABELS)
         yield CounterMetricFamily(s.M_VERDICTS.removesuffix("_total"), "", labels=VERDICT_LABELS)
         yield GaugeMetricFamily(s.M_RANK_STAGE_SECONDS, "", labels=RANK_STAGE_LABELS)
         yield GaugeMetricFamily(s.M_RANK_DEVIATION, "", labels=RANK_DEV_LABELS)
+        yield GaugeMetricFamily(s.M_JOB_LAST_SEEN, "", labels=JOB_LABELS)
 
     def collect(self) -> Iterator[Metric]:
-        alerts, rank_stage, rank_dev, verdicts = self._snapshot  # one reference read: consistent
-        active = GaugeMetricFamily(s.M_STRAGGLER_ACTIVE, "1 while a straggler verdict holds, 0 after recovery",
-                                   labels=ALERT_LABELS)
-        dev = GaugeMetricFamily(s.M_STRAGGLER_DEVIATION, "Deviation of the latest judged window",
-                                labels=ALERT_LABELS)
-        lost = GaugeMetricFamily(s.M_STEP_TIME_LOST, "Step time lost per step", labels=ALERT_LABELS)
-        gpu = GaugeMetricFamily(s.M_GPU_SECONDS_LOST, "GPU-seconds lost per hour", labels=ALERT_LABELS)
+        alerts, rank_stage, rank_dev, verdicts, cost, seen = self._snapshot  # one reference read: consistent
+        active = GaugeMetricFamily(s.M_STRAGGLER_ACTIVE, "1 while a straggler verdict holds, 0 after recovery")
+        dev = GaugeMetricFamily(s.M_STRAGGLER_DEVIATION, "Deviation of the latest judged window")
+        lost = GaugeMetricFamily(s.M_STEP_TIME_LOST, "Step time lost per step")
+        gpu = GaugeMetricFamily(s.M_GPU_LOST_RATIO, "GPU-seconds the waiting ranks lose per second")
         for labels, (a, d, lo, g) in alerts:
-            active.add_metric(labels, a)
-            dev.add_metric(labels, d)
-            lost.add_metric(labels, lo)
-            gpu.add_metric(labels, g)
-        vc = CounterMetricFamily(s.M_VERDICTS.removesuffix("_total"), "Verdicts emitted", labels=VERDICT_LABELS)
-        for labels, n in verdicts:
-            vc.add_metric(labels, n)
-        rs = GaugeMetricFamily(s.M_RANK_STAGE_SECONDS, "Last window statistic per rank and stage group",
-                               labels=RANK_STAGE_LABELS)
+            add_sample(active, ALERT_LABELS, labels, a)
+            add_sample(dev, ALERT_LABELS, labels, d)
+            add_sample(lost, ALERT_LABELS, labels, lo)
+            add_sample(gpu, ALERT_LABELS, labels, g)
+        gs = CounterMetricFamily(s.M_GPU_LOST_SECONDS.removesuffix("_total"),
+                                 "GPU-seconds the waiting ranks lost while the alert held")
+        for labels, n, trace in cost:
+            add_sample(gs, COST_LABELS, labels, n, trace)
+        vc = CounterMetricFamily(s.M_VERDICTS.removesuffix("_total"), "Verdicts emitted")
+        for labels, n, trace in verdicts:
+            add_sample(vc, VERDICT_LABELS, labels, n, trace)
+        rs = GaugeMetricFamily(s.M_RANK_STAGE_SECONDS, "Last window statistic per rank and stage group")
         for labels, v in rank_stage:
-            rs.add_metric(labels, v)
-        rd = GaugeMetricFamily(s.M_RANK_DEVIATION, "Worst deviation of the rank in its last window",
-                               labels=RANK_DEV_LABELS)
+            add_sample(rs, RANK_STAGE_LABELS, labels, v)
+        rd = GaugeMetricFamily(s.M_RANK_DEVIATION, "Worst deviation of the rank in its last window")
         for labels, v in rank_dev:
-            rd.add_metric(labels, v)
-        yield from (active, dev, lost, gpu, vc, rs, rd)
+            add_sample(rd, RANK_DEV_LABELS, labels, v)
+        js = GaugeMetricFamily(s.M_JOB_LAST_SEEN, "When the collector last accepted a sample of the job")
+        for labels, v in seen:
+            add_sample(js, JOB_LABELS, labels, v)
+        yield from (active, dev, lost, gpu, gs, vc, rs, rd, js)

@@ -116,3 +116,8 @@ class Verdict:
     collective_evidence: str  # e.g. "waits_least:grad-sync" or ""
     trace_id: bytes  # trace of the step where the verdict fired (16 bytes, may be empty)
     emitted_unix_ns: int = 0
+    # the step (and its trace) where the rank-stage's alert was first convicted: this verdict's own step for a
+    # new straggler verdict or one without an alert; the alert's for a refresh, a hold or its recovery
+    first_step: int | None = None
+    first_trace_id: bytes = b""
+    window_gpu_seconds: float = 0.0  # GPU-seconds the waiting ranks lost over this verdict's window

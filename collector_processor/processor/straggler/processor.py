@@ -168,7 +168,11 @@ class StragglerProcessor:
             elif ok:
                 accepted += ok
                 touched[id(cohort)] = cohort
+        seen = None
         for cohort in touched.values():
+            if self.metrics.registered and cohort.job != seen:
+                seen = cohort.job
+                self.metrics.record_seen(cohort.job, now)
             self._close_by_progress(cohort, now)
         # telemetry, once per request
         c["spans_accepted"] += accepted
@@ -517,8 +521,9 @@ class StragglerProcessor:
         if self.metrics.registered:
             self.metrics.record_window(cohort.job, cohort.key, out, now)
             for alert in out.alerts.values():
-                if alert is not None:
-                    self.metrics.record_alert(alert, now)
+                if alert is not None:  # judged slow in this window, or held from an earlier one
+                    self.metrics.record_alert(alert, now, judged=(alert.window_start, alert.window_end)
+                                              == (w.start, w.end))
             for v in out.verdicts:
                 if v.verdict == s.VERDICT_RECOVERED:
                     self.metrics.record_alert(v, now)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 
 import pytest
 from prometheus_client import generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from straggler_build import step_request
 from straggler_sim import make_processor
 
@@ -105,6 +107,40 @@ def test_verdict_span_is_child_of_the_job_step() -> None:
     assert verdict_span(_verdict(step=None, trace_id=b"")) is None
 
 
+def test_verdict_and_recovery_spans_live_in_the_convicting_steps_trace() -> None:
+    """A straggler verdict's span (and its recovery's, fired windows later) sits in the trace of the step where
+    the alert was first convicted, under that step's ``train-step`` root, with its rank, stage, attribution,
+    deviation and cost."""
+    clock = SimClock()
+    spans: list = []
+    proc, _, _ = make_processor(Config(), clock)
+    for st in range(0, 60):
+        slow = st < 30
+        req = step_request(st, {r: (72.0 if (r == 3 and slow) else 60.0, 10.0) for r in range(8)})
+        out = proc.process_traces(req)
+        assert out is not None
+        spans += [sp for rs in out.resource_spans for ss in rs.scope_spans for sp in ss.spans
+                  if sp.name == s.SPAN_VERDICT]
+        clock.t += 0.3
+    kinds = [(next(a.value.string_value for a in sp.attributes if a.key == s.EV_VERDICT), sp) for sp in spans]
+    conv = [sp for k, sp in kinds if k == s.VERDICT_STRAGGLER]
+    rec = [sp for k, sp in kinds if k == s.VERDICT_RECOVERED]
+    assert len(conv) == 1 and len(rec) == 1, [k for k, _ in kinds]
+    attrs = {a.key: a.value for a in conv[0].attributes}
+    first = attrs[s.EV_FIRST_STEP].int_value
+    assert attrs[s.EV_STEP].int_value == first and attrs[s.EV_RANK].int_value == 3
+    assert attrs[s.EV_STAGE].string_value == "forward-compute"
+    assert attrs[s.EV_ATTRIBUTION].string_value == s.ATTRIBUTION_GPU
+    assert attrs[s.EV_DEVIATION].double_value > 0.1 and attrs[s.EV_GPU_SECONDS_PER_HOUR].double_value > 0
+    trace = s.trace_id_for_step("job-1", first).to_bytes(16, "big")
+    root = s.job_step_span_id("job-1", first).to_bytes(8, "big")
+    rec_attrs = {a.key: a.value for a in rec[0].attributes}
+    assert rec_attrs[s.EV_STEP].int_value > first and rec_attrs[s.EV_FIRST_STEP].int_value == first
+    for sp in (conv[0], rec[0]):
+        assert sp.trace_id == trace and sp.parent_span_id == root
+    assert rec[0].span_id != conv[0].span_id
+
+
 def test_prometheus_view_follows_the_alert() -> None:
     clock = SimClock()
     cfg = Config(metrics=MetricsConfig(series_ttl_s=60.0))
@@ -120,19 +156,35 @@ def test_prometheus_view_follows_the_alert() -> None:
     active = [ln for ln in text.splitlines() if ln.startswith(s.M_STRAGGLER_ACTIVE + "{")]
     assert len(active) == 1 and 'rank="3"' in active[0] and active[0].endswith(" 1.0")
     assert 'attribution="gpu_stream_stall"' in active[0]
-    lost = tel.registry.get_sample_value(s.M_STEP_TIME_LOST, {
-        "job": "job-1", "cohort": proc.active()[0].cohort, "rank": "3", "host": "h3", "gpu": "GPU-3",
-        "stage": "forward-compute", "attribution": "gpu_stream_stall"})
+    alert = proc.active()[0]
+    assert alert.first_step is not None and alert.first_step < alert.step  # refreshed since its conviction
+    first_trace = s.trace_id_for_step("job-1", alert.first_step).to_bytes(16, "big").hex()
+    assert alert.first_trace_id.hex() == first_trace
+    labels = {"training_job": "job-1", "cohort": alert.cohort, "rank": "3", "host": "h3", "gpu": "GPU-3",
+              "stage": "forward-compute", "attribution": "gpu_stream_stall"}
+    alert_labels = {**labels, "first_step": str(alert.first_step), "trace_id": first_trace}
+    lost = tel.registry.get_sample_value(s.M_STEP_TIME_LOST, alert_labels)
     assert lost is not None and math.isclose(lost, 0.012)
-    assert tel.registry.get_sample_value(s.M_VERDICTS, {"job": "job-1", "verdict": "straggler",
+    ratio = tel.registry.get_sample_value(s.M_GPU_LOST_RATIO, alert_labels)
+    assert ratio is not None and math.isclose(ratio, alert.gpu_seconds_per_hour / 3600.0)
+    cost = tel.registry.get_sample_value(s.M_GPU_LOST_SECONDS, labels)
+    assert cost is not None and cost > 0
+    assert tel.registry.get_sample_value(s.M_VERDICTS, {"training_job": "job-1", "verdict": "straggler",
                                                         "reason": "slower_than_reference"}) == 1
-    assert tel.registry.get_sample_value(s.M_RANK_DEVIATION, {"job": "job-1", "cohort": proc.active()[0].cohort,
+    assert tel.registry.get_sample_value(s.M_RANK_DEVIATION, {"training_job": "job-1", "cohort": alert.cohort,
                                                               "rank": "3"}) is not None
+    assert not re.search(r'[{,](job|instance)=', text) and '=""' not in text
+    om = openmetrics_latest(tel.registry).decode()
+    exemplars = [ln for ln in om.splitlines() if " # {" in ln]
+    assert any(ln.startswith(s.M_VERDICTS + '{') and f'trace_id="{first_trace}"' in ln for ln in exemplars), om
+    assert any(ln.startswith(s.M_GPU_LOST_SECONDS + '{') and f'trace_id="{first_trace}"' in ln
+               for ln in exemplars), om
     assert f'{s.M_RANK_STAGE_SECONDS}{{' in text
     feed(range(30, 45), False)
     text = generate_latest(tel.registry).decode()
     active = [ln for ln in text.splitlines() if ln.startswith(s.M_STRAGGLER_ACTIVE + "{")]
-    assert len(active) == 1 and active[0].endswith(" 0.0")
+    assert len(active) == 1 and active[0].endswith(" 0.0") and f'trace_id="{first_trace}"' in active[0]
+    assert (tel.registry.get_sample_value(s.M_GPU_LOST_SECONDS, labels) or 0.0) >= cost  # a counter
     # no update for longer than the TTL: the series disappears
     clock.t += 120.0
     proc.tick(clock.t)
@@ -150,7 +202,7 @@ def test_rank_deviation_ignores_comparisons_under_the_floor() -> None:
                                          stage="batch-generator", group="data"))
         proc.process_traces(step_request(st, {r: (60.6 if r == 1 else 60.0, 10.0) for r in range(8)}))
     cohort = next(iter(proc.cohorts)).key
-    dev = tel.registry.get_sample_value(s.M_RANK_DEVIATION, {"job": "job-1", "cohort": cohort, "rank": "1"})
+    dev = tel.registry.get_sample_value(s.M_RANK_DEVIATION, {"training_job": "job-1", "cohort": cohort, "rank": "1"})
     assert dev is not None and math.isclose(dev, 0.01, abs_tol=1e-9)
 
 
@@ -250,3 +302,29 @@ def test_the_console_shows_a_verdict_as_a_warning_a_recovery_as_info_and_uncerta
     assert [lvl for lvl, _ in shown] == [logging.WARNING, logging.INFO]  # the uncertain window: DEBUG, not shown
     assert "verdict=straggler" in shown[0][1] and "rank=3" in shown[0][1]
     assert "verdict=recovered" in shown[1][1] and "rank=4" in shown[1][1]
+
+
+def test_unknown_label_values_are_left_out_of_the_series() -> None:
+    """A rank whose host and GPU are unknown, judged in a wall-clock window (no step, no trace): its alert series
+    has no host, gpu, first_step or trace_id label rather than empty ones, and its verdict count no exemplar."""
+    from prometheus_client import CollectorRegistry
+
+    from collector_processor.processor.straggler.metrics import StragglerMetrics
+    from collector_processor.telemetry import Telemetry
+
+    tel = Telemetry(CollectorRegistry())
+    m = StragglerMetrics(MetricsConfig(), tel)
+    v = _verdict(host="", gpu="", step=None, trace_id=b"", window_gpu_seconds=2.0)
+    m.record_alert(v, 1.0, judged=True)
+    m.count_verdicts([v])
+    m.publish(1.0)
+    text = generate_latest(tel.registry).decode()
+    (active,) = [ln for ln in text.splitlines() if ln.startswith(s.M_STRAGGLER_ACTIVE + "{")]
+    assert active == ('otel_straggler_active{attribution="gpu_stream_stall",cohort="c",rank="3",'
+                      'stage="forward-compute",training_job="j"} 1.0')
+    assert '=""' not in text
+    om = openmetrics_latest(tel.registry).decode()
+    assert " # {" not in om  # no trace: no exemplar
+    assert tel.registry.get_sample_value(s.M_GPU_LOST_SECONDS, {
+        "training_job": "j", "cohort": "c", "rank": "3", "stage": "forward-compute",
+        "attribution": "gpu_stream_stall"}) == 2.0
