@@ -32,6 +32,7 @@ an existing timer is found in C (``TimersCore``), anything else goes to ``Timers
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import Iterable
@@ -433,6 +434,18 @@ class _TimersType(type):
         return type.__getattribute__(cls, name)
 
 
+class _CallSignature:
+    """``__signature__`` read from a ``Timers`` object: its call's, ``(name, log_level=None)`` (Python 3.13's
+    ``inspect`` looks ``__call__`` up statically, past ``_TimersType``); None read from the class, whose own signature
+    ``inspect`` then derives as usual."""
+
+    def __get__(self, obj: object, cls: type | None = None) -> inspect.Signature | None:
+        if obj is None:
+            return None
+        params = list(inspect.signature(_call).parameters.values())[1:]
+        return inspect.signature(_call).replace(parameters=params)
+
+
 class Timers(TimersCore, metaclass=type if TimersCore is _PyTimersCore else _TimersType):
     """Group of timers, Megatron's ``Timers(log_level, log_option)`` plus keyword-only wiring.
 
@@ -466,6 +479,8 @@ class Timers(TimersCore, metaclass=type if TimersCore is _PyTimersCore else _Tim
         "sink",
         "wall_anchor",
     )
+
+    __signature__ = _CallSignature()
 
     def __init__(
         self,
