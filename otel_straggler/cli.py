@@ -20,6 +20,14 @@ def package_version() -> str:
         return "unknown (not installed)"
 
 
+def version_text() -> str:
+    """``otel-straggler X.Y.Z (hot path: native (C extension), Python 3.11.7)``."""
+    from otel_straggler import hot_path
+
+    python = ".".join(map(str, sys.version_info[:3]))
+    return f"otel-straggler {package_version()} (hot path: {hot_path.describe()}, Python {python})"
+
+
 def _demo_parser(sub: argparse._SubParsersAction) -> None:
     from otel_straggler.demo.options import MODELS, TOY, TOY_STAGES, DemoOptions
 
@@ -63,7 +71,7 @@ def _demo_parser(sub: argparse._SubParsersAction) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="otel-straggler")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True)
     _demo_parser(sub)
     args = parser.parse_args(argv)
