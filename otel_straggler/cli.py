@@ -86,7 +86,12 @@ def main(argv: list[str] | None = None) -> int:
             inject_from=args.inject_from, inject_until=args.inject_until, endpoint=args.endpoint,
             protocol=args.protocol, out=args.out, json=args.json, quiet=args.quiet, model=args.model,
             inject_ms=args.inject_ms, stall_timeout_s=args.stall_timeout)
-        from otel_straggler.demo.run import CollectorStartError, run_demo
+        try:
+            from otel_straggler.demo.run import CollectorStartError, run_demo
+        except ModuleNotFoundError as exc:  # the demo starts a collector: pip install 'otel-straggler[collector]'
+            print(f"otel-straggler demo: needs the collector ({exc.name} is missing): "
+                  "pip install 'otel-straggler[collector]'", file=sys.stderr)
+            return 1
 
         def _terminated(signum: int, frame: object) -> None:
             raise KeyboardInterrupt  # run_demo stops its ranks and collector on the way out
