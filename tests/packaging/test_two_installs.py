@@ -89,7 +89,8 @@ def test_no_library_module_imports_the_demo() -> None:
 def test_version_says_which_hot_path_runs() -> None:
     cli = [sys.executable, "-m", "otel_straggler.cli", "--version"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    py = subprocess.run(cli, capture_output=True, text=True, timeout=60, env={**env, "OTEL_STRAGGLER_HOT_PATH": "python"})
+    py = subprocess.run(cli, capture_output=True, text=True, timeout=60,
+                        env={**env, "OTEL_STRAGGLER_HOT_PATH": "python"})
     assert py.returncode == 0, py.stderr
     assert py.stdout.strip().startswith(f"otel-straggler {otel_straggler.__version__} (hot path: python ("), py.stdout
     assert "OTEL_STRAGGLER_HOT_PATH=python" in py.stdout
