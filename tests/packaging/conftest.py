@@ -2,29 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@dataclass(frozen=True)
-class Dist:
-    sdist: Path
-    wheel: Path
-    log: str
-
-
-def build_env(**extra: str) -> dict[str, str]:
-    """The environment without any build switch of ours (the default build), plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OTEL_STRAGGLER_BUILD_NATIVE", "CIBUILDWHEEL")}
-    env.update(extra)
-    return env
+from packaging_support import ROOT, Dist, build_env
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, Dist
+from packaging_support import ROOT, Dist
 
 pytestmark = pytest.mark.slow
 

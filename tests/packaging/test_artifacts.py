@@ -15,7 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, Dist, build_env
+from packaging_support import ROOT, Dist, build_env
 
 import otel_straggler
 

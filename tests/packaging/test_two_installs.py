@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import yaml
-from conftest import ROOT
+from packaging_support import ROOT
 
 import otel_straggler
 
@@ -174,8 +174,14 @@ def test_the_collector_runs_its_built_in_configuration_without_flags(tmp_path: P
             except OSError:
                 time.sleep(0.2)
         assert b"otel_straggler_collector_spans_received_total" in body
-        with socket.create_connection(("127.0.0.1", ports[0]), timeout=5):
-            pass  # OTLP gRPC listens
+        listening = False  # the receivers start after the exporters: /metrics can answer first
+        while not listening and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with socket.create_connection(("127.0.0.1", ports[0]), timeout=2):
+                    listening = True  # OTLP gRPC listens
+            except OSError:
+                time.sleep(0.2)
+        assert listening
     finally:
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=60)
