@@ -15,6 +15,8 @@ WORKDIR /src
 COPY pyproject.toml setup.py MANIFEST.in LICENSE CHANGELOG.md README.md* ./
 COPY otel_straggler ./otel_straggler
 COPY collector_processor ./collector_processor
+# the built-in configuration (collector_processor/config/collector.yaml links to it)
+COPY configs/collector.yaml ./configs/collector.yaml
 RUN pip install '.[collector]' && rm -rf /src/build
 
 RUN useradd --system --uid 10001 --home-dir /var/lib/otel-straggler --create-home otel \

@@ -1,7 +1,8 @@
 """``otel-straggler-collector [--config collector.yaml [--config more.yaml]] [--validate] [--print-config]``.
 
 Without ``--config`` the collector runs the configuration shipped in the package (``collector_processor/config/
-collector.yaml``: loopback OTLP on 4317/4318, Prometheus on 9464, every address settable through ``${env:...}``).
+collector.yaml``, in the checkout a link to ``configs/collector.yaml``: loopback OTLP on 4317/4318, Prometheus on
+9464, every address settable through ``${env:...}``).
 Several ``--config`` files merge in order (mappings deep-merge, lists are replaced). ``--validate`` checks the
 configuration and exits 0 (valid) or 2 (invalid); ``--print-config`` prints the effective YAML (files merged,
 ``${env:...}`` substituted, secrets redacted) and exits the same way. Logs go to stderr; the listening addresses are
