@@ -1,5 +1,6 @@
 # The straggler collector (otel-straggler-collector): OTLP in, straggler verdicts, Prometheus /metrics out.
 #   docker build -t otel-straggler-collector:0.1.0 .
+# (without --config the collector runs the configuration in the package: loopback only, of no use in a container)
 #   docker run -v $PWD/configs/collector-compose.yaml:/etc/otel-straggler/collector.yaml:ro \
 #     -p 127.0.0.1:4317:4317 -p 127.0.0.1:9464:9464 otel-straggler-collector:0.1.0
 FROM python:3.11.13-slim-bookworm
@@ -11,10 +12,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /src
 # README.md* : the readme pyproject.toml names, copied when present (a glob may match nothing).
-COPY pyproject.toml README.md* ./
+COPY pyproject.toml setup.py MANIFEST.in LICENSE CHANGELOG.md README.md* ./
 COPY otel_straggler ./otel_straggler
 COPY collector_processor ./collector_processor
-RUN pip install . && rm -rf /src/build
+# the built-in configuration (collector_processor/config/collector.yaml links to it)
+COPY configs/collector.yaml ./configs/collector.yaml
+RUN pip install '.[collector]' && rm -rf /src/build
 
 RUN useradd --system --uid 10001 --home-dir /var/lib/otel-straggler --create-home otel \
     && mkdir -p /etc/otel-straggler && chown otel /var/lib/otel-straggler

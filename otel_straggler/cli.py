@@ -20,6 +20,14 @@ def package_version() -> str:
         return "unknown (not installed)"
 
 
+def version_text() -> str:
+    """``otel-straggler X.Y.Z (hot path: native (C extension), Python 3.11.7)``."""
+    from otel_straggler import hot_path
+
+    python = ".".join(map(str, sys.version_info[:3]))
+    return f"otel-straggler {package_version()} (hot path: {hot_path.describe()}, Python {python})"
+
+
 def _demo_parser(sub: argparse._SubParsersAction) -> None:
     from otel_straggler.demo.options import MODELS, TOY, TOY_STAGES, DemoOptions
 
@@ -63,7 +71,7 @@ def _demo_parser(sub: argparse._SubParsersAction) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="otel-straggler")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True)
     _demo_parser(sub)
     doc = sub.add_parser("doctor", help="say what the emitter will do on this node, and check the collector",
@@ -88,7 +96,12 @@ def main(argv: list[str] | None = None) -> int:
             inject_from=args.inject_from, inject_until=args.inject_until, endpoint=args.endpoint,
             protocol=args.protocol, out=args.out, json=args.json, quiet=args.quiet, model=args.model,
             inject_ms=args.inject_ms, stall_timeout_s=args.stall_timeout)
-        from otel_straggler.demo.run import CollectorStartError, run_demo
+        try:
+            from otel_straggler.demo.run import CollectorStartError, run_demo
+        except ModuleNotFoundError as exc:  # the demo starts a collector: pip install 'otel-straggler[collector]'
+            print(f"otel-straggler demo: needs the collector ({exc.name} is missing): "
+                  "pip install 'otel-straggler[collector]'", file=sys.stderr)
+            return 1
 
         def _terminated(signum: int, frame: object) -> None:
             raise KeyboardInterrupt  # run_demo stops its ranks and collector on the way out

@@ -77,6 +77,7 @@ from otel_straggler.event_pool import RECORD_APIS
 
 _log = logging.getLogger(__name__)
 _warned: set[str] = set()
+_informed: set[str] = set()
 
 ENV_PREFIX = "OTEL_STRAGGLER_"
 _TRUE = {"1", "true", "yes", "on"}
@@ -241,6 +242,13 @@ class EmitterConfig:
     def from_dict(cls, values: Mapping[str, Any]) -> EmitterConfig:
         """Inverse of ``as_dict``, validated like keyword arguments (the environment is not read)."""
         return cls.from_env({}, **dict(values))
+
+
+def info_once(key: str, msg: str) -> None:
+    """Log ``msg`` at INFO the first time ``key`` is seen in this process."""
+    if key not in _informed:
+        _informed.add(key)
+        _log.info(msg)
 
 
 def warn_once(key: str, msg: str) -> None:

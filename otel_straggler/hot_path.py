@@ -7,10 +7,11 @@ rest of the package reads and writes them unchanged. Between a step's kernel lau
 data are cold, and the C path touches far fewer cache lines than the Python one
 (``bench/results/cpu-native-floor.md``, ``bench/results/gpu-h200.md``).
 
-The choice is made once, when ``otel_straggler`` is first imported, by ``OTEL_STRAGGLER_HOT_PATH``:
+The choice is made once, when the timers are first imported, by ``OTEL_STRAGGLER_HOT_PATH``, and logged once at
+INFO (``otel-straggler --version`` says it too):
 
-* ``auto`` (default): the C extension when it was built (``pip install`` compiles it where a C compiler and the
-  Python headers are at hand), else the Python code;
+* ``auto`` (default): the C extension when the installed wheel carries it (the manylinux wheels, an editable
+  install, or ``OTEL_STRAGGLER_BUILD_NATIVE=1`` at build time: ``setup.py``), else the Python code;
 * ``native``: the C extension; when it cannot be loaded the Python code runs and a warning says why (fail open);
 * ``python``: the Python code.
 
@@ -24,6 +25,7 @@ import logging
 import os
 from types import ModuleType
 
+from otel_straggler import __version__
 from otel_straggler.counters import CUDA_ERROR, POOL_EXHAUSTED, SAMPLED_OUT
 
 _log = logging.getLogger(__name__)
@@ -50,8 +52,9 @@ def _load() -> tuple[ModuleType | None, str | None]:
         return None, f"{ENV}=python"
     level = logging.WARNING if choice == "native" else logging.DEBUG
     if not _built():
-        _log.log(level, "otel-straggler: the C hot path is not built (no otel_straggler/_hotpath module: this "
-                 "install had no C compiler or Python headers); using the Python one")
+        _log.log(level, "otel-straggler: the C hot path is not built (no otel_straggler/_hotpath module: a pure "
+                 "Python install; the manylinux wheels carry it, or install with OTEL_STRAGGLER_BUILD_NATIVE=1); "
+                 "using the Python one")
         return None, "not built"
     try:
         from otel_straggler import _hotpath
@@ -69,3 +72,11 @@ def _load() -> tuple[ModuleType | None, str | None]:
 
 core, REASON = _load()
 NAME = "native" if core is not None else "python"
+
+
+def describe() -> str:
+    """``native (C extension)`` or ``python (<why>)``: what runs the hot path in this process."""
+    return "native (C extension)" if core is not None else f"python ({REASON})"
+
+
+_log.info("otel-straggler %s: hot path %s", __version__, describe())

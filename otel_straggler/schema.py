@@ -3,6 +3,10 @@
 Every span, event and metric name the project uses lives here and only here; ``docs/schema.md``
 describes each one (type, unit, meaning). Both sides import these constants and each side has a
 test that checks it honours them (``tests/schema``).
+
+It imports nothing but the standard library, and ``import otel_straggler`` loads nothing else, so the collector
+(``collector_processor``) loads this module and no other module of the emitter
+(``tests/packaging/test_two_installs.py``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@
   ``otel_straggler.<name>(...)`` call in it binds to the real function's signature.
 * Bash blocks: ``promtool``/``amtool`` lines run as written; ``otel-straggler-collector --config F`` runs with
   ``--validate``; ``otel-straggler demo [...]``'s options are the CLI's; ``./scripts/*`` exist and are executable.
-  ``docker compose`` cannot run here (no Docker): ``tests/stack`` validates the compose file against its schema.
+  ``pip install`` names this package and its extras. ``docker compose``, ``kubectl``, ``sbatch`` cannot run here
+  (no Docker, cluster or Slurm): ``tests/stack`` and ``tests/deploy`` validate what they would run.
   The torchrun + DDP job runs in ``tests/test_readme_examples.py``.
 """
 
@@ -21,6 +22,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -136,6 +138,7 @@ def test_every_bash_line_is_known_and_the_runnable_ones_run_as_written() -> None
     env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
     demo_help = subprocess.run([str(bindir / "otel-straggler"), "demo", "--help"], capture_output=True, text=True,
                                env=env, timeout=120).stdout
+    optional = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
     ran = 0
     for page, line in _bash_lines():
         where = f"{page.name}: {line}"
@@ -161,8 +164,16 @@ def test_every_bash_line_is_known_and_the_runnable_ones_run_as_written() -> None
             assert (ROOT / first).stat().st_mode & 0o111, where
         elif first == "otel-straggler" and line.split()[1] == "doctor":
             continue  # tests/emitter/test_doctor.py
-        elif first in ("docker", "export", "torchrun"):
-            continue  # no Docker here (tests/stack); the launch block runs in test_readme_examples.py
+        elif first == "pip" and line.split()[1] == "install":
+            for req in shlex.split(line)[2:]:  # the package and the extras it names are this project's
+                name, _, extras = req.partition("[")
+                assert name == "otel-straggler", where
+                for extra in filter(None, extras.rstrip("]").split(",")):
+                    assert extra in optional, f"{where}: no extra {extra!r} in pyproject.toml"
+        elif first in ("docker", "export", "torchrun", "kubectl", "sbatch") or "opentelemetry-instrument" in line:
+            # no Docker, cluster or Slurm here: tests/stack, tests/deploy and test_instrumentation.py check what
+            # these run; the launch block runs in test_readme_examples.py
+            continue
         else:
             raise AssertionError(f"{where}: no check knows this command")
     assert ran >= 3

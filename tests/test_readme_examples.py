@@ -1,5 +1,5 @@
 """The README's code, run as a user runs it: the torchrun + DDP ``train.py`` block saved as it is, and the bash
-block that starts the collector and the job, in one shell.
+block that starts the collector (its built-in configuration) and the job, in one shell.
 
 Only what a test machine needs is changed in the bash block: ``collector-host`` becomes the loopback address of
 a collector started on free ports (the config's own environment variables), ``--nproc_per_node=8`` becomes 4
@@ -95,7 +95,7 @@ def _verdicts(path: Path) -> list[dict]:
 def test_the_readme_job_finds_a_rank_slow_in_forward_then_one_slow_in_backward_in_a_re_run(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     lines = launch_block()
-    assert lines[0] == "otel-straggler-collector --config configs/collector.yaml"
+    assert lines[0] == "otel-straggler-collector"  # its built-in configuration
     assert lines[-1] == "torchrun --nproc_per_node=8 train.py"
     exports = lines[1:-1]
     assert [ln.split("=")[0] for ln in exports] == ["export OTEL_STRAGGLER_JOB_ID",
@@ -110,7 +110,7 @@ def test_the_readme_job_finds_a_rank_slow_in_forward_then_one_slow_in_backward_i
                OTEL_STRAGGLER_OTLP_HTTP_ENDPOINT=f"127.0.0.1:{http}",
                OTEL_STRAGGLER_METRICS_ENDPOINT=f"127.0.0.1:{metrics}",
                OTEL_STRAGGLER_EVIDENCE_PATH=str(evidence))
-    collector = subprocess.Popen(lines[0].split(), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+    collector = subprocess.Popen(lines[0].split(), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120

@@ -23,6 +23,11 @@ child's environment no longer carries the variables read here, so the SDK never 
   (``512``): 1 .. the queue size; ``OTEL_BSP_EXPORT_TIMEOUT`` (``30000``, kept unused by the SDK).
 * ``OTEL_METRIC_EXPORT_INTERVAL`` (``60000``), ``OTEL_METRIC_EXPORT_TIMEOUT`` (``30000``): milliseconds > 0.
 
+* ``OTEL_TRACES_SAMPLER``, ``OTEL_TRACES_SAMPLER_ARG``: not applied. The detector compares every step of every rank;
+  a sampler that drops spans (``traceidratio``, ``always_off``) would starve it, so the export side samples with
+  its own ``ALWAYS_ON`` and logs once that a thinning sampler of the application's is not applied to it (the
+  emitter's own sampling is ``OTEL_STRAGGLER_DEVICE_EVERY``, which keeps every span).
+
 A per-signal variable wins over the general one, as in the SDK. Headers, ``INSECURE`` and the TLS file
 variables (and their per-signal variants) are left to the SDK, which never fails on them;
 ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` are read by ``identity`` and the SDK's resource.
@@ -37,7 +42,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from otel_straggler.config import warn_once
+from otel_straggler.config import info_once, warn_once
 
 GRPC = "grpc"
 HTTP_PROTOBUF = "http/protobuf"
@@ -70,7 +75,11 @@ RESOLVED = (
     "OTEL_BSP_EXPORT_TIMEOUT",
     "OTEL_METRIC_EXPORT_INTERVAL",
     "OTEL_METRIC_EXPORT_TIMEOUT",
+    "OTEL_TRACES_SAMPLER",
+    "OTEL_TRACES_SAMPLER_ARG",
 )
+# Samplers that keep every span: anything else set in OTEL_TRACES_SAMPLER is reported as not applied.
+KEEP_ALL_SAMPLERS = ("always_on", "parentbased_always_on")
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +216,11 @@ class _Reader:
 
     def settings(self) -> OtelSettings:
         disabled = self._parse("OTEL_SDK_DISABLED", _bool, False)
+        sampler = (self._get("OTEL_TRACES_SAMPLER") or "").lower()
+        if sampler and sampler not in KEEP_ALL_SAMPLERS and self.warn:
+            info_once("OTEL_TRACES_SAMPLER",
+                      f"otel-straggler: OTEL_TRACES_SAMPLER={sampler} is not applied to the straggler spans (the "
+                      "detector needs every step of every rank); they are sampled always_on")
         traces, metrics = self._signal("TRACES"), self._signal("METRICS")
         queue = self._parse("OTEL_BSP_MAX_QUEUE_SIZE", _int_in(1, MAX_QUEUE_SIZE), DEFAULT_QUEUE_SIZE)
         batch_default = min(DEFAULT_BATCH_SIZE, queue)

@@ -34,6 +34,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
 from otel_straggler import schema
 from otel_straggler.export.otel_env import GRPC, NONE, OtelSettings, SignalSettings
@@ -362,7 +363,9 @@ class Providers:
         ``schedule_delay_ms``: the batch delay to start with when ``OTEL_BSP_SCHEDULE_DELAY`` is not set."""
         self.counters = counters
         self.resource = build_resource(resource_attributes)
-        self.tracer_provider = TracerProvider(resource=self.resource, id_generator=id_generator, shutdown_on_exit=False)
+        # ALWAYS_ON, never the application's OTEL_TRACES_SAMPLER: a thinning sampler starves the detector (otel_env)
+        self.tracer_provider = TracerProvider(resource=self.resource, id_generator=id_generator, sampler=ALWAYS_ON,
+                                              shutdown_on_exit=False)
         exporter = span_exporter if span_exporter is not None else make_span_exporter(settings.traces)
         self.processor: CountingBatchSpanProcessor | None = None
         if exporter is not None:

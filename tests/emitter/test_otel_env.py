@@ -178,3 +178,57 @@ def test_own_settings_are_warned_by_variable_never_by_value(caplog: pytest.LogCa
     assert cfg.config_errors == (name,) and getattr(cfg, name) == getattr(config.DEFAULTS, name)
     [msg] = [r.getMessage() for r in caplog.records]
     assert var in msg and why in msg and raw not in msg, msg
+
+
+@pytest.mark.parametrize("sampler", ["always_off", "traceidratio", "parentbased_traceidratio"])
+def test_a_thinning_sampler_is_not_applied_to_the_straggler_spans(
+        sampler: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The detector needs every step of every rank: the export side samples ALWAYS_ON whatever the application's
+    ``OTEL_TRACES_SAMPLER`` says (one INFO line says so), and its child process never sees the variable."""
+    from opentelemetry.sdk.trace.export import SpanExportResult
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+    from otel_straggler.export.ids import PresetIdGenerator
+    from otel_straggler.export.provider import Counters, Providers
+
+    monkeypatch.setattr(config, "_informed", set())
+    env = {"OTEL_TRACES_SAMPLER": sampler, "OTEL_TRACES_SAMPLER_ARG": "0.0"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with caplog.at_level(logging.INFO, logger="otel_straggler.config"):
+        settings = OtelSettings.from_env(env)
+        OtelSettings.from_env(env)
+    said = [r.getMessage() for r in caplog.records if "OTEL_TRACES_SAMPLER" in r.getMessage()]
+    assert len(said) == 1 and sampler in said[0] and "always_on" in said[0]
+    assert otel_env.child_env({**env, "PATH": "/bin"}) == {"PATH": "/bin"}
+
+    exported: list = []
+
+    class Keep:
+        def export(self, spans):  # type: ignore[no-untyped-def]
+            exported.extend(spans)
+            return SpanExportResult.SUCCESS
+
+        def shutdown(self) -> None:
+            pass
+
+        def force_flush(self, timeout_millis: int = 30_000) -> bool:
+            return True
+
+    providers = Providers({"service.name": "t"}, PresetIdGenerator(), Counters(), settings=settings,
+                          span_exporter=Keep(), metrics=False)
+    try:
+        assert providers.tracer_provider.sampler is ALWAYS_ON
+        for i in range(20):
+            providers.tracer.start_span(f"s{i}").end()
+        providers.tracer_provider.force_flush()
+    finally:
+        providers.shutdown(5.0)
+    assert len(exported) == 20
+
+
+def test_keep_all_samplers_say_nothing(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(config, "_informed", set())
+    with caplog.at_level(logging.INFO, logger="otel_straggler.config"):
+        OtelSettings.from_env({"OTEL_TRACES_SAMPLER": "parentbased_always_on"})
+    assert not [r for r in caplog.records if "OTEL_TRACES_SAMPLER" in r.getMessage()]

@@ -174,7 +174,7 @@ def test_dockerfile_base_image_entrypoint_and_copied_files() -> None:
     assert re.fullmatch(r"python:3\.11\.\d+-slim(-\w+)?", base), base
     entry = json.loads(next(arg for i, arg in instrs if i == "ENTRYPOINT"))
     assert entry == ["otel-straggler-collector", "--config", "/etc/otel-straggler/collector.yaml"]
-    assert any(i == "RUN" and "pip install ." in arg for i, arg in instrs)
+    assert any(i == "RUN" and "pip install '.[collector]'" in arg for i, arg in instrs), "the collector extra"
     assert any(i == "USER" for i, _ in instrs), "the collector must not run as root"
     ignore = [ln.strip() for ln in (REPO / ".dockerignore").read_text(encoding="utf-8").splitlines()
               if ln.strip() and not ln.startswith("#")]
@@ -272,3 +272,45 @@ def test_compose_yaml_has_no_duplicate_keys() -> None:
                 walk(v)
 
     walk(yaml.compose(COMPOSE.read_text(encoding="utf-8"), Loader=yaml.SafeLoader))
+
+
+_PUBLISHED = re.compile(r"\$\{BIND_ADDRESS:-127\.0\.0\.1\}:\$\{([A-Z_]+):-(\d+)\}:(\d+)")
+
+
+def test_host_ports_are_set_by_the_environment_and_keep_off_4317(compose: dict) -> None:
+    """A node's own OTel agent often holds 4317/4318: every published host port is a variable whose default is
+    another port, one variable per port."""
+    seen: dict[str, int] = {}
+    for name, svc in compose["services"].items():
+        for port in svc.get("ports", []):
+            m = _PUBLISHED.fullmatch(port)
+            assert m, f"{name}: {port} is not ${{BIND_ADDRESS:-127.0.0.1}}:${{VAR:-default}}:port"
+            var, default = m.group(1), int(m.group(2))
+            assert var not in seen, f"{var} is used twice"
+            seen[var] = default
+    assert not {4317, 4318} & set(seen.values())
+    assert len(set(seen.values())) == len(seen), "distinct default host ports"
+    assert seen["STRAGGLER_OTLP_GRPC_PORT"] == 14317 and seen["STRAGGLER_SHARDED_OTLP_GRPC_PORT"] == 24317
+    header = COMPOSE.read_text(encoding="utf-8").split("\nname:", 1)[0]
+    for var in seen:
+        assert var in header, f"{var} is not documented at the top of docker-compose.yml"
+
+
+def test_healthchecks_probe_each_services_own_health_endpoint(compose: dict) -> None:
+    services = compose["services"]
+    metrics_port = load_yaml(CONFIGS / "collector-compose.yaml")["exporters"]["prometheus"]["endpoint"].rsplit(":")[1]
+    for name in ("straggler-collector", "straggler-collector-0", "straggler-collector-1"):
+        test = " ".join(services[name]["healthcheck"]["test"])
+        assert f"http://127.0.0.1:{metrics_port}/healthz" in test, name
+    jaeger_health = load_yaml(CONFIGS / "jaeger.yaml")["extensions"]["healthcheckv2"]["http"]["endpoint"]
+    assert f":{jaeger_health.rsplit(':', 1)[1]}/status" in " ".join(services["jaeger"]["healthcheck"]["test"])
+    assert "/-/ready" in " ".join(services["prometheus"]["healthcheck"]["test"])
+    assert "/-/ready" in " ".join(services["alertmanager"]["healthcheck"]["test"])
+    assert "/api/health" in " ".join(services["grafana"]["healthcheck"]["test"])
+    for name, svc in services.items():
+        if "healthcheck" in svc:
+            assert svc["healthcheck"]["test"][0] == "CMD", f"{name}: exec form, no shell needed"
+    for gw, collectors in (("gateway", ["straggler-collector"]),
+                           ("gateway-sharded", ["straggler-collector-0", "straggler-collector-1"])):
+        for col in collectors:
+            assert services[gw]["depends_on"][col] == {"condition": "service_healthy"}, (gw, col)

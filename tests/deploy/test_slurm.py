@@ -1,0 +1,113 @@
+"""deploy/slurm/train.sbatch: it parses, and its logic runs end to end with Slurm's environment and commands
+stood in for (no Slurm here): ``scontrol`` names the job's nodes, ``srun`` runs its command on this machine. The
+real collector starts on the "first node", a real rank sends its spans to it with the job's token, and the script
+stops the collector (drained, metrics kept) when training ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SBATCH = ROOT / "deploy" / "slurm" / "train.sbatch"
+
+FAKE_SCONTROL = """#!/bin/bash
+# scontrol show hostnames <nodelist>: this machine is the job's first node
+[ "$1 $2" = "show hostnames" ] || exit 2
+echo "$FAKE_FIRST_NODE"; echo node02
+"""
+
+FAKE_SRUN = """#!/bin/bash
+# srun [--option=value ...] command...: log the options, run the command here
+opts=()
+while [ $# -gt 0 ] && [ "${1#--}" != "$1" ]; do opts+=("$1"); shift; done
+echo "srun ${opts[*]} -- $*" >>"$FAKE_SRUN_LOG"
+exec "$@"
+"""
+
+RANK = """
+import json, os, time
+import otel_straggler
+timers = otel_straggler.configure()
+assert timers is not None, "OTEL_STRAGGLER_ENABLED=1 comes from the script"
+for step in range(5):
+    otel_straggler.step(step)
+    with otel_straggler.stage("forward-compute"):
+        time.sleep(0.005)
+flushed = timers.flush(10.0)
+otel_straggler.shutdown(10.0)
+keys = ("OTEL_STRAGGLER_ENABLED", "OTEL_STRAGGLER_JOB_ID", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_HEADERS")
+print(json.dumps({"flushed": flushed, **{k: os.environ.get(k) for k in keys}}), flush=True)
+"""
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_the_sbatch_script_parses() -> None:
+    proc = subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    text = SBATCH.read_text(encoding="utf-8")
+    head = text.split("\nset -euo pipefail", 1)[0]
+    assert re.search(r"^#SBATCH --nodes=\d+$", head, re.M), "directives before the first command"
+
+
+@pytest.mark.slow
+def test_the_sbatch_logic_starts_the_collector_on_the_first_node_and_points_the_ranks_at_it(tmp_path: Path) -> None:
+    collector = Path(sys.executable).with_name("otel-straggler-collector")
+    if not collector.exists():
+        pytest.skip("otel-straggler-collector is not installed next to this Python")
+    fakebin = tmp_path / "bin"
+    fakebin.mkdir()
+    for name, body in (("scontrol", FAKE_SCONTROL), ("srun", FAKE_SRUN)):
+        (fakebin / name).write_text(body)
+        (fakebin / name).chmod(0o755)
+    (tmp_path / "rank.py").write_text(RANK)
+    grpc, http, metrics = _free_ports(3)
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SLURM_"))}
+    env.update(PATH=os.pathsep.join([str(fakebin), str(collector.parent), env.get("PATH", "")]),
+               SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="localhost,node02", SLURM_NNODES="2",
+               FAKE_FIRST_NODE="localhost", FAKE_SRUN_LOG=str(tmp_path / "srun.log"),
+               OTEL_STRAGGLER_COLLECTOR_PORT=str(grpc), OTEL_STRAGGLER_COLLECTOR_HTTP_PORT=str(http),
+               OTEL_STRAGGLER_METRICS_PORT=str(metrics), OTEL_STRAGGLER_OUT=str(out),
+               TRAIN_CMD=f"{sys.executable} rank.py")
+    proc = subprocess.run(["bash", str(SBATCH)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    log = (out / "collector.log").read_text() if (out / "collector.log").exists() else ""
+    assert proc.returncode == 0, proc.stderr[-3000:] + log[-3000:]
+
+    rank = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert rank["flushed"] is True
+    assert rank["OTEL_STRAGGLER_ENABLED"] == "1" and rank["OTEL_STRAGGLER_JOB_ID"] == "slurm-4242"
+    assert rank["OTEL_EXPORTER_OTLP_ENDPOINT"] == f"http://localhost:{grpc}"
+    token = rank["OTEL_EXPORTER_OTLP_HEADERS"].removeprefix("authorization=Bearer%20")
+    assert len(token) == 32 and token not in log, "a fresh token per job, never logged"
+
+    srun = (tmp_path / "srun.log").read_text().splitlines()
+    assert "--nodelist=localhost" in srun[0] and "--overlap" in srun[0] and srun[0].endswith("otel-straggler-collector")
+    assert srun[1].startswith("srun --kill-on-bad-exit=1 -- ") and srun[1].endswith("rank.py")
+
+    metrics_text = (out / "metrics.txt").read_text()
+    def total(name: str) -> float:
+        return sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)$", metrics_text, re.M))
+
+    received = total("otel_straggler_collector_spans_received_total")
+    unauthenticated = total("otel_straggler_collector_unauthenticated_total")
+    assert received >= 5 and unauthenticated == 0, metrics_text[:2000]
+    assert "configuration: built-in" in log and "exit (drained)" in log, log[-2000:]

@@ -1,0 +1,167 @@
+"""What a release publishes: the default wheel is pure Python (``py3-none-any``, an index accepts it), the sdist
+builds the C hot path where asked for, the manylinux wheels come from the ``[tool.cibuildwheel]`` configuration,
+and the metadata (license, classifiers, URLs, version, extras) is complete and ``twine check`` clean."""
+
+from __future__ import annotations
+
+import email.parser
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+from packaging_support import ROOT, Dist, build_env
+
+import otel_straggler
+
+COLLECTOR_ONLY = {"pydantic", "pyyaml", "prometheus-client", "protobuf", "opentelemetry-proto"}
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def _metadata(wheel: Path) -> email.message.Message:
+    with zipfile.ZipFile(wheel) as zf:
+        (name,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        return email.parser.Parser().parsestr(zf.read(name).decode())
+
+
+def _requirement_name(req: str) -> str:
+    return re.split(r"[<>=!~;\[ (]", req, maxsplit=1)[0].strip().lower().replace("_", "-")
+
+
+def test_the_build_raises_no_deprecation_warning(dist: Dist) -> None:
+    assert "deprecat" not in dist.log.lower(), [ln for ln in dist.log.splitlines() if "eprecat" in ln]
+
+
+def test_the_default_wheel_is_pure_python(dist: Dist) -> None:
+    assert dist.wheel.name == f"otel_straggler-{otel_straggler.__version__}-py3-none-any.whl"
+    with zipfile.ZipFile(dist.wheel) as zf:
+        names = zf.namelist()
+        (wheel_file,) = [n for n in names if n.endswith(".dist-info/WHEEL")]
+        wheel_meta = zf.read(wheel_file).decode()
+    assert "Root-Is-Purelib: true" in wheel_meta and "Tag: py3-none-any" in wheel_meta
+    assert not [n for n in names if n.endswith((".so", ".pyd", ".c"))], "no compiled code and no C source"
+
+
+def test_the_wheel_carries_types_license_config_and_entry_points(dist: Dist) -> None:
+    with zipfile.ZipFile(dist.wheel) as zf:
+        names = set(zf.namelist())
+        (eps,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        entry_points = zf.read(eps).decode()
+        config = zf.read("collector_processor/config/collector.yaml").decode()
+    assert {"otel_straggler/py.typed", "collector_processor/py.typed"} <= names
+    assert f"otel_straggler-{otel_straggler.__version__}.dist-info/licenses/LICENSE" in names
+    assert config == (ROOT / "collector_processor/config/collector.yaml").read_text(encoding="utf-8")
+    assert "otel-straggler = otel_straggler.cli:main" in entry_points
+    assert "otel-straggler-collector = collector_processor.cli:main" in entry_points
+    assert "[opentelemetry_instrumentor]\notel_straggler = otel_straggler.instrumentation:MegatronInstrumentor" \
+        in entry_points
+    assert not [n for n in names if n.startswith(("tests/", "bench/", "configs/"))]
+
+
+def test_metadata_license_classifiers_urls_and_version(dist: Dist) -> None:
+    meta = _metadata(dist.wheel)
+    assert meta["Metadata-Version"] >= "2.4"
+    assert meta["License-Expression"] == "Apache-2.0" and meta["License-File"] == "LICENSE"
+    assert meta["License"] is None, "PEP 639: the expression, not the old free-text field"
+    classifiers = meta.get_all("Classifier")
+    assert not [c for c in classifiers if c.startswith("License ::")], "PEP 639 forbids license classifiers"
+    assert "Typing :: Typed" in classifiers and "Programming Language :: Python :: 3.11" in classifiers
+    urls = dict(u.split(", ", 1) for u in meta.get_all("Project-URL"))
+    assert {"Homepage", "Source", "Issues", "Changelog", "Documentation"} <= set(urls)
+    assert meta["Version"] == otel_straggler.__version__
+    assert "Apache License" in (ROOT / "LICENSE").read_text(encoding="utf-8")
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert f"## [{otel_straggler.__version__}]" in changelog
+
+
+def test_the_version_has_one_source() -> None:
+    project = _pyproject()["project"]
+    assert "version" not in project and "version" in project["dynamic"]
+    assert _pyproject()["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "otel_straggler.__version__"}
+    from importlib.metadata import version
+
+    assert version("otel-straggler") == otel_straggler.__version__
+
+
+def test_the_plain_install_is_the_emitter_and_the_collector_is_an_extra(dist: Dist) -> None:
+    requires = _metadata(dist.wheel).get_all("Requires-Dist")
+    base = {_requirement_name(r) for r in requires if "extra ==" not in r}
+    collector = {_requirement_name(r) for r in requires if 'extra == "collector"' in r}
+    assert base >= {"opentelemetry-api", "opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-grpc",
+                    "opentelemetry-instrumentation"}
+    assert not base & COLLECTOR_ONLY, base & COLLECTOR_ONLY
+    assert "torch" not in base, "torch is the training image's own"
+    assert collector >= COLLECTOR_ONLY | {"grpcio"}
+
+
+def test_twine_check_is_clean(dist: Dist) -> None:
+    pytest.importorskip("twine")
+    proc = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", str(dist.sdist), str(dist.wheel)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("PASSED") == 2
+
+
+def test_the_sdist_holds_the_c_source_and_the_build_script(dist: Dist) -> None:
+    with tarfile.open(dist.sdist) as tf:
+        names = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
+    assert {"otel_straggler/_hotpath.c", "setup.py", "pyproject.toml", "LICENSE", "CHANGELOG.md", "PKG-INFO",
+            "collector_processor/config/collector.yaml", "otel_straggler/py.typed"} <= names
+    assert not [n for n in names if n.startswith("tests/")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("switch", [{"OTEL_STRAGGLER_BUILD_NATIVE": "1"}, {"CIBUILDWHEEL": "1"}],
+                         ids=["OTEL_STRAGGLER_BUILD_NATIVE", "cibuildwheel"])
+def test_installing_the_sdist_builds_the_c_hot_path_when_asked(dist: Dist, tmp_path: Path,
+                                                              switch: dict[str, str]) -> None:
+    """Where a C compiler is at hand, the sdist installs with the C path (what cibuildwheel runs in its manylinux
+    containers, and what ``OTEL_STRAGGLER_BUILD_NATIVE=1 pip install --no-binary otel-straggler`` does)."""
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler")
+    target = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
+                           "--target", str(target), str(dist.sdist)],
+                          capture_output=True, text=True, timeout=600, env=build_env(**switch), cwd=tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert list((target / "otel_straggler").glob("_hotpath*.so")), "the C extension was built and installed"
+    check = ("import json, otel_straggler; from otel_straggler import hot_path; "
+             "print(json.dumps([hot_path.NAME, otel_straggler.__file__]))")
+    run = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env=build_env(PYTHONPATH=str(target), OTEL_STRAGGLER_HOT_PATH="native"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    name, where = __import__("json").loads(run.stdout)
+    assert name == "native" and Path(where).is_relative_to(target)
+
+
+def test_the_wheel_built_from_the_sdist_by_default_is_pure(dist: Dist) -> None:
+    """``python -m build`` built the wheel from the sdist (its default): no switch, no C path."""
+    assert dist.wheel.name.endswith("-py3-none-any.whl")
+    assert "_hotpath" not in " ".join(zipfile.ZipFile(dist.wheel).namelist())
+
+
+def test_the_cibuildwheel_configuration_builds_manylinux_wheels_with_the_c_path() -> None:
+    cfg = _pyproject()["tool"]["cibuildwheel"]
+    assert cfg["environment"] == {"OTEL_STRAGGLER_BUILD_NATIVE": "1"}, "the platform wheels must carry the C path"
+    test = cfg["test-command"]
+    assert "hot_path.NAME == 'native'" in test and "OTEL_STRAGGLER_HOT_PATH=native" in test
+    assert cfg["linux"]["repair-wheel-command"].startswith("auditwheel repair")
+    exe = Path(sys.executable).with_name("cibuildwheel")
+    if not exe.exists():
+        pytest.skip("cibuildwheel is not installed")
+    # cibuildwheel reads and validates the configuration without containers when it only lists what it would build
+    proc = subprocess.run([str(exe), "--print-build-identifiers", "--platform", "linux", "--archs", "x86_64,aarch64"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ids = set(proc.stdout.split())
+    for py in ("cp311", "cp312", "cp313"):
+        assert {f"{py}-manylinux_x86_64", f"{py}-manylinux_aarch64"} <= ids, ids
+    assert not [i for i in ids if "musllinux" in i or i.startswith(("cp38", "cp39", "cp310", "pp"))], ids
