@@ -16,8 +16,9 @@ from pydantic import Field, model_validator
 from collector_processor.component import Admission, Refusal
 from collector_processor.config.types import Duration, ServerTLS, Strict
 from collector_processor.pipeline import Pipeline, Result
-from collector_processor.receiver.auth import AuthConfig
+from collector_processor.receiver.auth import AuthConfig, Tenant
 from collector_processor.receiver.decode import CT_PROTOBUF, DecodeFailure, count_items, decode, decode_cost
+from collector_processor.receiver.tenants import Forbidden, check_tenant
 from collector_processor.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ class Dispatcher:
                 gates.extend(g for g in p.admission if all(g is not x for x in gates))
             self._gates[sig] = gates
         self._aborted_logged = threading.Event()
+        self._forbidden_logged = threading.Event()
         telemetry.receiver(label)
 
     def has(self, signal: str) -> bool:
@@ -133,11 +135,13 @@ class Dispatcher:
         """Count a refusal before decoding: ``throttled`` (retry later) or ``too_large`` (never)."""
         self.outcome("throttled" if refusal.retry else "too_large")
 
-    def decode_and_dispatch(self, signal: str, data: bytes | bytearray, ctype: str = CT_PROTOBUF) -> Result | Refusal:
+    def decode_and_dispatch(self, signal: str, data: bytes | bytearray, ctype: str = CT_PROTOBUF,
+                            tenant: Tenant | None = None) -> Result | Refusal:
         """Reserve what decoding ``data`` takes at the signal's gates, decode, hand to its pipelines (on a worker
         thread). Every outcome is counted here: a refusal before decoding (returned), a decoding failure (counted
-        ``invalid``, ``DecodeFailure`` raised), the pipelines' refusal (returned as a retryable ``Refusal``) and
-        their acceptance (the ``Result``, ``rejected`` > 0 for a partial success)."""
+        ``invalid``, ``DecodeFailure`` raised), a job outside the ``tenant``'s (counted ``forbidden`` and in
+        ``tenant_refused_total``, ``Forbidden`` raised), the pipelines' refusal (returned as a retryable
+        ``Refusal``) and their acceptance (the ``Result``, ``rejected`` > 0 for a partial success)."""
         cost = decode_cost(data, ctype)
         refusal = self.reserve(signal, cost)
         if refusal is not None:
@@ -150,6 +154,11 @@ class Dispatcher:
             raise
         finally:
             self.release(signal, cost)
+        try:
+            check_tenant(signal, msg, tenant)
+        except Forbidden as e:
+            self.forbidden(str(e))
+            raise
         r = self.dispatch(signal, msg, len(data))
         if r.status != "ok":
             return Refusal(r.reason, r.message or "throttled")
@@ -177,6 +186,15 @@ class Dispatcher:
 
     def outcome(self, outcome: str) -> None:
         self.t.requests.labels(self.label, outcome).inc()
+
+    def forbidden(self, why: str) -> None:
+        """A request naming a job its token may not write: counted, logged once per receiver."""
+        self.outcome("forbidden")
+        self.t.tenant_refused.labels(self.label).inc()
+        if not self._forbidden_logged.is_set():
+            self._forbidden_logged.set()
+            log.warning("%s: a request was refused: %s; such requests are counted in "
+                        "otel_straggler_collector_tenant_refused_total and not logged again", self.label, why)
 
     def aborted(self, why: str) -> None:
         """A request whose client went away or stalled past a timeout before it was answered: counted, and logged

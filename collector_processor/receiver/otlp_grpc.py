@@ -30,9 +30,10 @@ from collector_processor.component import Refusal
 from collector_processor.config.model import MIB
 from collector_processor.config.types import split_host_port
 from collector_processor.receiver.aio import LoopThread, Workers, stop_runtime
-from collector_processor.receiver.auth import BearerAuth
+from collector_processor.receiver.auth import EVERYONE, BearerAuth, Tenant
 from collector_processor.receiver.common import Config, Dispatcher, GrpcProtocol, export_response, refusal_code
 from collector_processor.receiver.decode import GRPC_SERVICES, RETRY_INFO_KEY, DecodeFailure
+from collector_processor.receiver.tenants import Forbidden
 from collector_processor.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -98,12 +99,15 @@ class OtlpGrpcReceiver:
     # ---- the Export methods -------------------------------------------------------------------------------
     def _method(self, signal: str) -> grpc.RpcMethodHandler:
         async def export(request_iterator: object, context: grpc.aio.ServicerContext) -> bytes:
+            tenant: Tenant | None = EVERYONE
             if self.auth.enabled:
                 md = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
-                if not self.auth.check(md.get("authorization")):
+                tenant = self.auth.identify(md.get("authorization"))
+                if tenant is None:
                     self.t.unauthenticated.labels(self.d.label).inc()
                     self.d.outcome("unauthenticated")
                     await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or bad bearer token")
+            assert tenant is not None
             if not self.d.has(signal):  # answered before a read slot is taken or the message read
                 self.d.outcome("invalid")
                 await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"no {signal} pipeline")
@@ -118,11 +122,11 @@ class OtlpGrpcReceiver:
                     out = self._refused(Refusal("memory_limit", "too many requests being read"))
                 else:
                     try:
-                        out = await self._read_and_handle(signal, context, self._per_read)
+                        out = await self._read_and_handle(signal, context, self._per_read, tenant)
                     finally:
                         self._reads.release()
             else:
-                out = await self._read_and_handle(signal, context, 0)
+                out = await self._read_and_handle(signal, context, 0, tenant)
             if out.retry:
                 context.set_trailing_metadata(((RETRY_INFO_KEY, self._retry),))
             if out.code != grpc.StatusCode.OK:
@@ -132,7 +136,8 @@ class OtlpGrpcReceiver:
 
         return grpc.stream_unary_rpc_method_handler(export)
 
-    async def _read_and_handle(self, signal: str, context: grpc.aio.ServicerContext, held: int) -> _Outcome:
+    async def _read_and_handle(self, signal: str, context: grpc.aio.ServicerContext, held: int,
+                               tenant: Tenant) -> _Outcome:
         self.d.hold(signal, held)
         try:
             try:
@@ -150,28 +155,30 @@ class OtlpGrpcReceiver:
                 self.d.release(signal, held)
                 held = len(raw)
                 self.d.hold(signal, held)
-            return await self._handle(signal, raw)
+            return await self._handle(signal, raw, tenant)
         finally:
             self.d.release(signal, held)
 
-    async def _handle(self, signal: str, raw: bytes) -> _Outcome:
+    async def _handle(self, signal: str, raw: bytes, tenant: Tenant) -> _Outcome:
         if len(raw) > self.limit:
             self.d.outcome("too_large")
             return _Outcome(grpc.StatusCode.RESOURCE_EXHAUSTED, f"request of {len(raw)} bytes exceeds {self.limit}")
         assert self._workers is not None
-        return await self._workers.run(self._process, signal, raw)
+        return await self._workers.run(self._process, signal, raw, tenant)
 
     def _refused(self, refusal: Refusal) -> _Outcome:
         """Count a refusal before decoding and answer it."""
         self.d.refused(refusal)
         return _refusal(refusal)
 
-    def _process(self, signal: str, raw: bytes) -> _Outcome:
+    def _process(self, signal: str, raw: bytes, tenant: Tenant) -> _Outcome:
         """On a worker thread: decode and hand to the pipelines; the gRPC status of the outcome."""
         try:
-            r = self.d.decode_and_dispatch(signal, raw)
+            r = self.d.decode_and_dispatch(signal, raw, tenant=tenant)
         except DecodeFailure as e:
             return _Outcome(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except Forbidden as e:
+            return _Outcome(grpc.StatusCode.PERMISSION_DENIED, str(e))
         if isinstance(r, Refusal):
             return _refusal(r)
         return _Outcome(grpc.StatusCode.OK, body=export_response(signal, r).SerializeToString())

@@ -38,7 +38,7 @@ from collector_processor.component import Refusal
 from collector_processor.config.model import MIB
 from collector_processor.config.types import split_host_port
 from collector_processor.receiver.aio import LoopThread, Workers, stop_runtime
-from collector_processor.receiver.auth import BearerAuth
+from collector_processor.receiver.auth import EVERYONE, BearerAuth, Tenant
 from collector_processor.receiver.common import Config, Dispatcher, HttpProtocol, export_response, refusal_code
 from collector_processor.receiver.decode import (
     CT_JSON,
@@ -48,6 +48,7 @@ from collector_processor.receiver.decode import (
     TooLarge,
     gunzip_bounded,
 )
+from collector_processor.receiver.tenants import Forbidden
 from collector_processor.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -64,8 +65,9 @@ MAX_HEADERS = 100
 CHUNK = 256 * 1024
 INFLATE_RESERVE = 4 * MIB  # a gzip body's inflated bytes are reserved in steps of at least this
 # gRPC code numbers for the Status body
-_INVALID_ARGUMENT, _RESOURCE_EXHAUSTED, _UNAUTHENTICATED, _UNIMPLEMENTED = 3, 8, 16, 12
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
+_INVALID_ARGUMENT, _RESOURCE_EXHAUSTED, _UNAUTHENTICATED, _UNIMPLEMENTED, _PERMISSION_DENIED = 3, 8, 16, 12, 7
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+            405: "Method Not Allowed",
             411: "Length Required", 413: "Content Too Large", 415: "Unsupported Media Type",
             431: "Request Header Fields Too Large", 503: "Service Unavailable"}
 
@@ -357,7 +359,7 @@ class OtlpHttpReceiver:
         if head.path not in _SIGNALS:
             return self._status(404, _UNIMPLEMENTED, f"unknown path {head.path}", reply_ct, "invalid",
                                 close=(length or 0) > self.limit), length
-        if self.auth.enabled and not self.auth.check(head.get("authorization")):
+        if self.auth.enabled and self.auth.identify(head.get("authorization")) is None:
             self.t.unauthenticated.labels(self.d.label).inc()
             return self._status(401, _UNAUTHENTICATED, "missing or bad bearer token", reply_ct, "unauthenticated",
                                 {"WWW-Authenticate": "Bearer"}, close=True), length
@@ -385,6 +387,8 @@ class OtlpHttpReceiver:
         signal = _SIGNALS[head.path]
         ctype = (head.get("content-type") or "").split(";", 1)[0].strip().lower()
         encoding = (head.get("content-encoding") or "identity").strip().lower()
+        tenant = self.auth.identify(head.get("authorization")) if self.auth.enabled else EVERYONE
+        assert tenant is not None  # checked in _check
         if self._busy >= MAX_CONCURRENT:  # refused before its body is reserved or read (and again once it is)
             return self._refused(Refusal("busy", "too many requests in progress"), ctype), length
         reserved = 0
@@ -401,7 +405,7 @@ class OtlpHttpReceiver:
             self._busy += 1
             try:
                 assert self._workers is not None
-                return await self._workers.run(self._process, signal, body, ctype, encoding == "gzip"), 0
+                return await self._workers.run(self._process, signal, body, ctype, encoding == "gzip", tenant), 0
             finally:
                 self._busy -= 1
         finally:
@@ -443,7 +447,8 @@ class OtlpHttpReceiver:
         view.release()
         return body
 
-    def _process(self, signal: str, body: bytearray, ctype: str, gzipped: bool) -> _Answer:
+    def _process(self, signal: str, body: bytearray, ctype: str, gzipped: bool, tenant: Tenant = EVERYONE
+                 ) -> _Answer:
         """On a worker thread: inflate (reserving as it grows), reserve what decoding takes, decode, hand to the
         pipelines."""
         held = 0  # reserved for the inflated body
@@ -468,9 +473,11 @@ class OtlpHttpReceiver:
             except DecodeFailure as e:
                 return self._status(400, _INVALID_ARGUMENT, str(e), ctype, "invalid")
             try:
-                r = self.d.decode_and_dispatch(signal, data, ctype)
+                r = self.d.decode_and_dispatch(signal, data, ctype, tenant)
             except DecodeFailure as e:  # counted by the dispatcher
                 return _error(400, _INVALID_ARGUMENT, str(e), ctype)
+            except Forbidden as e:  # counted by the dispatcher
+                return _error(403, _PERMISSION_DENIED, str(e), ctype)
         finally:
             if held:  # the inflated body, reserved until its decoded request is handed over
                 self.d.release(signal, held)

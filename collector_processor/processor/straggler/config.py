@@ -160,6 +160,13 @@ class Config(BaseModel):
     # steps (0.35 s windows) and the SDK's 5 s schedule delay, a rank's batch opens ~13 windows and its peers'
     # batches arrive up to 5 s (~14 windows) later. 64 covers that twice over.
     max_open_windows: int = Field(default=64, ge=1)
+    # Step quarantine: a step sample whose window index is more than this many windows beyond its cohort's range
+    # (the lower median of its ranks' latest windows) is rejected (spans_rejected_total{reason="quarantined"})
+    # and never opens or closes a window, so one rank reporting a wrong step number, or a client writing
+    # far-future steps into a job, cannot make the job's real samples late. 256 windows (1280 steps at 5 per
+    # window): four times max_open_windows, far beyond how far apart the ranks of a running cohort can be.
+    # 0 disables.
+    step_quarantine_windows: int = Field(default=256, ge=0, le=2**40)
     # Stage-span ids remembered for replay detection (LRU). A step summary is deduplicated by its identity
     # instead: one per (rank, step) in a window.
     dedup_capacity: int = Field(default=262_144, ge=1)
