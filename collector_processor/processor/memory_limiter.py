@@ -28,13 +28,15 @@ from collector_processor.registry import BuildContext, Factory
 from collector_processor.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
+MAX_LIMIT_MIB = 1024 * 1024  # 1 TiB
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class Config(Strict):
-    limit_mib: float = Field(1024, gt=0)
-    spike_limit_mib: float | None = Field(None, ge=0)  # default: 20% of limit_mib
-    check_interval: Duration = 1.0
+    limit_mib: float = Field(1024, gt=0, le=MAX_LIMIT_MIB)
+    spike_limit_mib: float | None = Field(None, ge=0, le=MAX_LIMIT_MIB)  # default: 20% of limit_mib
+    # at least 10 ms: the check reads /proc and may collect garbage; shorter only burns CPU
+    check_interval: Duration = Field(1.0, ge=0.01, le=60.0)
 
     @model_validator(mode="after")
     def _spike(self) -> Config:

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 # protocol by default) is decoded at once, and a memory limiter over its soft limit still refuses them when they
 # are submitted, counting their items in spans_dropped_total.
 UNRESERVED_BYTES = 1 << 20
+MAX_MESSAGE_MIB = 256  # the largest request size limit a receiver may be given
 
 # export response of each signal and its partial-success count field
 _RESPONSES: dict[str, tuple[type[Message], str]] = {
@@ -37,13 +38,13 @@ _RESPONSES: dict[str, tuple[type[Message], str]] = {
 
 class GrpcProtocol(Strict):
     endpoint: str = "127.0.0.1:4317"
-    max_recv_msg_size_mib: float = Field(16, gt=0)
+    max_recv_msg_size_mib: float = Field(16, gt=0, le=MAX_MESSAGE_MIB)
     max_workers: int = Field(8, ge=1, le=256)
 
 
 class HttpProtocol(Strict):
     endpoint: str = "127.0.0.1:4318"
-    max_request_body_size_mib: float = Field(16, gt=0)
+    max_request_body_size_mib: float = Field(16, gt=0, le=MAX_MESSAGE_MIB)
 
 
 class Protocols(Strict):
@@ -65,10 +66,10 @@ class Config(Strict):
     auth: AuthConfig = Field(default_factory=AuthConfig)
     tls: ServerTLS = Field(default_factory=ServerTLS)
     # Delay a throttled client is told to wait (gRPC RetryInfo trailer, HTTP Retry-After rounded up to seconds).
-    retry_delay: Duration = 1.0
+    retry_delay: Duration = Field(1.0, le=3600.0)
     # How long a request waits for the pipeline worker so that rejected spans can be reported as partial
     # success. 0: answer as soon as the request is queued.
-    wait_for_processing: Duration = 0.5
+    wait_for_processing: Duration = Field(0.5, le=60.0)
 
     @model_validator(mode="after")
     def _some_protocol(self) -> Config:

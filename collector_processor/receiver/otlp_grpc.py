@@ -91,6 +91,7 @@ class OtlpGrpcReceiver:
         self._max_reads = None if budget is None else max(1, budget // self._per_read)
         self._reads: asyncio.Semaphore | None = None
         self._retry = retry_info_bytes(cfg.retry_delay)
+        self._oversize_logged = False
         self._server: grpc.aio.Server | None = None
         self._loop: LoopThread | None = None
         self._workers: Workers | None = None
@@ -147,9 +148,7 @@ class OtlpGrpcReceiver:
                 await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
                                     f"no request message within {READ_TIMEOUT_S:.0f} s")
             if raw is grpc.aio.EOF or not isinstance(raw, bytes):
-                # no message, or one over gRPC core's size limit (core answers that call RESOURCE_EXHAUSTED)
-                self.d.outcome("invalid")
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message")
+                await self._no_message(context)
             assert isinstance(raw, bytes)
             if held:  # what the message really holds from now on: its bytes
                 self.d.release(signal, held)
@@ -158,6 +157,25 @@ class OtlpGrpcReceiver:
             return await self._handle(signal, raw, tenant)
         finally:
             self.d.release(signal, held)
+
+    async def _no_message(self, context: grpc.aio.ServicerContext) -> None:
+        """The call ended without a message: the client sent none (INVALID_ARGUMENT, counted ``invalid``), or gRPC
+        core refused one over its size limit and already answered RESOURCE_EXHAUSTED (counted ``too_large`` and
+        said in one line per receiver, not a traceback per call)."""
+        try:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message")
+        except grpc.aio.AbortError:
+            self.d.outcome("invalid")
+            raise
+        except Exception:  # the status could not be sent: core ended the call itself
+            self.d.outcome("too_large")
+            if not self._oversize_logged:
+                self._oversize_logged = True
+                log.warning("%s: a message over max_recv_msg_size_mib (%.0f MiB) was refused by gRPC "
+                            "(RESOURCE_EXHAUSTED); such calls are counted in "
+                            "otel_straggler_collector_requests_total{outcome=\"too_large\"} and not logged again",
+                            self.d.label, self.proto.max_recv_msg_size_mib)
+            raise asyncio.CancelledError from None  # nothing left to answer: gRPC logs this at debug level
 
     async def _handle(self, signal: str, raw: bytes, tenant: Tenant) -> _Outcome:
         if len(raw) > self.limit:
