@@ -36,15 +36,46 @@ _RESPONSES: dict[str, tuple[type[Message], str]] = {
 }
 
 
+# What a decoded request holds while it waits in a pipeline queue, estimated from its wire size and items (spans,
+# log records, metric data points): a parsed item costs up to ~200 bytes besides its bytes (an empty Span: 176),
+# and the rest of a request about 3 bytes per wire byte (bench/results/hostile.md, realistic spans: 3.8).
+HELD_BYTES_PER_BYTE = 3
+HELD_BYTES_PER_ITEM = 200
+
+
+def held_bytes(wire_bytes: int, items: int) -> int:
+    return HELD_BYTES_PER_BYTE * wire_bytes + HELD_BYTES_PER_ITEM * items
+
+
 class GrpcProtocol(Strict):
     endpoint: str = "127.0.0.1:4317"
     max_recv_msg_size_mib: float = Field(16, gt=0, le=MAX_MESSAGE_MIB)
     max_workers: int = Field(8, ge=1, le=256)
+    # connections, before any token is seen
+    max_connections: int = Field(512, ge=1, le=65536)
+    max_streams_per_connection: int = Field(100, ge=1, le=65536)
+    handshake_timeout: Duration = Field(10.0, gt=0, le=300.0)
+    idle_timeout: Duration = Field(60.0, gt=0, le=86400.0)
+    # calls: in progress at once (per listener and per peer address); the request message must arrive within
+    # message_timeout; under pressure a call still without its message after stall_timeout is ended to make room
+    max_concurrent_calls: int = Field(1024, ge=1, le=65536)
+    max_calls_per_peer: int = Field(1024, ge=1, le=65536)
+    message_timeout: Duration = Field(30.0, gt=0, le=600.0)
+    stall_timeout: Duration = Field(2.0, gt=0, le=600.0)
 
 
 class HttpProtocol(Strict):
     endpoint: str = "127.0.0.1:4318"
     max_request_body_size_mib: float = Field(16, gt=0, le=MAX_MESSAGE_MIB)
+    # connections, before any token is seen: at most max_connections (max_connections_per_peer from one address);
+    # at the cap the oldest connection that is not inside a request (handshaking or idle) for stall_timeout is
+    # closed to make room, else the newcomer is. The TLS handshake must end within handshake_timeout, a kept-alive
+    # connection may idle idle_timeout.
+    max_connections: int = Field(512, ge=1, le=65536)
+    max_connections_per_peer: int = Field(512, ge=1, le=65536)
+    handshake_timeout: Duration = Field(10.0, gt=0, le=300.0)
+    idle_timeout: Duration = Field(30.0, gt=0, le=86400.0)
+    stall_timeout: Duration = Field(2.0, gt=0, le=600.0)
 
 
 class Protocols(Strict):
@@ -70,6 +101,10 @@ class Config(Strict):
     # How long a request waits for the pipeline worker so that rejected spans can be reported as partial
     # success. 0: answer as soon as the request is queued.
     wait_for_processing: Duration = Field(0.5, le=60.0)
+    # Items (spans, log records, metric data points) one request may carry: beyond, it is refused for good after
+    # decoding (413 / RESOURCE_EXHAUSTED) instead of holding a pipeline for seconds (2 million empty spans fit in
+    # 4 MiB). An honest 16 MiB request of stage spans carries about 150 000.
+    max_items_per_request: int = Field(262_144, ge=1, le=10_000_000)
 
     @model_validator(mode="after")
     def _some_protocol(self) -> Config:
@@ -83,8 +118,10 @@ class Dispatcher:
     pipelines' admission gates (``component.Admission``) for the memory a request may take before it is read or
     decoded."""
 
-    def __init__(self, label: str, telemetry: Telemetry, pipelines: dict[str, list[Pipeline]], wait_s: float) -> None:
+    def __init__(self, label: str, telemetry: Telemetry, pipelines: dict[str, list[Pipeline]], wait_s: float,
+                 max_items: int = 262_144) -> None:
         self.label = label
+        self.max_items = max_items
         self.t = telemetry
         self.pipelines = pipelines
         self.wait_s = wait_s
@@ -160,13 +197,23 @@ class Dispatcher:
         except Forbidden as e:
             self.forbidden(str(e))
             raise
-        r = self.dispatch(signal, msg, len(data))
+        n = count_items(signal, msg)
+        if n > self.max_items:
+            self.outcome("too_large")
+            return Refusal("too_large", f"request of {n} items exceeds max_items_per_request ({self.max_items})",
+                           retry=False)
+        r = self.dispatch(signal, msg, len(data), n)
         if r.status != "ok":
             return Refusal(r.reason, r.message or "throttled")
         return r
 
-    def dispatch(self, signal: str, msg, nbytes: int) -> Result:
-        n = count_items(signal, msg)
+    def dispatch(self, signal: str, msg, nbytes: int, n: int | None = None) -> Result:
+        """Hand a decoded request (``nbytes`` on the wire, ``n`` items) to the signal's pipelines. Their queues
+        count what it holds decoded (``held_bytes``), so a queue's ``max_bytes_mib`` bounds decoded requests
+        waiting, whatever their wire size."""
+        if n is None:
+            n = count_items(signal, msg)
+        nbytes = held_bytes(nbytes, n)
         if signal == "traces":
             self.t.spans_received.labels(self.label).inc(n)
         out = Result()

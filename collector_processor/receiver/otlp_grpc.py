@@ -31,6 +31,7 @@ from collector_processor.config.model import MIB
 from collector_processor.config.types import split_host_port
 from collector_processor.receiver.aio import LoopThread, Workers, stop_runtime
 from collector_processor.receiver.auth import EVERYONE, BearerAuth, Tenant
+from collector_processor.receiver.call_budget import Call, CallBudget, Evicted
 from collector_processor.receiver.common import Config, Dispatcher, GrpcProtocol, export_response, refusal_code
 from collector_processor.receiver.decode import GRPC_SERVICES, RETRY_INFO_KEY, DecodeFailure
 from collector_processor.receiver.tenants import Forbidden
@@ -42,10 +43,19 @@ HEALTH_SERVICE = "grpc.health.v1.Health"
 # grpc.health.v1.HealthCheckResponse{status: SERVING (1) | NOT_SERVING (2)}, encoded by hand (field 1, varint):
 # the standard health protocol without a dependency on grpcio-health-checking.
 _SERVING, _NOT_SERVING = b"\x08\x01", b"\x08\x02"
-READ_TIMEOUT_S = 30.0  # for the request message once the call started
-# Calls in progress at once (beyond: RESOURCE_EXHAUSTED from gRPC). A call waiting for its client or for its turn
-# to be read holds a coroutine and a small flow-control window, not a thread or its message.
-MAX_CONCURRENT_RPCS = 1024
+# gRPC core's own cap on calls in progress, above the receiver's max_concurrent_calls: calls beyond the receiver's
+# cap reach the handler, which ends a stalled call to make room or refuses the newcomer (counted).
+CORE_RPC_HEADROOM = 2
+
+
+def _peer_address(peer: str | None) -> str:
+    """The address part of gRPC's ``ipv4:1.2.3.4:5678`` / ``ipv6:[::1]:5678`` (the port is one connection)."""
+    if not peer:
+        return ""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv6" and rest.startswith("["):
+        return rest[1:].partition("]")[0]
+    return rest.rpartition(":")[0] or rest
 
 
 def retry_info_bytes(delay_s: float) -> bytes:
@@ -89,7 +99,9 @@ class OtlpGrpcReceiver:
         budget = dispatcher.budget()
         self._per_read = 3 * (self.limit + 64 * 1024)
         self._max_reads = None if budget is None else max(1, budget // self._per_read)
-        self._reads: asyncio.Semaphore | None = None
+        self.calls = CallBudget(proto.max_concurrent_calls, proto.max_calls_per_peer, proto.stall_timeout,
+                                self._max_reads)
+        self._read_timeout = proto.message_timeout
         self._retry = retry_info_bytes(cfg.retry_delay)
         self._oversize_logged = False
         self._server: grpc.aio.Server | None = None
@@ -100,53 +112,79 @@ class OtlpGrpcReceiver:
     # ---- the Export methods -------------------------------------------------------------------------------
     def _method(self, signal: str) -> grpc.RpcMethodHandler:
         async def export(request_iterator: object, context: grpc.aio.ServicerContext) -> bytes:
-            tenant: Tenant | None = EVERYONE
-            if self.auth.enabled:
-                md = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
-                tenant = self.auth.identify(md.get("authorization"))
-                if tenant is None:
-                    self.t.unauthenticated.labels(self.d.label).inc()
-                    self.d.outcome("unauthenticated")
-                    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or bad bearer token")
-            assert tenant is not None
-            if not self.d.has(signal):  # answered before a read slot is taken or the message read
-                self.d.outcome("invalid")
-                await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"no {signal} pipeline")
-            # gRPC core takes in a message only once it is read (until then flow control holds the client to a small
-            # window): at most as many messages are read at once as the memory budget has room for the largest one
-            # three times (measured: core's frames, its message buffer, the bytes; bench/hostile.py), and that room
-            # is counted at the admission gates until the message's real size is known
-            if self._reads is not None:
-                try:
-                    await asyncio.wait_for(self._reads.acquire(), READ_TIMEOUT_S)
-                except TimeoutError:
-                    out = self._refused(Refusal("memory_limit", "too many requests being read"))
-                else:
-                    try:
-                        out = await self._read_and_handle(signal, context, self._per_read, tenant)
-                    finally:
-                        self._reads.release()
-            else:
-                out = await self._read_and_handle(signal, context, 0, tenant)
-            if out.retry:
-                context.set_trailing_metadata(((RETRY_INFO_KEY, self._retry),))
-            if out.code != grpc.StatusCode.OK:
-                context.set_code(out.code)
-                context.set_details(out.details[:300])
-            return out.body
+            call = self.calls.admit(_peer_address(context.peer()), asyncio.get_running_loop().time())
+            if call is None:  # the listener (or this peer) is full of calls that are not stalled
+                self.t.connections_closed.labels(self.d.label, "refused").inc()
+                out = self._refused(Refusal("busy", "too many calls in progress"))
+                return self._answer(context, out)
+            try:
+                return await self._export(signal, context, call)
+            finally:
+                self.calls.leave(call)
 
         return grpc.stream_unary_rpc_method_handler(export)
 
+    def _answer(self, context: grpc.aio.ServicerContext, out: _Outcome) -> bytes:
+        if out.retry:
+            context.set_trailing_metadata(((RETRY_INFO_KEY, self._retry),))
+        if out.code != grpc.StatusCode.OK:
+            context.set_code(out.code)
+            context.set_details(out.details[:300])
+        return out.body
+
+    async def _export(self, signal: str, context: grpc.aio.ServicerContext, call: Call) -> bytes:
+        tenant: Tenant | None = EVERYONE
+        if self.auth.enabled:
+            md = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+            tenant = self.auth.identify(md.get("authorization"))
+            if tenant is None:
+                self.t.unauthenticated.labels(self.d.label).inc()
+                self.d.outcome("unauthenticated")
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or bad bearer token")
+        assert tenant is not None
+        if not self.d.has(signal):  # answered before a read slot is taken or the message read
+            self.d.outcome("invalid")
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"no {signal} pipeline")
+        # gRPC core takes in a message only once it is read (until then flow control holds the client to a small
+        # window): at most as many messages are read at once as the memory budget has room for the largest one
+        # three times (measured: core's frames, its message buffer, the bytes; bench/hostile.py), and that room
+        # is counted at the admission gates until the message's real size is known
+        try:
+            if self.calls.has_slots:
+                if not await self.calls.slot(call, self._read_timeout):
+                    out = self._refused(Refusal("memory_limit", "too many requests being read"))
+                else:
+                    try:
+                        out = await self._read_and_handle(signal, context, self._per_read, tenant, call)
+                    finally:
+                        self.calls.release_slot(call)
+            else:
+                out = await self._read_and_handle(signal, context, 0, tenant, call)
+        except Evicted:
+            self.t.connections_closed.labels(self.d.label, "stalled").inc()
+            self.d.aborted("no request message while other calls waited (ended to make room)")
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                f"no request message within {self.calls.stall_s:g} s while other calls waited")
+        return self._answer(context, out)
+
     async def _read_and_handle(self, signal: str, context: grpc.aio.ServicerContext, held: int,
-                               tenant: Tenant) -> _Outcome:
+                               tenant: Tenant, call: Call) -> _Outcome:
         self.d.hold(signal, held)
         try:
+            read = call.task = asyncio.ensure_future(context.read())
             try:
-                raw = await asyncio.wait_for(context.read(), READ_TIMEOUT_S)
+                raw = await asyncio.wait_for(read, self._read_timeout)
             except TimeoutError:
                 self.d.aborted("no request message within the read timeout")
                 await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                    f"no request message within {READ_TIMEOUT_S:.0f} s")
+                                    f"no request message within {self._read_timeout:g} s")
+            except asyncio.CancelledError:
+                if call.evicted:
+                    raise Evicted from None
+                raise
+            finally:
+                call.task = None
+            self.calls.arrived(call)
             if raw is grpc.aio.EOF or not isinstance(raw, bytes):
                 await self._no_message(context)
             assert isinstance(raw, bytes)
@@ -212,13 +250,19 @@ class OtlpGrpcReceiver:
             return _SERVING if self.healthy() else _NOT_SERVING
 
         async def serve() -> int:
-            if self._max_reads is not None:
-                self._reads = asyncio.Semaphore(self._max_reads)
+            p = self.proto
             server = grpc.aio.server(
-                # no bandwidth-delay probing: a stream's flow-control window stays small until its message is read
+                # no bandwidth-delay probing: a stream's flow-control window stays small until its message is read.
+                # Connections are a budget before any token is seen: at most max_connections, each with at most
+                # max_streams_per_connection calls, a TLS (or HTTP/2) handshake within handshake_timeout, and
+                # closed after idle_timeout without a call.
                 options=[("grpc.max_receive_message_length", grpc_limit), ("grpc.so_reuseport", 0),
-                         ("grpc.http2.bdp_probe", 0)],
-                maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
+                         ("grpc.http2.bdp_probe", 0),
+                         ("grpc.max_allowed_incoming_connections", p.max_connections),
+                         ("grpc.max_concurrent_streams", p.max_streams_per_connection),
+                         ("grpc.server_handshake_timeout_ms", int(p.handshake_timeout * 1000)),
+                         ("grpc.max_connection_idle_ms", int(p.idle_timeout * 1000))],
+                maximum_concurrent_rpcs=CORE_RPC_HEADROOM * p.max_concurrent_calls,
             )
             handlers = [grpc.method_handlers_generic_handler(svc, {"Export": self._method(sig)})
                         for sig, svc in GRPC_SERVICES.items()]

@@ -169,6 +169,14 @@ class OtlpHttpReceiver:
         self._workers: Workers | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # every connection
         self._active: set[asyncio.Task[None]] = set()  # connections inside a request
+        self.proto = proto
+        # connection budget: (task -> peer address, when it came), oldest first; connections per peer address
+        self._conns: dict[asyncio.Task[None], tuple[str, float]] = {}
+        self._per_peer: dict[str, int] = {}
+        self.connections_refused = 0
+        self.connections_evicted = 0
+        self._tls: ssl.SSLContext | None = None
+        self._refused_logged = False
         self._closing = False
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
@@ -184,14 +192,15 @@ class OtlpHttpReceiver:
         return ctx
 
     def start(self) -> None:
-        ctx = self._ssl()
+        ctx = self._tls = self._ssl()
         self._loop = LoopThread(f"http-{self.id}")
         self._loop.start()
         self._workers = Workers(WORKERS, f"http-{self.id}-worker")
 
         async def listen() -> asyncio.Server:
-            return await asyncio.start_server(self._connection, self.host, self.port, ssl=ctx, backlog=1024,
-                                              limit=MAX_HEAD, ssl_handshake_timeout=READ_TIMEOUT_S if ctx else None)
+            # TLS is started per connection once it was admitted (``_admit``): a handshake costs its buffers only
+            # within the connection budget
+            return await asyncio.start_server(self._connection, self.host, self.port, backlog=1024, limit=MAX_HEAD)
 
         try:
             self._server = self._loop.call(listen(), 10.0)
@@ -235,18 +244,79 @@ class OtlpHttpReceiver:
         self.stop_accepting(min(timeout_s, 2.0))
 
     # ---- connections --------------------------------------------------------------------------------------
+    def _admit(self, task: asyncio.Task[None], peer: str) -> bool:
+        """A place for a new connection of ``peer`` within max_connections and max_connections_per_peer, made by
+        closing the oldest connection that is not inside a request (handshaking or idle) for stall_timeout when
+        needed; False when there is none to close."""
+        p = self.proto
+        now = asyncio.get_running_loop().time()
+
+        def evict(same_peer: bool) -> bool:
+            for other, (addr, since) in self._conns.items():
+                if now - since < p.stall_timeout:
+                    return False
+                if other not in self._active and (not same_peer or addr == peer):
+                    self._forget(other)
+                    other.cancel()
+                    self.connections_evicted += 1
+                    self.t.connections_closed.labels(self.d.label, "stalled").inc()
+                    return True
+            return False
+
+        if len(self._conns) >= p.max_connections and not evict(False):
+            return False
+        if self._per_peer.get(peer, 0) >= p.max_connections_per_peer and not evict(True):
+            return False
+        self._conns[task] = (peer, now)
+        self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
+        return True
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        entry = self._conns.pop(task, None)
+        if entry is None:
+            return
+        n = self._per_peer.get(entry[0], 0) - 1
+        if n > 0:
+            self._per_peer[entry[0]] = n
+        else:
+            self._per_peer.pop(entry[0], None)
+
+    def _touch(self, task: asyncio.Task[None]) -> None:
+        """The connection finished a request: it is young again (moved to the end of the eviction order)."""
+        entry = self._conns.pop(task, None)
+        if entry is not None:
+            self._conns[task] = (entry[0], asyncio.get_running_loop().time())
+
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        peername = writer.get_extra_info("peername")
+        peer = str(peername[0]) if isinstance(peername, tuple) and peername else ""
+        if not self._admit(task, peer):
+            self.connections_refused += 1
+            self.t.connections_closed.labels(self.d.label, "refused").inc()
+            if not self._refused_logged:
+                self._refused_logged = True
+                log.warning("%s: connection budget full (max_connections %d, %d per peer), no idle connection to "
+                            "close: new connections are closed at once (not logged again)", self.d.label,
+                            self.proto.max_connections, self.proto.max_connections_per_peer)
+            writer.transport.abort()
+            return
         self._tasks.add(task)
         try:
+            if self._tls is not None:
+                try:
+                    await writer.start_tls(self._tls, ssl_handshake_timeout=self.proto.handshake_timeout)
+                except (ConnectionError, OSError, TimeoutError, ssl.SSLError):
+                    return
             timeout = HEAD_TIMEOUT_S
             while not self._closing:
                 self._active.discard(task)
                 keep = await self._one(reader, writer, timeout)
                 if not keep:
                     break
-                timeout = IDLE_TIMEOUT_S
+                self._touch(task)
+                timeout = self.proto.idle_timeout
         except _Aborted:
             pass
         except asyncio.CancelledError:  # the drain's deadline passed
@@ -254,6 +324,7 @@ class OtlpHttpReceiver:
         except Exception:  # never let a connection's fault reach the loop's exception handler
             log.exception("OTLP/HTTP receiver %s: unexpected error on a connection", self.id)
         finally:
+            self._forget(task)
             self._tasks.discard(task)
             self._active.discard(task)
             try:

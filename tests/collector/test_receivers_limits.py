@@ -14,7 +14,7 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans
-from service_support import BASE_RECEIVER, DoubleProcessor
+from service_support import BASE_RECEIVER, DoubleProcessor, wait_for
 
 from collector_processor.receiver.decode import PROTOBUF_BYTES_PER_BYTE, decode_cost, small_messages
 
@@ -94,8 +94,9 @@ def test_an_oversize_grpc_message_is_one_log_line_not_a_traceback(start_service,
                 ch.unary_unary(TRACE_EXPORT)(os.urandom(16) * (3 * MIB // 16), timeout=20,
                                              compression=grpc.Compression.Gzip)
             assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert wait_for(lambda: run.sample("otel_straggler_collector_requests_total", receiver="otlp/grpc",
+                                       outcome="too_large") == 5, 10.0)
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert not [r for r in warnings if r.exc_info or "Traceback" in r.getMessage()], warnings
     oversize = [r for r in warnings if "max_recv_msg_size_mib" in r.getMessage()]
     assert len(oversize) == 1
-    assert run.sample("otel_straggler_collector_requests_total", receiver="otlp/grpc", outcome="too_large") == 5
