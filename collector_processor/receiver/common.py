@@ -180,7 +180,21 @@ class Dispatcher:
         ``invalid``, ``DecodeFailure`` raised), a job outside the ``tenant``'s (counted ``forbidden`` and in
         ``tenant_refused_total``, ``Forbidden`` raised), the pipelines' refusal (returned as a retryable
         ``Refusal``) and their acceptance (the ``Result``, ``rejected`` > 0 for a partial success)."""
-        cost = decode_cost(data, ctype)
+        prepared = self.prepare(signal, data, ctype, tenant)
+        if isinstance(prepared, Refusal):
+            return prepared
+        msg, n = prepared
+        r = self.dispatch(signal, msg, len(data), n)
+        if r.status != "ok":
+            return Refusal(r.reason, r.message or "throttled")
+        return r
+
+    def prepare(self, signal: str, data: bytes | bytearray, ctype: str = CT_PROTOBUF, tenant: Tenant | None = None
+                ) -> tuple[Message, int] | Refusal:
+        """``decode_and_dispatch`` up to the hand-over: the decoded request and its items, or the refusal (counted;
+        ``DecodeFailure`` and ``Forbidden`` raised, counted). The decoding estimate is computed and reserved only
+        where a gate bounds memory."""
+        cost = decode_cost(data, ctype) if self._gates.get(signal) else 0
         refusal = self.reserve(signal, cost)
         if refusal is not None:
             self.refused(refusal)
@@ -202,9 +216,30 @@ class Dispatcher:
             self.outcome("too_large")
             return Refusal("too_large", f"request of {n} items exceeds max_items_per_request ({self.max_items})",
                            retry=False)
-        r = self.dispatch(signal, msg, len(data), n)
-        if r.status != "ok":
-            return Refusal(r.reason, r.message or "throttled")
+        return msg, n
+
+    def only_pipeline(self, signal: str) -> Pipeline | None:
+        """The signal's pipeline when it has exactly one (a request can then be handed over without a thread
+        waiting for it: ``offer``)."""
+        pipes = self.pipelines.get(signal, ())
+        return pipes[0] if len(pipes) == 1 else None
+
+    def offer(self, signal: str, pipe: Pipeline, msg: Message, nbytes: int, n: int, done: object) -> Result | object:
+        """Queue a prepared request on ``pipe`` without waiting: the queued item (``done.set()`` once processed;
+        then ``finished``) or the refusal, counted as ``dispatch`` counts it."""
+        if signal == "traces":
+            self.t.spans_received.labels(self.label).inc(n)
+        r = pipe.offer(msg, held_bytes(nbytes, n), n, done)
+        if isinstance(r, Result):
+            self.outcome("throttled")
+            if signal == "traces":
+                self.t.spans_dropped.labels(r.reason).inc(n)
+        return r
+
+    def finished(self, item: object, processed: bool) -> Result:
+        """The answer for an ``offer``ed item: its partial success once ``processed``, else a plain success."""
+        r = Result("ok", rejected=item.rejected, message=item.message) if processed else Result("ok")  # type: ignore[attr-defined]
+        self.outcome("partial" if r.rejected else "ok")
         return r
 
     def dispatch(self, signal: str, msg, nbytes: int, n: int | None = None) -> Result:

@@ -29,6 +29,7 @@ from google.rpc.error_details_pb2 import RetryInfo
 from collector_processor.component import Refusal
 from collector_processor.config.model import MIB
 from collector_processor.config.types import split_host_port
+from collector_processor.pipeline import Pipeline, Result
 from collector_processor.receiver.aio import LoopThread, Workers, stop_runtime
 from collector_processor.receiver.auth import EVERYONE, BearerAuth, Tenant
 from collector_processor.receiver.call_budget import Call, CallBudget, Evicted
@@ -43,9 +44,33 @@ HEALTH_SERVICE = "grpc.health.v1.Health"
 # grpc.health.v1.HealthCheckResponse{status: SERVING (1) | NOT_SERVING (2)}, encoded by hand (field 1, varint):
 # the standard health protocol without a dependency on grpcio-health-checking.
 _SERVING, _NOT_SERVING = b"\x08\x01", b"\x08\x02"
+# Requests up to this size are decoded on the event loop and handed to their pipeline without a worker thread
+# (``_inline``); larger ones are decoded on a worker so that the loop keeps serving the other calls meanwhile.
+INLINE_BYTES = 256 * 1024
 # gRPC core's own cap on calls in progress, above the receiver's max_concurrent_calls: calls beyond the receiver's
 # cap reach the handler, which ends a stalled call to make room or refuses the newcomer (counted).
 CORE_RPC_HEADROOM = 2
+
+
+class _LoopWaiter:
+    """``set()`` from the pipeline's worker thread resolves a future on the receiver's event loop."""
+
+    __slots__ = ("_fut", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None]) -> None:
+        self._loop = loop
+        self._fut = fut
+
+    def set(self) -> None:
+        try:
+            self._loop.call_soon_threadsafe(_resolve, self._fut)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def _peer_address(peer: str | None) -> str:
@@ -219,8 +244,34 @@ class OtlpGrpcReceiver:
         if len(raw) > self.limit:
             self.d.outcome("too_large")
             return _Outcome(grpc.StatusCode.RESOURCE_EXHAUSTED, f"request of {len(raw)} bytes exceeds {self.limit}")
+        pipe = self.d.only_pipeline(signal)
+        if len(raw) <= INLINE_BYTES and pipe is not None:
+            return await self._inline(signal, raw, tenant, pipe)
         assert self._workers is not None
         return await self._workers.run(self._process, signal, raw, tenant)
+
+    async def _inline(self, signal: str, raw: bytes, tenant: Tenant, pipe: Pipeline) -> _Outcome:
+        """A small request, on the event loop: decoded here (a fraction of a millisecond), queued on its pipeline
+        without a thread waiting for it, and answered when the pipeline is done with it (its partial success) or
+        after ``wait_for_processing``: no hop to a worker thread and back."""
+        try:
+            prepared = self.d.prepare(signal, raw, tenant=tenant)
+        except DecodeFailure as e:
+            return _Outcome(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except Forbidden as e:
+            return _Outcome(grpc.StatusCode.PERMISSION_DENIED, str(e))
+        if isinstance(prepared, Refusal):
+            return _refusal(prepared)
+        msg, n = prepared
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        item = self.d.offer(signal, pipe, msg, len(raw), n, _LoopWaiter(loop, done))
+        if isinstance(item, Result):
+            return _refusal(Refusal(item.reason, item.message or "throttled"))
+        if self.d.wait_s > 0 and not done.done():
+            await asyncio.wait((done,), timeout=self.d.wait_s)
+        r = self.d.finished(item, done.done())
+        return _Outcome(grpc.StatusCode.OK, body=export_response(signal, r).SerializeToString())
 
     def _refused(self, refusal: Refusal) -> _Outcome:
         """Count a refusal before decoding and answer it."""
