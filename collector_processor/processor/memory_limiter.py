@@ -21,6 +21,7 @@ import logging
 import os
 import resource
 import threading
+import time
 
 from pydantic import Field, model_validator
 
@@ -90,12 +91,16 @@ def map_large_allocations() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 
 
-def release_memory() -> None:
-    """A full garbage collection, then glibc's ``malloc_trim(0)``: free pages of every malloc arena go back to the
-    system (a no-op where the C library is not glibc)."""
-    gc.collect()
+def release_memory(collect: bool = True) -> None:
+    """A full garbage collection (unless ``collect`` is False), then glibc's ``malloc_trim(0)``: free pages of every
+    malloc arena go back to the system (a no-op where the C library is not glibc)."""
+    if collect:
+        gc.collect()
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
+
+
+TRIM_EVERY_S = 10.0  # RSS over a quarter of the way to the soft limit: free arena pages returned this often
 
 
 def rss_bytes() -> int:
@@ -117,6 +122,7 @@ class MemoryLimiter:
         self._reserved = 0  # bytes reserved by requests being read or decoded
         self._burst = False  # a large reservation since the memory was last released
         self.releases = 0
+        self._trimmed_s = 0.0
         map_large_allocations()
         self.baseline = rss_bytes()
         self._stop = threading.Event()
@@ -163,6 +169,12 @@ class MemoryLimiter:
             self._burst = False
             release_memory()
             self.releases += 1
+            rss = rss_bytes()
+        elif rss > self.baseline + (self.soft - self.baseline) // 4 and \
+                time.monotonic() - self._trimmed_s >= TRIM_EVERY_S:
+            # well above the start, not over the limit: what many small buffers (a flood of connections) left
+            self._trimmed_s = time.monotonic()
+            release_memory(collect=False)
             rss = rss_bytes()
         self.t.memory_bytes.set(rss)
         over = rss > self.soft

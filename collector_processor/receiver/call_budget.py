@@ -18,6 +18,7 @@ class Call:
     started: float
     waiting: bool = True  # its message has not arrived yet (it may be ended under pressure)
     evicted: bool = False
+    expired: bool = False  # its read timeout passed
     holds_slot: bool = False
     left: bool = False
     task: asyncio.Future[object] | None = field(default=None, repr=False)  # what it awaits, cancelled on eviction

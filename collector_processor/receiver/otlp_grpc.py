@@ -57,20 +57,28 @@ class _LoopWaiter:
 
     __slots__ = ("_fut", "_loop")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[bool]) -> None:
         self._loop = loop
         self._fut = fut
 
     def set(self) -> None:
         try:
-            self._loop.call_soon_threadsafe(_resolve, self._fut)
+            self._loop.call_soon_threadsafe(_resolve, self._fut, True)
         except RuntimeError:  # the loop is closed: nobody waits any more
             pass
 
 
-def _resolve(fut: asyncio.Future[None]) -> None:
+def _resolve(fut: asyncio.Future[bool], value: bool) -> None:
     if not fut.done():
-        fut.set_result(None)
+        fut.set_result(value)
+
+
+def _expire(call: Call) -> None:
+    """The call's message did not come within the read timeout: end its read."""
+    call.expired = True
+    task = call.task
+    if task is not None and not task.done():
+        task.cancel()
 
 
 def _peer_address(peer: str | None) -> str:
@@ -196,18 +204,24 @@ class OtlpGrpcReceiver:
                                tenant: Tenant, call: Call) -> _Outcome:
         self.d.hold(signal, held)
         try:
-            read = call.task = asyncio.ensure_future(context.read())
+            # the read is awaited in the handler's own task (no task or wait_for per call): the read timeout and
+            # an eviction cancel that task
+            task = call.task = asyncio.current_task()
+            timer = asyncio.get_running_loop().call_later(self._read_timeout, _expire, call)
             try:
-                raw = await asyncio.wait_for(read, self._read_timeout)
-            except TimeoutError:
-                self.d.aborted("no request message within the read timeout")
-                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                    f"no request message within {self._read_timeout:g} s")
+                raw = await context.read()
             except asyncio.CancelledError:
                 if call.evicted:
                     raise Evicted from None
-                raise
+                if not call.expired:
+                    raise
+                if task is not None:
+                    task.uncancel()
+                self.d.aborted("no request message within the read timeout")
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                    f"no request message within {self._read_timeout:g} s")
             finally:
+                timer.cancel()
                 call.task = None
             self.calls.arrived(call)
             if raw is grpc.aio.EOF or not isinstance(raw, bytes):
@@ -264,13 +278,16 @@ class OtlpGrpcReceiver:
             return _refusal(prepared)
         msg, n = prepared
         loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
+        done: asyncio.Future[bool] = loop.create_future()  # True: processed; False: wait_for_processing passed
         item = self.d.offer(signal, pipe, msg, len(raw), n, _LoopWaiter(loop, done))
         if isinstance(item, Result):
             return _refusal(Refusal(item.reason, item.message or "throttled"))
-        if self.d.wait_s > 0 and not done.done():
-            await asyncio.wait((done,), timeout=self.d.wait_s)
-        r = self.d.finished(item, done.done())
+        processed = False
+        if self.d.wait_s > 0:
+            timer = loop.call_later(self.d.wait_s, _resolve, done, False)
+            processed = await done
+            timer.cancel()
+        r = self.d.finished(item, processed)
         return _Outcome(grpc.StatusCode.OK, body=export_response(signal, r).SerializeToString())
 
     def _refused(self, refusal: Refusal) -> _Outcome:
