@@ -44,6 +44,7 @@ class Cohort:
     # highest step window index a sample may open (step quarantine; processor._refresh_range): NO_CEILING until
     # the cohort has a range
     step_ceiling: int = NO_CEILING
+    range_at: float = float("-inf")  # when the range was last computed
 
 
 class CohortRegistry:

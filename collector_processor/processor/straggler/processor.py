@@ -42,6 +42,8 @@ from otel_straggler import schema as s
 log = logging.getLogger(__name__)
 
 _MAX_PENDING_SPANS = 4096
+# A cohort's range of steps (step quarantine) is recomputed at most this often: a sort of its ranks' latest windows
+RANGE_REFRESH_S = 1.0
 _DUPLICATE_LOG_EVERY_S = 600.0  # one line per (job, rank) at most this often about its duplicate rank-steps
 _DUPLICATE_LOG_KEYS = 1024  # (job, rank) pairs remembered for that (least recently logged forgotten first)
 # Late rejections are rated per period; past the rate (and the count) a warning names the fix, at most once
@@ -111,6 +113,7 @@ class StragglerProcessor:
         for cohort in self.cohorts:
             if time.monotonic() > deadline:
                 break
+            cohort.range_at = float("-inf")
             self._refresh_range(cohort, now)
             for ws in (cohort.steps, cohort.wall):
                 if ws.open:
@@ -486,8 +489,9 @@ class StragglerProcessor:
         range: a wrong step number, or a client writing far-future steps into a job, makes no real sample
         late; a whole cohort that jumps moves it at the next tick."""
         q = self.cfg.step_quarantine_windows
-        if q <= 0:
+        if q <= 0 or now - cohort.range_at < RANGE_REFRESH_S:
             return
+        cohort.range_at = now
         timeout = self.cfg.rank_timeout_s
         with_data = [r for r in cohort.ranks.values() if r.in_range]
         claims = [r.claim_index for r in with_data if now - r.last_seen_s <= timeout] or \

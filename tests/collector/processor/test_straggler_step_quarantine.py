@@ -109,10 +109,10 @@ def test_far_future_steps_before_the_job_starts_are_dropped_unjudged() -> None:
     assert _convicted(verdicts) == []
 
 
-def test_a_whole_cohort_jumping_ahead_is_followed_within_a_tick() -> None:
+def test_a_whole_cohort_jumping_ahead_is_followed_within_a_second() -> None:
     """Every rank jumps 10^6 steps at once (a job restarted with other step numbers): the first samples after
-    the jump are quarantined until the next tick moves the range, then windows open and close at the new
-    steps."""
+    the jump are quarantined until a tick moves the range (the range is recomputed at most once a second), then
+    windows open and close at the new steps."""
     t = [1000.0]
     proc = StragglerProcessor(Config(), Telemetry(), lambda v: None, clock=lambda: t[0])
     ranks = range(4)
@@ -128,6 +128,7 @@ def test_a_whole_cohort_jumping_ahead_is_followed_within_a_tick() -> None:
     closed = proc.stats()["windows_closed"]
     step(FAR)
     assert proc.stats()["rejected_quarantined"] == len(ranks)
+    t[0] += 1.0
     proc.tick(t[0])
     for n in range(FAR + 1, FAR + 40):
         step(n)
