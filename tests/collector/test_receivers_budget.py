@@ -19,7 +19,10 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from service_support import BASE_RECEIVER, DoubleProcessor, wait_for
 
+from collector_processor.processor.memory_limiter import rss_bytes
+
 TRACE_EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+MIB = 2**20
 TOKEN = (("authorization", "Bearer s3cret"),)
 CFG = BASE_RECEIVER + """    auth: {bearer_token: s3cret}
 %(tls)s
@@ -34,7 +37,10 @@ service:
 """
 
 
-def _cfg(grpc_extra: str = "", http_extra: str = "", limit: int = 1024, tls: str = "") -> str:
+def _cfg(grpc_extra: str = "", http_extra: str = "", budget_mib: int = 4096, tls: str = "") -> str:
+    """``budget_mib``: what the memory limiter leaves for requests above this process's RSS now (the tests run in
+    the pytest process, whose RSS depends on what ran before)."""
+    limit = int(rss_bytes() / MIB) + 64 + budget_mib
     text = CFG % {"limit": limit, "tls": tls}
     text = text.replace("grpc: {endpoint: 127.0.0.1:0}", "grpc: {endpoint: 127.0.0.1:0" + grpc_extra + "}")
     return text.replace("http: {endpoint: 127.0.0.1:0}", "http: {endpoint: 127.0.0.1:0" + http_extra + "}")
@@ -61,7 +67,7 @@ def test_authenticated_calls_that_never_send_cannot_block_valid_exports(start_se
     """16 calls with the token that never send their message, against a memory budget with room for few reads
     at once: every valid export still succeeds well within its 10 s deadline, the stalled calls are ended
     (DEADLINE_EXCEEDED) and counted. Before, 16 such calls held every read slot for 30 s (0/4 exports)."""
-    run = start_service(_cfg(", stall_timeout: 1s", limit=400))
+    run = start_service(_cfg(", stall_timeout: 1s", budget_mib=200))  # 4 read slots of 3 x 16 MiB
     assert run.svc.receivers["otlp"].servers[0].calls.has_slots
     with grpc.insecure_channel(run.grpc) as attack, grpc.insecure_channel(run.grpc) as ch:
         futs, release = _stalled(attack, 16)

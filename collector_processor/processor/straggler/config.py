@@ -12,8 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from collector_processor.processor.straggler.decode import COLLECTOR_SERVICE_NAME
 from otel_straggler import schema as s
 
-_HOUR = 3600.0
-_DAY = 86400.0
+# Time bounds: finite and at most 1e9 s (about 31 years, "never"): nanosecond arithmetic on them stays in 64 bits
+_NEVER = 1e9
 
 
 class MetricsConfig(BaseModel):
@@ -23,7 +23,7 @@ class MetricsConfig(BaseModel):
     # Cap on label sets across the processor's gauges; beyond it series are not created (counted).
     max_series: int = Field(default=10_000, ge=1)
     # A series not updated for this long (and not holding an active alert) is removed at the next snapshot.
-    series_ttl_s: float = Field(default=900.0, gt=0, le=30 * _DAY)
+    series_ttl_s: float = Field(default=900.0, gt=0, le=_NEVER)
 
 
 class Config(BaseModel):
@@ -39,23 +39,23 @@ class Config(BaseModel):
     # step measured that is exactly the window's samples.
     device_history_windows: int = Field(default=4, ge=0)
     # Wall-clock window length for spans without dl.iteration, anchored at the cohort's first observation.
-    wall_window_s: float = Field(default=10.0, gt=0, le=_DAY)
+    wall_window_s: float = Field(default=10.0, gt=0, le=_NEVER)
     # A window closes a grace period after the first sample of a later window arrived, even if a rank is
     # late. The grace adapts to the arrival lag measured in the cohort: 1.5 x the largest lag (how long after
     # a later window opened a window's samples still arrived, over its latest 64 closed windows and late
     # samples), at least grace_s and at most grace_max_s. Ranks exporting with the OTel SDK's 5 s schedule
     # delay deliver a step up to ~5 s after another rank's batch opened later windows, whatever the step time;
     # 30 s: rank_timeout_s, after which a silent rank holds no window anyway. grace_max_s <= grace_s: fixed.
-    grace_s: float = Field(default=5.0, ge=0, le=_HOUR)
-    grace_max_s: float = Field(default=30.0, ge=0, le=_HOUR)
+    grace_s: float = Field(default=5.0, ge=0, le=_NEVER)
+    grace_max_s: float = Field(default=30.0, ge=0, le=_NEVER)
     # A rank not heard from for this long no longer holds windows open (it may have died or been rescheduled).
-    rank_timeout_s: float = Field(default=30.0, gt=0, le=_DAY)
+    rank_timeout_s: float = Field(default=30.0, gt=0, le=_NEVER)
     # A window that accepted no sample for window_idle_s, or opened window_max_age_s ago, is closed (judged) at
     # the next tick, whatever its cohort's progress: the last window of a job that stopped, or one that a
     # client keeps re-sending a step of, never completes. 60 s: twice the report interval rank_timeout_s
     # assumes (a window of a running job takes a sample at least once per step); 600 s: 5 steps of 2 minutes.
-    window_idle_s: float = Field(default=60.0, gt=0, le=7 * _DAY)
-    window_max_age_s: float = Field(default=600.0, gt=0, le=7 * _DAY)
+    window_idle_s: float = Field(default=60.0, gt=0, le=_NEVER)
+    window_max_age_s: float = Field(default=600.0, gt=0, le=_NEVER)
 
     # --- comparison ---------------------------------------------------------------------------------
     reference: Literal["fastest", "median"] = "fastest"
