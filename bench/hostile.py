@@ -23,11 +23,15 @@ Attacks (the collector runs ``configs/collector.yaml``, as shipped, on ephemeral
   7 protocol       a JSON integer of 5000 digits, two Content-Length values, a lowercase ``bearer``, 1e308 ms
                    durations (does /metrics show +Inf?)
 
-  python bench/hostile.py                  # about 3 minutes on 2 cores
-  python bench/hostile.py --quick          # smoke: small sizes, 2 s per attack
+  python bench/hostile.py                  # attack sequences on one long-lived collector (bench/hostile_sequence.py)
+  python bench/hostile.py --quick          # the same, short: 4 s attacks, 10 s after each
+  python bench/hostile.py --fresh          # the attacks above, each on a fresh collector (about 3 minutes)
+  python bench/hostile.py --fresh --quick  # smoke: small sizes, 2 s per attack
   python bench/hostile.py --expansion      # decoder memory per body byte, each shape in a fresh process
 
-Last line: peak_rss_mb=<max over attacks> valid_client_success=<min over attacks> windows_leaked=<n>
+Last line (--fresh): peak_rss_mb=<max over attacks> valid_client_success=<min over attacks> windows_leaked=<n>
+Last line (sequences): peak_rss_mb= valid_client_success_during= valid_client_success_after= recover_s_max=
+tenants_crossed=
 """
 
 from __future__ import annotations
@@ -71,13 +75,14 @@ def log(msg: str) -> None:
 class Collector:
     """``python -m collector_processor --config configs/collector.yaml`` on ephemeral loopback ports."""
 
-    def __init__(self, tmp: Path, name: str, token: str = "", limit_mib: int = 1024, spike_mib: int = 256) -> None:
+    def __init__(self, tmp: Path, name: str, token: str = "", limit_mib: int = 1024, spike_mib: int = 256,
+                 extra_yaml: str = "") -> None:
         self.tmp = tmp
         self.limit_mib = limit_mib
         self.log_path = tmp / f"{name}.log"
         over = tmp / f"{name}-over.yaml"
         over.write_text(f"processors:\n  memory_limiter: {{limit_mib: {limit_mib}, spike_limit_mib: {spike_mib}, "
-                        "check_interval: 1s}\n")
+                        "check_interval: 1s}\n" + extra_yaml)
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
         env.update({"PYTHONPATH": str(ROOT), "OTEL_STRAGGLER_OTLP_GRPC_ENDPOINT": "127.0.0.1:0",
                     "OTEL_STRAGGLER_OTLP_HTTP_ENDPOINT": "127.0.0.1:0",
@@ -746,10 +751,20 @@ def main() -> None:
     ap.add_argument("--stalled", type=int, default=3000)
     ap.add_argument("--quick", action="store_true", help="smoke: 2 s per attack, small bodies, 50 stalled")
     ap.add_argument("--expansion", action="store_true", help="decoder memory per body byte, then exit")
+    ap.add_argument("--fresh", action="store_true", help="each attack on a fresh collector (the former mode)")
+    ap.add_argument("--after-s", type=float, default=60.0, help="sequences: seconds valid clients are checked "
+                    "after each attack")
+    ap.add_argument("--rounds", type=int, default=1, help="sequences: times the sequence of attacks runs")
     ap.add_argument("--expansion-child", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.expansion_child:
         expansion_child(*a.expansion_child)
+        return
+    if not a.fresh and not a.expansion:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import hostile_sequence
+
+        hostile_sequence.main(a)
         return
     if a.quick:
         a.duration, a.body_mib, a.stalled = min(a.duration, 2.0), 1, min(a.stalled, 50)

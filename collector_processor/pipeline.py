@@ -62,7 +62,7 @@ class _Item:
     payload: Any
     nbytes: int
     n: int
-    done: threading.Event | None = None
+    done: Any = None  # anything with set(): a threading.Event, or a receiver's waiter on its event loop
     rejected: int = 0
     message: str = ""
 
@@ -136,6 +136,20 @@ class Pipeline:
         if done is not None and done.wait(wait_s):
             return Result("ok", rejected=item.rejected, message=item.message)
         return Result("ok")
+
+    def offer(self, msg: Message, nbytes: int, n: int, done: Any) -> Result | _Item:
+        """Queue a request without waiting: the queued item (its ``rejected`` and ``message`` are set once
+        ``done.set()`` is called, from the worker, after processing), or the refusal."""
+        if self._closing.is_set():
+            return Result("throttled", reason="shutting_down", message="collector is shutting down")
+        for gate in self.admission:
+            refusal = gate.refusal()
+            if refusal is not None:
+                return Result("throttled", reason=refusal.reason, message=refusal.message)
+        item = _Item("request", msg, nbytes, n, done)
+        if not self._offer(item):
+            return Result("throttled", reason="queue_full", message=f"pipeline {self.id} queue is full")
+        return item
 
     def submit_events(self, batch: EventBatch) -> bool:
         """Queue a connector's events; when the queue is full they are dropped and counted in

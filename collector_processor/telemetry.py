@@ -59,6 +59,10 @@ class Telemetry:
         self.evidence_lines = Counter(_base(s.M_EVIDENCE_LINES), "JSONL evidence lines written", registry=r)
         self.unauthenticated = Counter(_base(s.M_UNAUTHENTICATED), "Requests refused for credentials",
                                        ["endpoint"], registry=r)
+        self.connections_closed = Counter(_base(s.M_CONNECTIONS_CLOSED), "Connections or calls ended by the "
+                                          "connection budget", ["receiver", "reason"], registry=r)
+        self.tenant_refused = Counter(_base(s.M_TENANT_REFUSED), "Requests naming a job their token may not write",
+                                      ["receiver"], registry=r)
         self.memory_bytes = Gauge(s.M_MEMORY_BYTES, "Process RSS seen by the memory limiter", registry=r)
         self.component_errors = Counter(_base(s.M_COMPONENT_ERRORS), "Exceptions caught in components",
                                         ["component"], registry=r)
@@ -73,3 +77,6 @@ class Telemetry:
         for outcome in s.COLLECTOR_REQUEST_OUTCOMES:
             self.requests.labels(label, outcome)
         self.unauthenticated.labels(label)
+        self.tenant_refused.labels(label)
+        for reason in s.COLLECTOR_CONNECTION_CLOSE_REASONS:
+            self.connections_closed.labels(label, reason)

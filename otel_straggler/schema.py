@@ -223,14 +223,20 @@ M_PROCESSING_SECONDS: Final = "otel_straggler_collector_processing_seconds"  # h
 M_EXPORT_FAILURES: Final = "otel_straggler_collector_export_failures_total"  # labels: exporter
 M_EVIDENCE_LINES: Final = "otel_straggler_collector_evidence_lines_total"
 M_UNAUTHENTICATED: Final = "otel_straggler_collector_unauthenticated_total"  # labels: endpoint
+# connections (HTTP) and calls (gRPC) ended by the connection budget before a request was read (labels: receiver,
+# reason: refused = the budget was full of busy ones, stalled = ended to make room after stall_timeout)
+M_CONNECTIONS_CLOSED: Final = "otel_straggler_collector_connections_closed_total"
+COLLECTOR_CONNECTION_CLOSE_REASONS: Final = ("refused", "stalled")
+# requests refused because they name a job their token may not write (labels: receiver)
+M_TENANT_REFUSED: Final = "otel_straggler_collector_tenant_refused_total"
 M_MEMORY_BYTES: Final = "otel_straggler_collector_memory_bytes"
 M_COMPONENT_ERRORS: Final = "otel_straggler_collector_component_errors_total"  # labels: component
 # Label values each collector counter reports from the start (at 0), so a rate sees its first event; the
 # receiver / endpoint / exporter / component labels take the ids of the configured components.
 COLLECTOR_DROPPED_REASONS: Final = ("queue_full", "memory_limit", "shutting_down", "export_failed", "shutdown")
-COLLECTOR_REJECTED_REASONS: Final = ("malformed", "non_finite", "duplicate", "late", "over_cap")
+COLLECTOR_REJECTED_REASONS: Final = ("malformed", "non_finite", "duplicate", "late", "over_cap", "quarantined")
 COLLECTOR_REQUEST_OUTCOMES: Final = ("ok", "partial", "invalid", "throttled", "unauthenticated", "too_large",
-                                     "aborted")
+                                     "aborted", "forbidden")
 # Emitter self-metrics re-exported from OTLP metrics the ranks send (labels: training_job, rank, reason)
 M_EMITTER_PREFIX: Final = "otel_straggler_emitter_"
 

@@ -17,6 +17,11 @@ import yaml
 _ENV = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\$")
 _PH = "__otel_straggler_env_"
 _PH_RE = re.compile(re.escape(_PH) + r"(\d+)__")
+# What one config may expand to: YAML aliases repeat a node wherever they stand, so a few lines of anchors can
+# stand for billions of values (an "alias bomb"); the expansion stops, with an error, past these.
+MAX_CONFIG_VALUES = 100_000
+MAX_CONFIG_DEPTH = 64
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
 
 
 class ConfigError(ValueError):
@@ -69,11 +74,19 @@ def _scalar(node: yaml.ScalarNode) -> Any:
 
 
 def _walk(node: yaml.Node, path: tuple[Any, ...], src: str, marks: Marks, env: dict[str, str] | None,
-          tokens: list[str]) -> Any:
+          tokens: list[str], budget: list[int] | None = None) -> Any:
+    if budget is None:
+        budget = [MAX_CONFIG_VALUES]
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise ConfigError(f"{src}: the configuration expands to more than {MAX_CONFIG_VALUES} values "
+                          f"(YAML aliases repeat what they refer to), at line {node.start_mark.line + 1}")
+    if len(path) > MAX_CONFIG_DEPTH:
+        raise ConfigError(f"{src}: nested deeper than {MAX_CONFIG_DEPTH} levels at line {node.start_mark.line + 1}")
     if isinstance(node, yaml.MappingNode):
         out: dict[Any, Any] = {}
         for k_node, v_node in node.value:
-            key = _walk(k_node, path, src, marks, env, tokens)
+            key = _walk(k_node, path, src, marks, env, tokens, budget)
             if not isinstance(key, str | int | float | bool) and key is not None:
                 raise ConfigError(f"unsupported key type at {'.'.join(map(str, path)) or '<root>'} "
                                   f"({src}:{k_node.start_mark.line + 1})")
@@ -82,14 +95,14 @@ def _walk(node: yaml.Node, path: tuple[Any, ...], src: str, marks: Marks, env: d
                 raise ConfigError(f"YAML merge keys are not supported ({src}:{k_node.start_mark.line + 1})")
             sub = (*path, key)
             marks.where[sub] = f"{src}:{k_node.start_mark.line + 1}"
-            out[key] = _walk(v_node, sub, src, marks, env, tokens)
+            out[key] = _walk(v_node, sub, src, marks, env, tokens, budget)
         return out
     if isinstance(node, yaml.SequenceNode):
         items = []
         for i, item in enumerate(node.value):
             sub = (*path, i)
             marks.where[sub] = f"{src}:{item.start_mark.line + 1}"
-            items.append(_walk(item, sub, src, marks, env, tokens))
+            items.append(_walk(item, sub, src, marks, env, tokens, budget))
         return items
     assert isinstance(node, yaml.ScalarNode)
     value = node.value
@@ -137,11 +150,15 @@ def load_text(text: str, src: str = "<string>", env: dict[str, str] | None = Non
         tokens.append(m.group(0))
         return f"{_PH}{len(tokens) - 1}__"
 
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{src}: larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB")
     text = _ENV.sub(hold, text)
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as e:
         raise ConfigError(f"invalid YAML in {src}: {_yaml_problem(e)}") from None
+    except RecursionError:
+        raise ConfigError(f"invalid YAML in {src}: nested too deeply") from None
     if node is None:
         return {}, marks
     if not isinstance(node, yaml.MappingNode):

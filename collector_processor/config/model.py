@@ -14,7 +14,7 @@ class QueueConfig(Strict):
     """Bounded queue between a pipeline's receivers and its worker thread (extension of the upstream schema)."""
 
     max_items: int = Field(1024, ge=1, le=1_000_000)
-    max_bytes_mib: float = Field(256, gt=0)
+    max_bytes_mib: float = Field(256, gt=0, le=1024 * 1024)
 
 
 class PipelineConfig(Strict):
@@ -37,7 +37,7 @@ class TelemetryConfig(Strict):
 class ServiceConfig(Strict):
     pipelines: dict[str, PipelineConfig] = Field(min_length=1)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
-    shutdown_timeout: float = Field(10.0, gt=0)  # seconds for the whole drain on SIGTERM
+    shutdown_timeout: float = Field(10.0, gt=0, le=3600.0)  # seconds for the whole drain on SIGTERM
 
     @field_validator("pipelines")
     @classmethod

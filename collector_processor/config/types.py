@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated
 from urllib.parse import urlsplit
@@ -12,19 +13,29 @@ _DUR = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s|m|h)?\s*$")
 _UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 
+MAX_DURATION_S = 7 * 86400.0  # a week: no duration of the collector is meant to be longer
+
+
 def parse_duration(value: object) -> float:
-    """Seconds from ``1s`` / ``250ms`` / ``2m`` / a bare number of seconds."""
+    """Seconds from ``1s`` / ``250ms`` / ``2m`` / a bare number of seconds; finite, at most ``MAX_DURATION_S``."""
     if isinstance(value, bool):
         raise ValueError("a duration such as 1s or 500ms is required")
+    seconds: float | None = None
     if isinstance(value, int | float):
+        if not math.isfinite(value):
+            raise ValueError("a duration must be finite")
         if value < 0:
             raise ValueError("durations cannot be negative")
-        return float(value)
-    if isinstance(value, str):
+        seconds = float(value)
+    elif isinstance(value, str):
         m = _DUR.match(value)
-        if m:
-            return float(m.group(1)) * _UNIT[m.group(2)]
-    raise ValueError(f"not a duration: {value!r} (use e.g. 1s, 500ms, 2m)")
+        if m and len(m.group(1)) <= 32:
+            seconds = float(m.group(1)) * _UNIT[m.group(2)]
+    if seconds is None:
+        raise ValueError(f"not a duration: {str(value)[:40]!r} (use e.g. 1s, 500ms, 2m)")
+    if not seconds <= MAX_DURATION_S:
+        raise ValueError(f"a duration of at most {MAX_DURATION_S / 86400:.0f} days (7d = {MAX_DURATION_S:.0f}s)")
+    return seconds
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
@@ -90,7 +101,7 @@ ExportEndpoint = Annotated[str, BeforeValidator(_export_url)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ServerTLS(Strict):

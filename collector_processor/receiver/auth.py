@@ -1,18 +1,64 @@
-"""Optional bearer-token check shared by the OTLP receivers and the metrics endpoint."""
+"""Bearer-token check shared by the OTLP receivers and the metrics endpoint, and the tenants behind the tokens.
+
+``bearer_token`` (or ``bearer_token_file``) admits every job. Each entry of ``tenants`` is a token of its own that
+may write only the jobs it lists: an exact ``straggler.job.id`` or a prefix ending in ``*``. A request that names
+another job (any of its resources) is refused as a whole (``receiver.tenants``)."""
 
 from __future__ import annotations
 
 import hmac
+from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import model_validator
+from pydantic import Field, field_validator, model_validator
 
 from collector_processor.config.types import Strict
 
+MAX_TENANTS = 1024
+MAX_JOBS_PER_TENANT = 1024
+MAX_TOKEN_BYTES = 4096
+
+
+def _read_token(inline: str, path: str, what: str) -> str:
+    token = inline
+    if path:
+        token = Path(path).read_text(encoding="utf-8").strip()
+        if not token:
+            raise ValueError(f"{what} {path} is empty")
+    return token
+
+
+class TenantConfig(Strict):
+    """One token and the jobs it may write."""
+
+    name: str = Field("", max_length=128)  # shown in logs; never the token
+    bearer_token: str = Field("", max_length=MAX_TOKEN_BYTES)
+    bearer_token_file: str = ""
+    jobs: list[str] = Field(min_length=1, max_length=MAX_JOBS_PER_TENANT)
+
+    @field_validator("jobs")
+    @classmethod
+    def _patterns(cls, jobs: list[str]) -> list[str]:
+        for j in jobs:
+            if not j or "*" in j[:-1] or len(j) > 256:
+                raise ValueError(f"job pattern {j[:40]!r}: an exact job id or a prefix ending in '*' "
+                                 "(at most 256 characters)")
+        return jobs
+
+    @model_validator(mode="after")
+    def _one(self) -> TenantConfig:
+        if bool(self.bearer_token) == bool(self.bearer_token_file):
+            raise ValueError("a tenant needs exactly one of bearer_token, bearer_token_file")
+        return self
+
+    def __repr__(self) -> str:  # never show the secret
+        return f"TenantConfig(name={self.name!r}, jobs={self.jobs!r})"
+
 
 class AuthConfig(Strict):
-    bearer_token: str = ""
+    bearer_token: str = Field("", max_length=MAX_TOKEN_BYTES)
     bearer_token_file: str = ""
+    tenants: list[TenantConfig] = Field(default_factory=list, max_length=MAX_TENANTS)
 
     @model_validator(mode="after")
     def _one(self) -> AuthConfig:
@@ -21,33 +67,80 @@ class AuthConfig(Strict):
         return self
 
     def __repr__(self) -> str:  # never show the secret
-        return f"AuthConfig(enabled={bool(self.bearer_token or self.bearer_token_file)})"
+        return (f"AuthConfig(enabled={bool(self.bearer_token or self.bearer_token_file or self.tenants)}, "
+                f"tenants={len(self.tenants)})")
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """Who a request's token belongs to and what it may write."""
+
+    name: str
+    jobs: frozenset[str] = frozenset()
+    prefixes: tuple[str, ...] = ()
+    every_job: bool = False
+
+    def allows(self, job: str) -> bool:
+        if self.every_job or job in self.jobs:
+            return True
+        return any(job.startswith(p) for p in self.prefixes)
+
+
+EVERYONE = Tenant("", every_job=True)  # no token configured, or the all-jobs token
+
+
+def _tenant(cfg: TenantConfig, i: int) -> Tenant:
+    exact = frozenset(j for j in cfg.jobs if not j.endswith("*"))
+    prefixes = tuple(j[:-1] for j in cfg.jobs if j.endswith("*"))
+    return Tenant(cfg.name or f"tenants[{i}]", exact, prefixes, every_job="" in prefixes)
 
 
 class BearerAuth:
     """Constant-time comparison of the token in ``Authorization: Bearer <token>`` (the scheme is case-insensitive,
-    RFC 9110 section 11.1). No token configured -> everyone passes."""
+    RFC 9110 section 11.1) against every configured token. No token configured -> everyone passes, for every
+    job."""
 
     def __init__(self, cfg: AuthConfig | None) -> None:
-        token = ""
-        if cfg is not None:
-            token = cfg.bearer_token
-            if cfg.bearer_token_file:
-                token = Path(cfg.bearer_token_file).read_text(encoding="utf-8").strip()
-                if not token:
-                    raise ValueError(f"bearer_token_file {cfg.bearer_token_file} is empty")
-        self._expected = token.encode() if token else b""
+        self._tokens: list[tuple[bytes, Tenant]] = []
+        if cfg is None:
+            return
+        token = _read_token(cfg.bearer_token, cfg.bearer_token_file, "bearer_token_file")
+        if token:
+            self._tokens.append((token.encode(), EVERYONE))
+        for i, t in enumerate(cfg.tenants):
+            tok = _read_token(t.bearer_token, t.bearer_token_file, f"tenants[{i}].bearer_token_file")
+            self._tokens.append((tok.encode(), _tenant(t, i)))
+        seen: set[bytes] = set()
+        for tok, _ in self._tokens:
+            if tok in seen:
+                raise ValueError("two auth entries share one token: each tenant needs its own")
+            seen.add(tok)
 
     @property
     def enabled(self) -> bool:
-        return bool(self._expected)
+        return bool(self._tokens)
 
-    def check(self, header: str | None) -> bool:
-        if not self._expected:
-            return True
+    @property
+    def scoped(self) -> bool:
+        """Some token is limited to some jobs: requests must be checked against the tenant's jobs."""
+        return any(not t.every_job for _, t in self._tokens)
+
+    def identify(self, header: str | None) -> Tenant | None:
+        """The tenant whose token the header carries; None when it carries none of them. Every token is compared
+        (in constant time each), whichever matches."""
+        if not self._tokens:
+            return EVERYONE
         if not header:
-            return False
+            return None
         scheme, _, token = header.strip().partition(" ")
         if scheme.lower() != "bearer":
-            return False
-        return hmac.compare_digest(token.strip().encode("utf-8", "replace"), self._expected)
+            return None
+        given = token.strip().encode("utf-8", "replace")
+        found: Tenant | None = None
+        for expected, tenant in self._tokens:
+            if hmac.compare_digest(given, expected):
+                found = tenant
+        return found
+
+    def check(self, header: str | None) -> bool:
+        return self.identify(header) is not None

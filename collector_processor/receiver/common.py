@@ -16,8 +16,9 @@ from pydantic import Field, model_validator
 from collector_processor.component import Admission, Refusal
 from collector_processor.config.types import Duration, GrpcListen, HttpListen, ServerTLS, Strict
 from collector_processor.pipeline import Pipeline, Result
-from collector_processor.receiver.auth import AuthConfig
+from collector_processor.receiver.auth import AuthConfig, Tenant
 from collector_processor.receiver.decode import CT_PROTOBUF, DecodeFailure, count_items, decode, decode_cost
+from collector_processor.receiver.tenants import Forbidden, check_tenant
 from collector_processor.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 # protocol by default) is decoded at once, and a memory limiter over its soft limit still refuses them when they
 # are submitted, counting their items in spans_dropped_total.
 UNRESERVED_BYTES = 1 << 20
+MAX_MESSAGE_MIB = 256  # the largest request size limit a receiver may be given
 
 # export response of each signal and its partial-success count field
 _RESPONSES: dict[str, tuple[type[Message], str]] = {
@@ -34,15 +36,46 @@ _RESPONSES: dict[str, tuple[type[Message], str]] = {
 }
 
 
+# What a decoded request holds while it waits in a pipeline queue, estimated from its wire size and items (spans,
+# log records, metric data points): a parsed item costs up to ~200 bytes besides its bytes (an empty Span: 176),
+# and the rest of a request about 3 bytes per wire byte (bench/results/hostile.md, realistic spans: 3.8).
+HELD_BYTES_PER_BYTE = 3
+HELD_BYTES_PER_ITEM = 200
+
+
+def held_bytes(wire_bytes: int, items: int) -> int:
+    return HELD_BYTES_PER_BYTE * wire_bytes + HELD_BYTES_PER_ITEM * items
+
+
 class GrpcProtocol(Strict):
     endpoint: GrpcListen = "127.0.0.1:4317"
-    max_recv_msg_size_mib: float = Field(16, gt=0)
+    max_recv_msg_size_mib: float = Field(16, gt=0, le=MAX_MESSAGE_MIB)
     max_workers: int = Field(8, ge=1, le=256)
+    # connections, before any token is seen
+    max_connections: int = Field(512, ge=1, le=65536)
+    max_streams_per_connection: int = Field(100, ge=1, le=65536)
+    handshake_timeout: Duration = Field(10.0, gt=0, le=300.0)
+    idle_timeout: Duration = Field(60.0, gt=0, le=86400.0)
+    # calls: in progress at once (per listener and per peer address); the request message must arrive within
+    # message_timeout; under pressure a call still without its message after stall_timeout is ended to make room
+    max_concurrent_calls: int = Field(1024, ge=1, le=65536)
+    max_calls_per_peer: int = Field(1024, ge=1, le=65536)
+    message_timeout: Duration = Field(30.0, gt=0, le=600.0)
+    stall_timeout: Duration = Field(2.0, gt=0, le=600.0)
 
 
 class HttpProtocol(Strict):
     endpoint: HttpListen = "127.0.0.1:4318"
-    max_request_body_size_mib: float = Field(16, gt=0)
+    max_request_body_size_mib: float = Field(16, gt=0, le=MAX_MESSAGE_MIB)
+    # connections, before any token is seen: at most max_connections (max_connections_per_peer from one address);
+    # at the cap the oldest connection that is not inside a request (handshaking or idle) for stall_timeout is
+    # closed to make room, else the newcomer is. The TLS handshake must end within handshake_timeout, a kept-alive
+    # connection may idle idle_timeout.
+    max_connections: int = Field(512, ge=1, le=65536)
+    max_connections_per_peer: int = Field(512, ge=1, le=65536)
+    handshake_timeout: Duration = Field(10.0, gt=0, le=300.0)
+    idle_timeout: Duration = Field(30.0, gt=0, le=86400.0)
+    stall_timeout: Duration = Field(2.0, gt=0, le=600.0)
 
 
 class Protocols(Strict):
@@ -64,10 +97,14 @@ class Config(Strict):
     auth: AuthConfig = Field(default_factory=AuthConfig)
     tls: ServerTLS = Field(default_factory=ServerTLS)
     # Delay a throttled client is told to wait (gRPC RetryInfo trailer, HTTP Retry-After rounded up to seconds).
-    retry_delay: Duration = 1.0
+    retry_delay: Duration = Field(1.0, le=3600.0)
     # How long a request waits for the pipeline worker so that rejected spans can be reported as partial
     # success. 0: answer as soon as the request is queued.
-    wait_for_processing: Duration = 0.5
+    wait_for_processing: Duration = Field(0.5, le=60.0)
+    # Items (spans, log records, metric data points) one request may carry: beyond, it is refused for good after
+    # decoding (413 / RESOURCE_EXHAUSTED) instead of holding a pipeline for seconds (2 million empty spans fit in
+    # 4 MiB). An honest 16 MiB request of stage spans carries about 150 000.
+    max_items_per_request: int = Field(262_144, ge=1, le=10_000_000)
 
     @model_validator(mode="after")
     def _some_protocol(self) -> Config:
@@ -81,8 +118,10 @@ class Dispatcher:
     pipelines' admission gates (``component.Admission``) for the memory a request may take before it is read or
     decoded."""
 
-    def __init__(self, label: str, telemetry: Telemetry, pipelines: dict[str, list[Pipeline]], wait_s: float) -> None:
+    def __init__(self, label: str, telemetry: Telemetry, pipelines: dict[str, list[Pipeline]], wait_s: float,
+                 max_items: int = 262_144) -> None:
         self.label = label
+        self.max_items = max_items
         self.t = telemetry
         self.pipelines = pipelines
         self.wait_s = wait_s
@@ -93,6 +132,7 @@ class Dispatcher:
                 gates.extend(g for g in p.admission if all(g is not x for x in gates))
             self._gates[sig] = gates
         self._aborted_logged = threading.Event()
+        self._forbidden_logged = threading.Event()
         telemetry.receiver(label)
 
     def has(self, signal: str) -> bool:
@@ -133,12 +173,28 @@ class Dispatcher:
         """Count a refusal before decoding: ``throttled`` (retry later) or ``too_large`` (never)."""
         self.outcome("throttled" if refusal.retry else "too_large")
 
-    def decode_and_dispatch(self, signal: str, data: bytes | bytearray, ctype: str = CT_PROTOBUF) -> Result | Refusal:
+    def decode_and_dispatch(self, signal: str, data: bytes | bytearray, ctype: str = CT_PROTOBUF,
+                            tenant: Tenant | None = None) -> Result | Refusal:
         """Reserve what decoding ``data`` takes at the signal's gates, decode, hand to its pipelines (on a worker
         thread). Every outcome is counted here: a refusal before decoding (returned), a decoding failure (counted
-        ``invalid``, ``DecodeFailure`` raised), the pipelines' refusal (returned as a retryable ``Refusal``) and
-        their acceptance (the ``Result``, ``rejected`` > 0 for a partial success)."""
-        cost = decode_cost(data, ctype)
+        ``invalid``, ``DecodeFailure`` raised), a job outside the ``tenant``'s (counted ``forbidden`` and in
+        ``tenant_refused_total``, ``Forbidden`` raised), the pipelines' refusal (returned as a retryable
+        ``Refusal``) and their acceptance (the ``Result``, ``rejected`` > 0 for a partial success)."""
+        prepared = self.prepare(signal, data, ctype, tenant)
+        if isinstance(prepared, Refusal):
+            return prepared
+        msg, n = prepared
+        r = self.dispatch(signal, msg, len(data), n)
+        if r.status != "ok":
+            return Refusal(r.reason, r.message or "throttled")
+        return r
+
+    def prepare(self, signal: str, data: bytes | bytearray, ctype: str = CT_PROTOBUF, tenant: Tenant | None = None
+                ) -> tuple[Message, int] | Refusal:
+        """``decode_and_dispatch`` up to the hand-over: the decoded request and its items, or the refusal (counted;
+        ``DecodeFailure`` and ``Forbidden`` raised, counted). The decoding estimate is computed and reserved only
+        where a gate bounds memory."""
+        cost = decode_cost(data, ctype) if self._gates.get(signal) else 0
         refusal = self.reserve(signal, cost)
         if refusal is not None:
             self.refused(refusal)
@@ -150,13 +206,49 @@ class Dispatcher:
             raise
         finally:
             self.release(signal, cost)
-        r = self.dispatch(signal, msg, len(data))
-        if r.status != "ok":
-            return Refusal(r.reason, r.message or "throttled")
+        try:
+            check_tenant(signal, msg, tenant)
+        except Forbidden as e:
+            self.forbidden(str(e))
+            raise
+        n = count_items(signal, msg)
+        if n > self.max_items:
+            self.outcome("too_large")
+            return Refusal("too_large", f"request of {n} items exceeds max_items_per_request ({self.max_items})",
+                           retry=False)
+        return msg, n
+
+    def only_pipeline(self, signal: str) -> Pipeline | None:
+        """The signal's pipeline when it has exactly one (a request can then be handed over without a thread
+        waiting for it: ``offer``)."""
+        pipes = self.pipelines.get(signal, ())
+        return pipes[0] if len(pipes) == 1 else None
+
+    def offer(self, signal: str, pipe: Pipeline, msg: Message, nbytes: int, n: int, done: object) -> Result | object:
+        """Queue a prepared request on ``pipe`` without waiting: the queued item (``done.set()`` once processed;
+        then ``finished``) or the refusal, counted as ``dispatch`` counts it."""
+        if signal == "traces":
+            self.t.spans_received.labels(self.label).inc(n)
+        r = pipe.offer(msg, held_bytes(nbytes, n), n, done)
+        if isinstance(r, Result):
+            self.outcome("throttled")
+            if signal == "traces":
+                self.t.spans_dropped.labels(r.reason).inc(n)
         return r
 
-    def dispatch(self, signal: str, msg, nbytes: int) -> Result:
-        n = count_items(signal, msg)
+    def finished(self, item: object, processed: bool) -> Result:
+        """The answer for an ``offer``ed item: its partial success once ``processed``, else a plain success."""
+        r = Result("ok", rejected=item.rejected, message=item.message) if processed else Result("ok")  # type: ignore[attr-defined]
+        self.outcome("partial" if r.rejected else "ok")
+        return r
+
+    def dispatch(self, signal: str, msg, nbytes: int, n: int | None = None) -> Result:
+        """Hand a decoded request (``nbytes`` on the wire, ``n`` items) to the signal's pipelines. Their queues
+        count what it holds decoded (``held_bytes``), so a queue's ``max_bytes_mib`` bounds decoded requests
+        waiting, whatever their wire size."""
+        if n is None:
+            n = count_items(signal, msg)
+        nbytes = held_bytes(nbytes, n)
         if signal == "traces":
             self.t.spans_received.labels(self.label).inc(n)
         out = Result()
@@ -177,6 +269,15 @@ class Dispatcher:
 
     def outcome(self, outcome: str) -> None:
         self.t.requests.labels(self.label, outcome).inc()
+
+    def forbidden(self, why: str) -> None:
+        """A request naming a job its token may not write: counted, logged once per receiver."""
+        self.outcome("forbidden")
+        self.t.tenant_refused.labels(self.label).inc()
+        if not self._forbidden_logged.is_set():
+            self._forbidden_logged.set()
+            log.warning("%s: a request was refused: %s; such requests are counted in "
+                        "otel_straggler_collector_tenant_refused_total and not logged again", self.label, why)
 
     def aborted(self, why: str) -> None:
         """A request whose client went away or stalled past a timeout before it was answered: counted, and logged

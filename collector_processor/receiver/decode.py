@@ -76,15 +76,30 @@ def gunzip_bounded(body: bytes | bytearray, limit: int, grow: Callable[[int], No
 
 # What decoding may take, as an upper estimate measured on the costliest bodies per byte (bench/hostile.py
 # --expansion; bench/results/hostile.md). Protobuf: every embedded message costs up to ~200 bytes once parsed
-# (an empty Span: 176), and a message shorter than 8 bytes has a length byte below 8, so those bytes bound the
-# number of small messages; longer messages take at least 9 bytes each. JSON: the parser builds one object per
-# container and string besides the text.
+# (an empty Span: 176); a message shorter than 8 bytes is a one-byte tag of a length-delimited field (every
+# such field of OTLP has a number below 16: a tag 0x0a..0x7a) followed by a length byte below 8, so those
+# pairs bound the number of small messages (pairs cannot overlap: a tag byte is at least 10); longer messages
+# take at least 9 bytes each. JSON: the parser builds one object per container and string besides the text.
 PROTOBUF_BYTES_PER_BYTE = 24
 PROTOBUF_BYTES_PER_SMALL_MESSAGE = 200
 JSON_BYTES_PER_BYTE = 16
 JSON_BYTES_PER_CONTAINER = 160
 JSON_BYTES_PER_STRING = 64
-_SMALL = [bytes([i]) for i in range(8)]
+# byte -> T (a tag of a length-delimited field numbered 1..15), s (a length below 8), x (anything else)
+_PAIRS = bytes(ord("T") if b & 7 == 2 and 8 <= b < 128 else ord("s") if b < 8 else ord("x") for b in range(256))
+_PAIR_CHUNK = 1 << 20  # bodies are translated a chunk at a time: a bounded copy
+
+
+def small_messages(body: bytes | bytearray) -> int:
+    """The (tag, length < 8) pairs of ``body``: at least its messages shorter than 8 bytes."""
+    if len(body) <= _PAIR_CHUNK:
+        return body.translate(_PAIRS).count(b"Ts")
+    n = 0
+    view = memoryview(body)
+    for i in range(0, len(body), _PAIR_CHUNK):
+        n += bytes(view[i:i + _PAIR_CHUNK + 1]).translate(_PAIRS).count(b"Ts")  # a pair across the cut counts once
+    view.release()
+    return n
 
 
 def decode_cost(body: bytes | bytearray, content_type: str = CT_PROTOBUF) -> int:
@@ -95,8 +110,7 @@ def decode_cost(body: bytes | bytearray, content_type: str = CT_PROTOBUF) -> int
         containers = body.count(b"{") + body.count(b"[")
         return (JSON_BYTES_PER_BYTE * len(body) + JSON_BYTES_PER_CONTAINER * containers
                 + JSON_BYTES_PER_STRING * (body.count(b'"') // 2))
-    small = sum(body.count(b) for b in _SMALL)
-    return PROTOBUF_BYTES_PER_BYTE * len(body) + PROTOBUF_BYTES_PER_SMALL_MESSAGE * small
+    return PROTOBUF_BYTES_PER_BYTE * len(body) + PROTOBUF_BYTES_PER_SMALL_MESSAGE * small_messages(body)
 
 
 def _hex_ids_to_base64(obj: Any) -> None:

@@ -23,10 +23,10 @@ class OtlpReceiver:
         by_signal = {sig: list(pipes) for sig, pipes in consumers.items()}
         self.servers: list[OtlpGrpcReceiver | OtlpHttpReceiver] = []
         if cfg.protocols.grpc is not None:
-            d = Dispatcher(f"{rid}/grpc", telemetry, by_signal, cfg.wait_for_processing)
+            d = Dispatcher(f"{rid}/grpc", telemetry, by_signal, cfg.wait_for_processing, cfg.max_items_per_request)
             self.servers.append(OtlpGrpcReceiver(rid, cfg, cfg.protocols.grpc, d, telemetry, auth, healthy))
         if cfg.protocols.http is not None:
-            d = Dispatcher(f"{rid}/http", telemetry, by_signal, cfg.wait_for_processing)
+            d = Dispatcher(f"{rid}/http", telemetry, by_signal, cfg.wait_for_processing, cfg.max_items_per_request)
             self.servers.append(OtlpHttpReceiver(rid, cfg, cfg.protocols.http, d, telemetry, auth, healthy))
 
     def start(self) -> None:

@@ -39,7 +39,7 @@ from collector_processor.component import Refusal
 from collector_processor.config.model import MIB
 from collector_processor.config.types import split_host_port
 from collector_processor.receiver.aio import LoopThread, Workers, stop_runtime
-from collector_processor.receiver.auth import BearerAuth
+from collector_processor.receiver.auth import EVERYONE, BearerAuth, Tenant
 from collector_processor.receiver.common import (
     SERVER,
     Config,
@@ -56,6 +56,7 @@ from collector_processor.receiver.decode import (
     TooLarge,
     gunzip_bounded,
 )
+from collector_processor.receiver.tenants import Forbidden
 from collector_processor.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -72,8 +73,9 @@ MAX_HEADERS = 100
 CHUNK = 256 * 1024
 INFLATE_RESERVE = 4 * MIB  # a gzip body's inflated bytes are reserved in steps of at least this
 # gRPC code numbers for the Status body
-_INVALID_ARGUMENT, _RESOURCE_EXHAUSTED, _UNAUTHENTICATED, _UNIMPLEMENTED = 3, 8, 16, 12
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
+_INVALID_ARGUMENT, _RESOURCE_EXHAUSTED, _UNAUTHENTICATED, _UNIMPLEMENTED, _PERMISSION_DENIED = 3, 8, 16, 12, 7
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+            405: "Method Not Allowed",
             411: "Length Required", 413: "Content Too Large", 415: "Unsupported Media Type",
             431: "Request Header Fields Too Large", 503: "Service Unavailable"}
 
@@ -175,6 +177,14 @@ class OtlpHttpReceiver:
         self._workers: Workers | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # every connection
         self._active: set[asyncio.Task[None]] = set()  # connections inside a request
+        self.proto = proto
+        # connection budget: (task -> peer address, when it came), oldest first; connections per peer address
+        self._conns: dict[asyncio.Task[None], tuple[str, float]] = {}
+        self._per_peer: dict[str, int] = {}
+        self.connections_refused = 0
+        self.connections_evicted = 0
+        self._tls: ssl.SSLContext | None = None
+        self._refused_logged = False
         self._closing = False
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
@@ -190,14 +200,15 @@ class OtlpHttpReceiver:
         return ctx
 
     def start(self) -> None:
-        ctx = self._ssl()
+        ctx = self._tls = self._ssl()
         self._loop = LoopThread(f"http-{self.id}")
         self._loop.start()
         self._workers = Workers(WORKERS, f"http-{self.id}-worker")
 
         async def listen() -> asyncio.Server:
-            return await asyncio.start_server(self._connection, self.host, self.port, ssl=ctx, backlog=1024,
-                                              limit=MAX_HEAD, ssl_handshake_timeout=READ_TIMEOUT_S if ctx else None)
+            # TLS is started per connection once it was admitted (``_admit``): a handshake costs its buffers only
+            # within the connection budget
+            return await asyncio.start_server(self._connection, self.host, self.port, backlog=1024, limit=MAX_HEAD)
 
         try:
             self._server = self._loop.call(listen(), 10.0)
@@ -241,18 +252,79 @@ class OtlpHttpReceiver:
         self.stop_accepting(min(timeout_s, 2.0))
 
     # ---- connections --------------------------------------------------------------------------------------
+    def _admit(self, task: asyncio.Task[None], peer: str) -> bool:
+        """A place for a new connection of ``peer`` within max_connections and max_connections_per_peer, made by
+        closing the oldest connection that is not inside a request (handshaking or idle) for stall_timeout when
+        needed; False when there is none to close."""
+        p = self.proto
+        now = asyncio.get_running_loop().time()
+
+        def evict(same_peer: bool) -> bool:
+            for other, (addr, since) in self._conns.items():
+                if now - since < p.stall_timeout:
+                    return False
+                if other not in self._active and (not same_peer or addr == peer):
+                    self._forget(other)
+                    other.cancel()
+                    self.connections_evicted += 1
+                    self.t.connections_closed.labels(self.d.label, "stalled").inc()
+                    return True
+            return False
+
+        if len(self._conns) >= p.max_connections and not evict(False):
+            return False
+        if self._per_peer.get(peer, 0) >= p.max_connections_per_peer and not evict(True):
+            return False
+        self._conns[task] = (peer, now)
+        self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
+        return True
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        entry = self._conns.pop(task, None)
+        if entry is None:
+            return
+        n = self._per_peer.get(entry[0], 0) - 1
+        if n > 0:
+            self._per_peer[entry[0]] = n
+        else:
+            self._per_peer.pop(entry[0], None)
+
+    def _touch(self, task: asyncio.Task[None]) -> None:
+        """The connection finished a request: it is young again (moved to the end of the eviction order)."""
+        entry = self._conns.pop(task, None)
+        if entry is not None:
+            self._conns[task] = (entry[0], asyncio.get_running_loop().time())
+
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        peername = writer.get_extra_info("peername")
+        peer = str(peername[0]) if isinstance(peername, tuple) and peername else ""
+        if not self._admit(task, peer):
+            self.connections_refused += 1
+            self.t.connections_closed.labels(self.d.label, "refused").inc()
+            if not self._refused_logged:
+                self._refused_logged = True
+                log.warning("%s: connection budget full (max_connections %d, %d per peer), no idle connection to "
+                            "close: new connections are closed at once (not logged again)", self.d.label,
+                            self.proto.max_connections, self.proto.max_connections_per_peer)
+            writer.transport.abort()
+            return
         self._tasks.add(task)
         try:
+            if self._tls is not None:
+                try:
+                    await writer.start_tls(self._tls, ssl_handshake_timeout=self.proto.handshake_timeout)
+                except (ConnectionError, OSError, TimeoutError, ssl.SSLError):
+                    return
             timeout = HEAD_TIMEOUT_S
             while not self._closing:
                 self._active.discard(task)
                 keep = await self._one(reader, writer, timeout)
                 if not keep:
                     break
-                timeout = IDLE_TIMEOUT_S
+                self._touch(task)
+                timeout = self.proto.idle_timeout
         except _Aborted:
             pass
         except asyncio.CancelledError:  # the drain's deadline passed
@@ -260,6 +332,7 @@ class OtlpHttpReceiver:
         except Exception:  # never let a connection's fault reach the loop's exception handler
             log.exception("OTLP/HTTP receiver %s: unexpected error on a connection", self.id)
         finally:
+            self._forget(task)
             self._tasks.discard(task)
             self._active.discard(task)
             try:
@@ -365,7 +438,7 @@ class OtlpHttpReceiver:
         if head.path not in _SIGNALS:
             return self._status(404, _UNIMPLEMENTED, f"unknown path {head.path}", reply_ct, "invalid",
                                 close=(length or 0) > self.limit), length
-        if self.auth.enabled and not self.auth.check(head.get("authorization")):
+        if self.auth.enabled and self.auth.identify(head.get("authorization")) is None:
             self.t.unauthenticated.labels(self.d.label).inc()
             return self._status(401, _UNAUTHENTICATED, "missing or bad bearer token", reply_ct, "unauthenticated",
                                 {"WWW-Authenticate": "Bearer"}, close=True), length
@@ -393,6 +466,8 @@ class OtlpHttpReceiver:
         signal = _SIGNALS[head.path]
         ctype = (head.get("content-type") or "").split(";", 1)[0].strip().lower()
         encoding = (head.get("content-encoding") or "identity").strip().lower()
+        tenant = self.auth.identify(head.get("authorization")) if self.auth.enabled else EVERYONE
+        assert tenant is not None  # checked in _check
         if self._busy >= MAX_CONCURRENT:  # refused before its body is reserved or read (and again once it is)
             return self._refused(Refusal("busy", "too many requests in progress"), ctype), length
         reserved = 0
@@ -409,7 +484,7 @@ class OtlpHttpReceiver:
             self._busy += 1
             try:
                 assert self._workers is not None
-                return await self._workers.run(self._process, signal, body, ctype, encoding == "gzip"), 0
+                return await self._workers.run(self._process, signal, body, ctype, encoding == "gzip", tenant), 0
             finally:
                 self._busy -= 1
         finally:
@@ -451,7 +526,8 @@ class OtlpHttpReceiver:
         view.release()
         return body
 
-    def _process(self, signal: str, body: bytearray, ctype: str, gzipped: bool) -> _Answer:
+    def _process(self, signal: str, body: bytearray, ctype: str, gzipped: bool, tenant: Tenant = EVERYONE
+                 ) -> _Answer:
         """On a worker thread: inflate (reserving as it grows), reserve what decoding takes, decode, hand to the
         pipelines."""
         held = 0  # reserved for the inflated body
@@ -476,9 +552,11 @@ class OtlpHttpReceiver:
             except DecodeFailure as e:
                 return self._status(400, _INVALID_ARGUMENT, str(e), ctype, "invalid")
             try:
-                r = self.d.decode_and_dispatch(signal, data, ctype)
+                r = self.d.decode_and_dispatch(signal, data, ctype, tenant)
             except DecodeFailure as e:  # counted by the dispatcher
                 return _error(400, _INVALID_ARGUMENT, str(e), ctype)
+            except Forbidden as e:  # counted by the dispatcher
+                return _error(403, _PERMISSION_DENIED, str(e), ctype)
         finally:
             if held:  # the inflated body, reserved until its decoded request is handed over
                 self.d.release(signal, held)

@@ -68,11 +68,21 @@ def test_detection_tail_bench_tiny() -> None:
 
 
 def test_hostile_bench_tiny() -> None:
-    """Every attack in its smallest form against a real collector process; the contract line is complete."""
-    f = last_line_fields("hostile.py", "--quick", timeout=600.0)
+    """Every attack in its smallest form, each against a fresh collector process; the contract line is complete."""
+    f = last_line_fields("hostile.py", "--fresh", "--quick", timeout=600.0)
     assert list(f) == ["peak_rss_mb", "valid_client_success", "windows_leaked"]
     assert float(f["peak_rss_mb"]) > 10 and 0.0 <= float(f["valid_client_success"]) <= 1.0
     assert int(f["windows_leaked"]) >= 0
+
+
+def test_hostile_sequence_bench_tiny() -> None:
+    """The attack sequence on one collector with TLS and tenants, 1 s per attack and 2 s after it: the contract
+    line is complete and no attacker request crossed into the other tenant's job."""
+    f = last_line_fields("hostile.py", "--quick", "--duration", "1", "--after-s", "2", timeout=600.0)
+    assert list(f) == ["peak_rss_mb", "valid_client_success_during", "valid_client_success_after", "recover_s_max",
+                       "tenants_crossed"]
+    assert float(f["peak_rss_mb"]) > 10
+    assert int(f["tenants_crossed"]) == 0
 
 
 def test_collector_faults_bench_tiny() -> None:

@@ -188,6 +188,9 @@ def test_every_counter_exists_at_zero_before_any_traffic(start_service, tmp_path
         s.M_SPANS_RECEIVED: [{"receiver": r} for r in receivers],
         s.M_REQUESTS: [{"receiver": r, "outcome": o} for r in receivers for o in s.COLLECTOR_REQUEST_OUTCOMES],
         s.M_UNAUTHENTICATED: [{"endpoint": e} for e in (*receivers, "prometheus")],
+        s.M_TENANT_REFUSED: [{"receiver": r} for r in receivers],
+        s.M_CONNECTIONS_CLOSED: [{"receiver": r, "reason": x} for r in receivers
+                                 for x in s.COLLECTOR_CONNECTION_CLOSE_REASONS],
         s.M_EXPORT_FAILURES: [{"exporter": e} for e in ("otlp_grpc/traces", "file/evidence", "debug",
                                                          "otlp_http/events", "prometheus")],
         s.M_COMPONENT_ERRORS: [{"component": c} for c in ("memory_limiter", "straggler", "file/evidence")],

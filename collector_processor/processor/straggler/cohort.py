@@ -9,6 +9,7 @@ from collector_processor.processor.straggler.pair import PairTrack
 from collector_processor.processor.straggler.window import KIND_STEP, KIND_WALL, WindowSet
 
 NO_INDEX = -(2**62)  # no window index seen yet
+NO_CEILING = 2**62  # a cohort without a step range yet: no sample is quarantined
 
 
 @dataclass(slots=True)
@@ -20,6 +21,8 @@ class RankInfo:
     max_step_index: int = NO_INDEX
     max_wall_index: int = NO_INDEX
     windows_seen: int = 0  # windows in which the rank had samples (warmup counts these)
+    claim_index: int = NO_INDEX  # step window index of the rank's latest sample, accepted or quarantined
+    in_range: bool = False  # some step sample of the rank was not quarantined (it counts in the cohort's range)
 
 
 @dataclass(slots=True)
@@ -38,6 +41,10 @@ class Cohort:
     collective: set[str] = field(default_factory=set)
     # stage -> the 2-rank cohort's levels (pair.py; bounded by max_stages)
     pairs: dict[str, PairTrack] = field(default_factory=dict)
+    # highest step window index a sample may open (step quarantine; processor._refresh_range): NO_CEILING until
+    # the cohort has a range
+    step_ceiling: int = NO_CEILING
+    range_at: float = float("-inf")  # when the range was last computed
 
 
 class CohortRegistry:

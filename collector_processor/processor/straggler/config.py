@@ -12,47 +12,50 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from collector_processor.processor.straggler.decode import COLLECTOR_SERVICE_NAME
 from otel_straggler import schema as s
 
+# Time bounds: finite and at most 1e9 s (about 31 years, "never"): nanosecond arithmetic on them stays in 64 bits
+_NEVER = 1e9
+
 
 class MetricsConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     enabled: bool = True
     # Cap on label sets across the processor's gauges; beyond it series are not created (counted).
     max_series: int = Field(default=10_000, ge=1)
     # A series not updated for this long (and not holding an active alert) is removed at the next snapshot.
-    series_ttl_s: float = Field(default=900.0, gt=0)
+    series_ttl_s: float = Field(default=900.0, gt=0, le=_NEVER)
 
 
 class Config(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     # --- windows ------------------------------------------------------------------------------------
     # Steps per step-aligned window (window index = step // window_steps). 5 steps: a median over 5
     # samples absorbs one heavy-tail spike, and 2 windows of persistence fire inside the 15-step bound
     # wherever the onset falls in its window (bench/results/detection.md).
-    window_steps: int = Field(default=5, ge=1)
+    window_steps: int = Field(default=5, ge=1, le=1_000_000)
     # Device timing may be sampled (every Nth step): a rank's device statistic is the median of its latest
     # window_steps device samples, drawn from this window and at most this many windows back. With every
     # step measured that is exactly the window's samples.
     device_history_windows: int = Field(default=4, ge=0)
     # Wall-clock window length for spans without dl.iteration, anchored at the cohort's first observation.
-    wall_window_s: float = Field(default=10.0, gt=0)
+    wall_window_s: float = Field(default=10.0, gt=0, le=_NEVER)
     # A window closes a grace period after the first sample of a later window arrived, even if a rank is
     # late. The grace adapts to the arrival lag measured in the cohort: 1.5 x the largest lag (how long after
     # a later window opened a window's samples still arrived, over its latest 64 closed windows and late
     # samples), at least grace_s and at most grace_max_s. Ranks exporting with the OTel SDK's 5 s schedule
     # delay deliver a step up to ~5 s after another rank's batch opened later windows, whatever the step time;
     # 30 s: rank_timeout_s, after which a silent rank holds no window anyway. grace_max_s <= grace_s: fixed.
-    grace_s: float = Field(default=5.0, ge=0)
-    grace_max_s: float = Field(default=30.0, ge=0)
+    grace_s: float = Field(default=5.0, ge=0, le=_NEVER)
+    grace_max_s: float = Field(default=30.0, ge=0, le=_NEVER)
     # A rank not heard from for this long no longer holds windows open (it may have died or been rescheduled).
-    rank_timeout_s: float = Field(default=30.0, gt=0)
+    rank_timeout_s: float = Field(default=30.0, gt=0, le=_NEVER)
     # A window that accepted no sample for window_idle_s, or opened window_max_age_s ago, is closed (judged) at
     # the next tick, whatever its cohort's progress: the last window of a job that stopped, or one that a
     # client keeps re-sending a step of, never completes. 60 s: twice the report interval rank_timeout_s
     # assumes (a window of a running job takes a sample at least once per step); 600 s: 5 steps of 2 minutes.
-    window_idle_s: float = Field(default=60.0, gt=0)
-    window_max_age_s: float = Field(default=600.0, gt=0)
+    window_idle_s: float = Field(default=60.0, gt=0, le=_NEVER)
+    window_max_age_s: float = Field(default=600.0, gt=0, le=_NEVER)
 
     # --- comparison ---------------------------------------------------------------------------------
     reference: Literal["fastest", "median"] = "fastest"
@@ -160,6 +163,13 @@ class Config(BaseModel):
     # steps (0.35 s windows) and the SDK's 5 s schedule delay, a rank's batch opens ~13 windows and its peers'
     # batches arrive up to 5 s (~14 windows) later. 64 covers that twice over.
     max_open_windows: int = Field(default=64, ge=1)
+    # Step quarantine: a step sample whose window index is more than this many windows beyond its cohort's range
+    # (the lower median of its ranks' latest windows) is rejected (spans_rejected_total{reason="quarantined"})
+    # and never opens or closes a window, so one rank reporting a wrong step number, or a client writing
+    # far-future steps into a job, cannot make the job's real samples late. 256 windows (1280 steps at 5 per
+    # window): four times max_open_windows, far beyond how far apart the ranks of a running cohort can be.
+    # 0 disables.
+    step_quarantine_windows: int = Field(default=256, ge=0, le=2**40)
     # Stage-span ids remembered for replay detection (LRU). A step summary is deduplicated by its identity
     # instead: one per (rank, step) in a window.
     dedup_capacity: int = Field(default=262_144, ge=1)

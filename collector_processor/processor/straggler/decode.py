@@ -32,6 +32,8 @@ REJECT_NON_FINITE = "non_finite"
 REJECT_DUPLICATE = "duplicate"
 REJECT_LATE = "late"
 REJECT_OVER_CAP = "over_cap"  # a stage span beyond max_samples_per_step of its (rank, step, stage)
+# a step far beyond the cohort's current range (step_quarantine_windows): never opens or closes a window
+REJECT_QUARANTINED = "quarantined"
 MAX_DURATION_MS = 86_400_000.0  # one day: a longer stage or step is a broken clock, counted as non_finite
 
 COLLECTOR_SERVICE_NAME = "otel-straggler-collector"

@@ -13,13 +13,14 @@ from collections.abc import Callable
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from collector_processor.processor.straggler.cohort import NO_INDEX, Cohort, CohortRegistry, RankInfo
+from collector_processor.processor.straggler.cohort import NO_CEILING, NO_INDEX, Cohort, CohortRegistry, RankInfo
 from collector_processor.processor.straggler.config import Config
 from collector_processor.processor.straggler.decode import (
     REJECT_DUPLICATE,
     REJECT_LATE,
     REJECT_MALFORMED,
     REJECT_OVER_CAP,
+    REJECT_QUARANTINED,
     decode_request,
 )
 from collector_processor.processor.straggler.detector import Detector
@@ -41,6 +42,8 @@ from otel_straggler import schema as s
 log = logging.getLogger(__name__)
 
 _MAX_PENDING_SPANS = 4096
+# A cohort's range of steps (step quarantine) is recomputed at most this often: a sort of its ranks' latest windows
+RANGE_REFRESH_S = 1.0
 _DUPLICATE_LOG_EVERY_S = 600.0  # one line per (job, rank) at most this often about its duplicate rank-steps
 _DUPLICATE_LOG_KEYS = 1024  # (job, rank) pairs remembered for that (least recently logged forgotten first)
 # Late rejections are rated per period; past the rate (and the count) a warning names the fix, at most once
@@ -55,7 +58,8 @@ _RERUN_BEHIND_WINDOWS = 2
 
 COUNTERS = (
     "spans_accepted", "rejected_malformed", "rejected_non_finite", "rejected_duplicate", "rejected_late",
-    "rejected_over_cap", "non_finite_values", "windows_closed", "windows_closed_early", "windows_closed_by_grace",
+    "rejected_over_cap", "rejected_quarantined", "windows_quarantined", "fences_rolled_back",
+    "non_finite_values", "windows_closed", "windows_closed_early", "windows_closed_by_grace",
     "windows_closed_by_age",
     "warmup_excluded", "missing_windows", "non_finite_windows", "device_samples_missing_windows",
     "progress_close_deferred",
@@ -68,7 +72,8 @@ COUNTERS = (
 )
 
 # evictions_total{structure} values this processor counts (metric_series: StragglerMetrics)
-EVICTED_STRUCTURES = ("cohorts", "windows", "dedup", "cohort_ranks", "stages", "open_windows", "detector_states")
+EVICTED_STRUCTURES = ("cohorts", "windows", "dedup", "cohort_ranks", "stages", "open_windows", "detector_states",
+                      "quarantined_windows")
 
 
 class StragglerProcessor:
@@ -114,6 +119,8 @@ class StragglerProcessor:
         for cohort in self.cohorts:
             if time.monotonic() > deadline:
                 break
+            cohort.range_at = float("-inf")
+            self._refresh_range(cohort, now)
             for ws in (cohort.steps, cohort.wall):
                 if ws.open:
                     self._close(cohort, ws, max(ws.open), now)
@@ -150,7 +157,7 @@ class StragglerProcessor:
             if outcome is None:
                 accepted += 1
                 touched[id(cohort)] = cohort
-            elif outcome == REJECT_LATE or outcome == REJECT_OVER_CAP:
+            elif outcome == REJECT_LATE or outcome == REJECT_OVER_CAP or outcome == REJECT_QUARANTINED:
                 rejected[outcome] = rejected.get(outcome, 0) + 1
         for summ in res.summaries:
             # rejections count spans (one rank-step span), as partial_success reports them; acceptances
@@ -203,6 +210,7 @@ class StragglerProcessor:
         ``window_max_age_s`` (an idle collector closes its last windows here)."""
         cfg = self.cfg
         for cohort in self.cohorts:
+            self._refresh_range(cohort, now_s)
             for ws in (cohort.steps, cohort.wall):
                 if not ws.open:
                     continue
@@ -258,8 +266,8 @@ class StragglerProcessor:
         if info is None or not self._stage_ok(cohort, smp.stage, smp.group):
             return "capped"
         w = self._window(cohort, info, smp.step, smp.start_unix_ns, now)
-        if w is None:
-            return REJECT_LATE
+        if isinstance(w, str):
+            return w
         cell = w.cell(smp.stage, smp.rank)  # a non-finite sample still makes the rank present in the window
         if non_finite:
             return None
@@ -293,8 +301,8 @@ class StragglerProcessor:
         if info is None:
             return 0
         w = self._window(cohort, info, summ.step, summ.start_unix_ns, now)
-        if w is None:
-            return REJECT_LATE
+        if isinstance(w, str):
+            return w
         devs = summ.device_ms
         hosts = summ.host_ms
         new_stages = w.queued(summ.rank) != stages
@@ -446,13 +454,18 @@ class StragglerProcessor:
         return True
 
     def _window(self, cohort: Cohort, info: RankInfo, step: int | None, start_unix_ns: int,
-                now: float) -> Window | None:
+                now: float) -> Window | str:
         """The open window a sample of ``step`` (or, without a step, of its start time) belongs to, opened
-        if needed (closing the oldest beyond ``max_open_windows``); None when it is already closed (late)."""
+        if needed (closing the oldest beyond ``max_open_windows``); else why not: ``late`` (it is already
+        closed) or ``quarantined`` (far beyond the cohort's range of steps: ``_refresh_range``)."""
         cfg = self.cfg
         if step is not None:
             ws = cohort.steps
             idx = step // cfg.window_steps
+            info.claim_index = idx
+            if idx > cohort.step_ceiling:
+                return REJECT_QUARANTINED
+            info.in_range = True
             if idx > info.max_step_index:
                 info.max_step_index = idx
         else:
@@ -467,13 +480,13 @@ class StragglerProcessor:
             if step is not None and info.max_step_index - idx > _RERUN_BEHIND_WINDOWS:
                 self._far_late += 1  # behind the rank's own progress: its steps started again, no lag does that
                 self._rerun_job = cohort.job
-            return None
+            return REJECT_LATE
         w = ws.open.get(idx)
         if w is None:
             if len(ws.open) >= cfg.max_open_windows:
                 oldest = min(ws.open)
                 if idx < oldest:
-                    return None
+                    return REJECT_LATE
                 self.c["windows_closed_early"] += 1
                 self._evicted("open_windows")
                 self._close(cohort, ws, oldest, now)
@@ -491,6 +504,43 @@ class StragglerProcessor:
             w.start_ns = start_unix_ns
         if end_unix_ns > w.end_ns:
             w.end_ns = end_unix_ns
+
+    def _refresh_range(self, cohort: Cohort, now: float) -> None:
+        """Step quarantine: the cohort's range of steps is the lower median of its ranks' latest step windows
+        (each rank's latest sample, quarantined or not), over the ranks that have had a sample not quarantined
+        and were heard from within ``rank_timeout_s`` (every such rank when none was). A sample more than
+        ``step_quarantine_windows`` windows beyond it is rejected as ``quarantined`` until then; windows beyond
+        it that opened before the range was known are dropped unjudged (counted), and a fence they moved comes
+        back to the range, so they can neither close the cohort's windows nor make its samples late for longer
+        than a tick. One rank (or any number of new ranks whose samples were all quarantined) cannot move the
+        range: a wrong step number, or a client writing far-future steps into a job, makes no real sample
+        late; a whole cohort that jumps moves it at the next tick."""
+        q = self.cfg.step_quarantine_windows
+        if q <= 0 or now - cohort.range_at < RANGE_REFRESH_S:
+            return
+        cohort.range_at = now
+        timeout = self.cfg.rank_timeout_s
+        with_data = [r for r in cohort.ranks.values() if r.in_range]
+        claims = [r.claim_index for r in with_data if now - r.last_seen_s <= timeout] or \
+            [r.claim_index for r in with_data]
+        if not claims:
+            cohort.step_ceiling = NO_CEILING
+            return
+        claims.sort()
+        ceiling = cohort.step_ceiling = claims[(len(claims) - 1) // 2] + q
+        ws = cohort.steps
+        far = [i for i in ws.open if i > ceiling]
+        if far:
+            for i in far:
+                del ws.open[i]
+            self.c["windows_quarantined"] += len(far)
+            self._evicted("quarantined_windows", len(far))
+            for r in cohort.ranks.values():
+                if r.max_step_index > ceiling:
+                    r.max_step_index = ceiling
+        if ws.closed_through is not None and ws.closed_through > ceiling:  # moved by windows beyond the range
+            ws.closed_through = max((i for i in ws.closed_at if i <= ceiling), default=None)
+            self.c["fences_rolled_back"] += 1
 
     def _close_by_progress(self, cohort: Cohort, now: float) -> None:
         timeout = self.cfg.rank_timeout_s
@@ -511,6 +561,8 @@ class StragglerProcessor:
                 self._close(cohort, ws, due, now)
 
     def _close(self, cohort: Cohort, ws: WindowSet, through: int, now: float) -> None:
+        if ws.kind == KIND_STEP and through > cohort.step_ceiling:  # never moves the fence beyond the range
+            through = cohort.step_ceiling
         for w in ws.pop_through(through, now):
             self._judge(cohort, w, now)
 

@@ -1,0 +1,445 @@
+"""Attack sequences on ONE long-lived collector (``python bench/hostile.py``): ``configs/collector.yaml`` as shipped
+(memory limiter 1024 MiB, spike 256) with TLS on both ports and two tenants (``auth.tenants``): the valid clients'
+token writes ``valid-job``, the attacker's token ``attacker-*``. Two real OTel SDK exporters (gRPC and HTTP, TLS,
+the valid token, default 10 s timeout and retries) export 20 spans every 0.25 s each throughout.
+
+Each attack runs ``--duration`` seconds, then valid clients are watched for ``--after-s`` seconds (60 by default)
+before the next attack starts, on the same process; the whole sequence (amplification twice) runs ``--rounds``
+times (1 by default). The attackers run in the bench's process beside the valid clients (they share its GIL):
+
+  amplification   4 MiB bodies of empty spans (2 million spans each) from 16 gRPC and 4 HTTP clients, attacker token
+  stalled-calls   64 authenticated gRPC calls that never send their message, re-opened as they end
+  half-open-tls   TCP connections to both ports that never start the TLS handshake (--half-open each), re-opened
+  idle-tls        TLS connections that finish the handshake and then say nothing (--half-open / 4 per port)
+  gzip-bomb       HTTPS bodies of 64 gzip members (1 GiB inflated), attacker token
+  far-steps       the attacker's token: 70 one-span requests with steps near 10^6 and a false straggler for
+                  valid-job (another tenant's job), and the same far steps into its own job
+
+Per attack: the collector's RSS (peak during, at the end), valid exports that succeeded during the attack and in
+the window after it, and recover_s: seconds from the attack's end until the RSS is under the soft limit and a valid
+export has succeeded again. tenants_crossed: attacker requests for valid-job that were answered OK (0 expected).
+
+Last line: peak_rss_mb= valid_client_success_during= valid_client_success_after= recover_s_max= tenants_crossed=
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import socket
+import ssl
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from hostile import MIB, TRACE_METHOD, Collector, Tally, empty_spans, log, run_threads
+
+VALID_TOKEN = "valid-team-token-5b1e"
+ATTACK_TOKEN = "attacker-team-token-9c07"
+SOFT_MIB = 1024 - 256
+
+
+def make_cert(tmp: Path) -> tuple[Path, Path]:
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", "s.key", "-out", "s.crt"],
+                   cwd=tmp, check=True, capture_output=True, timeout=60)
+    return tmp / "s.crt", tmp / "s.key"
+
+
+def overrides(crt: Path, key: Path) -> str:
+    return f"""receivers:
+  otlp:
+    tls: {{cert_file: "{crt}", key_file: "{key}"}}
+    auth:
+      tenants:
+        - {{name: valid, bearer_token: {VALID_TOKEN}, jobs: [valid-job]}}
+        - {{name: attacker, bearer_token: {ATTACK_TOKEN}, jobs: ["attacker-*"]}}
+"""
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+# ---- valid clients ---------------------------------------------------------------------------------------------
+
+
+def _VerifiedSession(ca: str):  # type: ignore[no-untyped-def]
+    """A requests Session that verifies every request against ``ca`` (the exporter's own ``certificate_file``
+    alone was not applied to some reconnections: CERTIFICATE_VERIFY_FAILED every ~8 s in a calm run)."""
+    import requests
+
+    class Session(requests.Session):
+        def request(self, method, url, **kw):  # type: ignore[no-untyped-def, override]
+            kw["verify"] = ca
+            return super().request(method, url, **kw)
+
+    return Session()
+
+
+class Valid:
+    """The OTel SDK's gRPC and HTTP span exporters over TLS with the valid tenant's token; every export's time and
+    result is kept."""
+
+    def __init__(self, c: Collector, crt: Path) -> None:
+        import grpc
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+        headers = {"authorization": f"Bearer {VALID_TOKEN}"}
+        session = _VerifiedSession(str(crt))
+        self.exporters = [
+            GrpcExporter(endpoint=c.grpc, insecure=False, credentials=grpc.ssl_channel_credentials(crt.read_bytes()),
+                         timeout=10, headers=headers),
+            HttpExporter(endpoint=f"https://127.0.0.1:{c.ports['http']}/v1/traces", certificate_file=str(crt),
+                         timeout=10, headers=headers, session=session)]
+        self.results: list[tuple[float, float, bool]] = []  # (started, ended, succeeded)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(i, e), daemon=True)
+                         for i, e in enumerate(self.exporters)]
+
+    def start(self) -> Valid:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def _run(self, i: int, exporter) -> None:  # type: ignore[no-untyped-def]
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        from otel_straggler import schema as s
+
+        mem = InMemorySpanExporter()
+        tp = TracerProvider(resource=Resource.create({s.RES_RANK: i, s.RES_JOB_ID: "valid-job",
+                                                      s.RES_COHORT_KEY: "valid"}), shutdown_on_exit=False)
+        tp.add_span_processor(SimpleSpanProcessor(mem))
+        tracer = tp.get_tracer(s.SCOPE_NAME)
+        step = 0
+        while not self._stop.is_set():
+            for _ in range(20):
+                with tracer.start_as_current_span("forward-compute", attributes={
+                        s.ATTR_STAGE: "forward-compute", s.ATTR_ITERATION: step, s.ATTR_HOST_MS: 10.0}):
+                    pass
+            step += 1
+            spans = list(mem.get_finished_spans())
+            mem.clear()
+            started = time.monotonic()
+            ok = exporter.export(spans) == SpanExportResult.SUCCESS
+            with self._lock:
+                self.results.append((started, time.monotonic(), ok))
+            self._stop.wait(0.25)
+
+    def between(self, t0: float, t1: float) -> tuple[int, int]:
+        """(succeeded, sent) of the exports that started in [t0, t1) (an export retries for up to its 10 s
+        timeout: one that started during an attack counts there, whenever it ended)."""
+        with self._lock:
+            done = [ok for t, _, ok in self.results if t0 <= t < t1]
+        return sum(done), len(done)
+
+    def first_ok_after(self, t0: float) -> float | None:
+        """When the first export that started at or after ``t0`` succeeded."""
+        with self._lock:
+            return next((end for t, end, ok in self.results if t >= t0 and ok), None)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(30)
+        for e in self.exporters:
+            e.shutdown()
+
+
+# ---- attacker clients (TLS) ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Env:
+    c: Collector
+    crt: Path
+    a: argparse.Namespace
+    tally: Tally
+
+    def ctx(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.crt))
+
+    def channel(self):  # type: ignore[no-untyped-def]
+        import grpc
+
+        return grpc.secure_channel(self.c.grpc, grpc.ssl_channel_credentials(self.crt.read_bytes()),
+                                   options=[("grpc.max_send_message_length", -1)])
+
+    def post(self, body: bytes, token: str = ATTACK_TOKEN, headers: dict | None = None, timeout: float = 30.0) -> str:
+        req = urllib.request.Request(f"https://127.0.0.1:{self.c.ports['http']}/v1/traces", data=body,
+                                     method="POST", headers={"Content-Type": "application/x-protobuf",
+                                                             "Authorization": f"Bearer {token}", **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout, context=self.ctx()) as r:
+                r.read()
+                return str(r.status)
+        except urllib.error.HTTPError as e:
+            e.read()
+            return str(e.code)
+        except (OSError, urllib.error.URLError) as e:
+            return f"error({type(e).__name__})"
+
+
+def grpc_send(ch, body: bytes, token: str = ATTACK_TOKEN, timeout: float = 30.0) -> str:  # type: ignore[no-untyped-def]
+    import grpc
+
+    try:
+        ch.unary_unary(TRACE_METHOD)(body, timeout=timeout, metadata=(("authorization", f"Bearer {token}"),))
+        return "OK"
+    except grpc.RpcError as e:
+        return e.code().name
+
+
+def attack_amplification(e: Env) -> str:
+    body = empty_spans((1 if e.a.quick else 4) * MIB)
+
+    def grpc_client(stop: threading.Event) -> None:
+        with e.channel() as ch:
+            while not stop.is_set():
+                e.tally.add("grpc " + grpc_send(ch, body))
+
+    def http_client(stop: threading.Event) -> None:
+        while not stop.is_set():
+            e.tally.add("http " + e.post(body))
+
+    run_threads(e.a.duration, [grpc_client] * 16 + [http_client] * 4)
+    return f"{len(body) / MIB:.0f} MiB of empty spans, 16 gRPC + 4 HTTP clients"
+
+
+def attack_stalled_calls(e: Env) -> str:
+    import grpc
+
+    def stall(stop: threading.Event) -> None:
+        with e.channel() as ch:
+            while not stop.is_set():
+                release = threading.Event()
+
+                def never(release: threading.Event = release):  # type: ignore[no-untyped-def]
+                    release.wait(60)
+                    yield from ()
+
+                futs = [ch.stream_unary(TRACE_METHOD).future(
+                    never(), timeout=60, metadata=(("authorization", f"Bearer {ATTACK_TOKEN}"),)) for _ in range(16)]
+                for f in futs:
+                    try:
+                        f.result(timeout=max(0.1, e.a.duration + 5))
+                        e.tally.add("stalled OK")
+                    except grpc.RpcError as err:
+                        e.tally.add(f"stalled {err.code().name}")
+                    except grpc.FutureTimeoutError:
+                        e.tally.add("stalled still waiting")
+                        f.cancel()
+                release.set()
+
+    run_threads(e.a.duration, [stall] * 4)
+    return "64 authenticated calls that never send"
+
+
+def _hold_sockets(e: Env, n: int, tls_handshake: bool, stop: threading.Event, port: str) -> None:
+    socks: list[socket.socket] = []
+    ctx = e.ctx()
+    while not stop.is_set():
+        while len(socks) < n and not stop.is_set():
+            try:
+                so = socket.create_connection(("127.0.0.1", e.c.ports[port]), timeout=5)
+                if tls_handshake:
+                    so = ctx.wrap_socket(so, server_hostname="127.0.0.1")
+                    if port == "grpc":  # an HTTP/2 client preface, then silence
+                        so.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+                so.setblocking(False)
+                socks.append(so)
+            except (OSError, ssl.SSLError):
+                e.tally.add(f"{port} connect refused")
+                break
+        for so in list(socks):  # closed by the server: count, open another
+            try:
+                data = so.recv(65536)
+            except (BlockingIOError, ssl.SSLWantReadError):
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                e.tally.add(f"{port} closed by server")
+                socks.remove(so)
+                so.close()
+        stop.wait(0.1)
+    for so in socks:
+        so.close()
+
+
+def attack_half_open(e: Env) -> str:
+    n = e.a.half_open
+    run_threads(e.a.duration, [lambda stop, p=p: _hold_sockets(e, n, False, stop, p) for p in ("http", "grpc")])
+    return f"{n} connections per port that never start TLS"
+
+
+def attack_idle_tls(e: Env) -> str:
+    n = max(1, e.a.half_open // 4)
+    run_threads(e.a.duration, [lambda stop, p=p: _hold_sockets(e, n, True, stop, p) for p in ("http", "grpc")])
+    return f"{n} TLS connections per port, handshake done, then silent"
+
+
+def attack_gzip(e: Env) -> str:
+    bomb = gzip.compress(b"\0" * (16 * MIB), 9) * 64
+
+    def client(stop: threading.Event) -> None:
+        while not stop.is_set():
+            e.tally.add("http " + e.post(bomb, headers={"Content-Encoding": "gzip"}))
+
+    run_threads(e.a.duration, [client] * 4)
+    return f"{len(bomb) / MIB:.2f} MiB on the wire, 1 GiB inflated"
+
+
+def _far_request(job: str, i: int) -> bytes:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+    from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+
+    from collector_processor.otlp_values import key_value
+    from otel_straggler import schema as s
+
+    res = Resource(attributes=[key_value(k, v) for k, v in {
+        s.RES_RANK: 0, s.RES_WORLD_SIZE: 2, s.RES_JOB_ID: job, s.RES_COHORT_KEY: "valid"}.items()])
+    step = 1_000_000 + 7 * i
+    sp = Span(trace_id=step.to_bytes(16, "big"), span_id=(i + 1).to_bytes(8, "big"), name="forward-compute",
+              start_time_unix_nano=1_800_000_000_000_000_000, end_time_unix_nano=1_800_000_000_040_000_000,
+              attributes=[key_value(k, v) for k, v in {s.ATTR_STAGE: "forward-compute", s.ATTR_ITERATION: step,
+                                                       s.ATTR_HOST_MS: 4000.0, s.ATTR_COUNT: 1}.items()])
+    return ExportTraceServiceRequest(resource_spans=[ResourceSpans(
+        resource=res, scope_spans=[ScopeSpans(spans=[sp])])]).SerializeToString()
+
+
+def attack_far_steps(e: Env) -> str:
+    end = time.monotonic() + e.a.duration
+    crossed = 0
+    with e.channel() as ch:
+        while time.monotonic() < end:
+            for i in range(70):
+                code = grpc_send(ch, _far_request("valid-job", i))
+                e.tally.add("other-job " + code)
+                crossed += code == "OK"
+                e.tally.add("own-job " + grpc_send(ch, _far_request("attacker-job", i)))
+            code = e.post(_far_request("valid-job", 0))
+            e.tally.add("other-job-http " + code)
+            crossed += code == "200"
+    e.a.tenants_crossed += crossed
+    return "70 far-step requests into valid-job and into attacker-job, repeated"
+
+
+SEQUENCE = [("amplification", attack_amplification), ("stalled-calls", attack_stalled_calls),
+            ("half-open-tls", attack_half_open), ("amplification", attack_amplification),
+            ("idle-tls", attack_idle_tls), ("gzip-bomb", attack_gzip), ("far-steps", attack_far_steps)]
+
+
+@dataclass
+class Row:
+    round: int
+    attack: str
+    peak_mb: float
+    end_mb: float
+    after_mb: float
+    during: tuple[int, int]
+    after: tuple[int, int]
+    recover_s: float
+    answers: str
+    notes: str
+
+    @staticmethod
+    def rate(x: tuple[int, int]) -> float:
+        return x[0] / x[1] if x[1] else float("nan")
+
+
+def main(a: argparse.Namespace) -> None:
+    if a.quick:
+        a.duration, a.after_s, a.rounds = min(a.duration, 4.0), min(a.after_s, 10.0), 1
+    a.half_open = 300 if a.quick else 2000
+    a.tenants_crossed = 0
+    import logging
+    import resource
+
+    logging.getLogger("opentelemetry").setLevel(logging.ERROR)  # the SDK's own retry messages, expected here
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * a.half_open + 1024)), hard))
+    except (ValueError, OSError):
+        pass
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as tmp_s:
+        tmp = Path(tmp_s)
+        crt, key = make_cert(tmp)
+        c = Collector(tmp, "sequence", limit_mib=a.limit_mib, spike_mib=a.spike_mib, extra_yaml=overrides(crt, key))
+        peak = [0.0]
+        stop_sampling = threading.Event()
+
+        def sample() -> None:
+            while not stop_sampling.is_set():
+                peak[0] = max(peak[0], rss_mb(c.proc.pid))
+                stop_sampling.wait(0.1)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        valid = Valid(c, crt).start()
+        time.sleep(3.0)
+        log(f"collector up (TLS, tenants), RSS {rss_mb(c.proc.pid):.0f} MiB; valid clients exporting")
+        try:
+            for rnd in range(1, a.rounds + 1):
+                for name, fn in SEQUENCE:
+                    tally = Tally()
+                    peak[0] = rss_mb(c.proc.pid)
+                    t0 = time.monotonic()
+                    notes = fn(Env(c, crt, a, tally))
+                    t1 = time.monotonic()
+                    during_peak = peak[0]
+                    end_mb = rss_mb(c.proc.pid)
+                    under: float | None = None
+                    while time.monotonic() < t1 + a.after_s:
+                        if under is None and rss_mb(c.proc.pid) < SOFT_MIB:
+                            under = time.monotonic()
+                        time.sleep(0.2)
+                    t2 = time.monotonic()
+                    time.sleep(0.5)  # (the last exports that started in the window end)
+                    first_ok = valid.first_ok_after(t1)
+                    recover = (max(under, first_ok) - t1) if under is not None and first_ok is not None \
+                        else float("inf")
+                    row = Row(rnd, name, during_peak, end_mb, rss_mb(c.proc.pid), valid.between(t0, t1),
+                              valid.between(t1, t2), recover, tally.text(), notes)
+                    rows.append(row)
+                    log(f"[round {rnd}] {name}: peak {row.peak_mb:.0f} MiB, at end {row.end_mb:.0f}, after "
+                        f"{row.after_mb:.0f}; valid during {row.during[0]}/{row.during[1]}, after "
+                        f"{row.after[0]}/{row.after[1]}; recover {row.recover_s:.1f} s; {row.answers}; {notes}")
+                    if c.proc.poll() is not None:
+                        raise RuntimeError(f"the collector exited:\n{c.log()[-3000:]}")
+        finally:
+            valid.stop()
+            stop_sampling.set()
+            hwm = c.peak_rss_mb()
+            c.stop()
+    log("")
+    log(f"| round | attack | peak RSS MiB | at end | {a.after_s:.0f} s after | valid during | valid after | "
+        "recover s | attacker answers | notes |")
+    log("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        log(f"| {r.round} | {r.attack} | {r.peak_mb:.0f} | {r.end_mb:.0f} | {r.after_mb:.0f} | "
+            f"{r.during[0]}/{r.during[1]} | {r.after[0]}/{r.after[1]} | {r.recover_s:.1f} | {r.answers} | {r.notes} |")
+    during = [Row.rate(r.during) for r in rows if r.during[1]]
+    after = [Row.rate(r.after) for r in rows if r.after[1]]
+    log(f"peak_rss_mb={hwm:.0f} valid_client_success_during={min(during) if during else float('nan'):.3f} "
+        f"valid_client_success_after={min(after) if after else float('nan'):.3f} "
+        f"recover_s_max={max(r.recover_s for r in rows):.1f} tenants_crossed={a.tenants_crossed}")
