@@ -124,6 +124,10 @@ class Config(BaseModel):
     collective_wait_fraction: float = Field(default=0.5, gt=0, le=1)
     # Relative token difference beyond which two ranks do not do comparable work.
     workload_tolerance: float = Field(default=0.05, ge=0)
+    # per_unit (per_unit.py): where the cohort's tokens per step spread beyond workload_tolerance (MoE routing,
+    # packed sequences), each judged stage's time is fitted as a fixed cost plus a cost per token over the
+    # window's samples and every sample brought to the cohort's median tokens before the rules compare ranks.
+    per_unit: bool = True
     # Stage groups judged; collective groups are evidence only (a straggler's peers wait there, so judging
     # them would accuse the healthy ranks), and the per-rank step span is synchronised by the collectives.
     judged_groups: list[str] = Field(

@@ -42,6 +42,7 @@ from collector_processor.processor.straggler.model import (
     WORKLOAD_INCOMPARABLE,
     Verdict,
 )
+from collector_processor.processor.straggler.per_unit import normalise
 from collector_processor.processor.straggler.sequential import SeqParams, SeqResult, excess, smoothed_sigma, spread
 from collector_processor.processor.straggler.state import RankStageState, StateKey, StateStore
 from collector_processor.processor.straggler.statistics import (
@@ -94,10 +95,12 @@ class StageEvidence:
     """One judged stage in the window: every warm rank's statistic, the stage's tolerances, each rank's
     sequential evidence, and the values sorted for references (built once, on first use)."""
 
-    __slots__ = ("_views", "group", "name", "pair", "per", "seq", "tols", "uniform")
+    __slots__ = ("_views", "group", "name", "pair", "per", "per_unit", "seq", "tols", "uniform")
 
-    def __init__(self, name: str, group: str, per: dict[int, RankStat], uniform: bool, tols: Tolerances) -> None:
+    def __init__(self, name: str, group: str, per: dict[int, RankStat], uniform: bool, tols: Tolerances,
+                 per_unit: bool = False) -> None:
         self.name = name
+        self.per_unit = per_unit  # the samples are brought to the cohort's median tokens (per_unit.py)
         self.group = group
         self.per = per
         self.uniform = uniform  # every rank's work comparable with every other's
@@ -161,8 +164,10 @@ class Detector:
             group = cohort.stages.get(stage, "other")
             if group not in self._judged or not per or stage in cohort.collective:  # judged_groups, marked
                 continue
+            per_unit = not ev.uniform and self.cfg.per_unit and \
+                normalise(per, self.cfg.workload_tolerance, self.cfg.min_cohort_size) is not None
             self._device_pooling(cohort, stage, window.index, per)
-            se = StageEvidence(stage, group, per, ev.uniform, self._noise_tolerance(per))
+            se = StageEvidence(stage, group, per, ev.uniform or per_unit, self._noise_tolerance(per), per_unit)
             ev.tolerances[stage] = se.tols
             se.seq = self._sequential_excess(ev, se)
             se.pair = self._pair(ev, se)
@@ -205,7 +210,7 @@ class Detector:
                 if r not in warm:
                     continue
                 per[r] = RankStat(median(cell.dev) if cell.dev else None, cell.dev, cell.host,
-                                  dev_steps=cell.dev_steps)
+                                  dev_steps=cell.dev_steps, tokens=cell.tokens)
             stats[stage] = per
         rank_tokens = {r: median(v) for r, v in tokens.items() if r in warm}
         tok_values = list(rank_tokens.values())
@@ -429,7 +434,9 @@ class Judgement:
 
     def workload(self) -> bool:
         """``workload``: the rank's tokens per step are within ``workload_tolerance`` of the cohort's median
-        (ranks without tokens are comparable)."""
+        (ranks without tokens are comparable); in a stage judged per unit (``per_unit.py``) every rank is."""
+        if self.se.per_unit:
+            return True
         ev = self.ev
         tok = ev.rank_tokens.get(self.rank)
         return tok is None or ev.tok_median is None or len(ev.rank_tokens) <= 1 \
