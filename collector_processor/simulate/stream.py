@@ -45,7 +45,7 @@ REGIME_GPU_BOUND = "gpu_bound"
 REGIMES = (REGIME_LAUNCH, REGIME_GPU_BOUND)
 _QUEUED_GROUPS = ("forward", "backward", "optimizer")  # stages whose launches queue on the stream
 _TOKEN_GROUPS = ("forward", "backward")  # stages whose work follows the rank's tokens (token_spread)
-_DEVICE_FAULTS = ("device", "intermittent", "flapping", "ramp")
+_DEVICE_FAULTS = ("device", "intermittent", "flapping", "ramp", "node")
 
 
 @dataclass
@@ -138,7 +138,9 @@ class JobStream:
         sm = cfg.step_model
         t = cfg.start_unix_ns
         marked = cfg.ddp and cfg.collective_marked
-        faulty = {f.rank for f in self.faults if f.kind not in ("cohort",)}
+        faulty = {f.rank for f in self.faults if f.kind not in ("cohort", "node")}
+        node_of = {f.rank: self.ranks[f.rank].host for f in self.faults if f.kind == "node"}
+        faulty |= {r.rank for r in self.ranks if r.host in node_of.values()}
         cohort_faulty = {self.ranks[f.rank].cohort for f in self.faults if f.kind == "cohort"}
         for step in range(1, cfg.steps + 1):
             device_on = step % cfg.device_every == 0
@@ -178,7 +180,10 @@ class JobStream:
                         host *= k
                     rv = self.rng.random()
                     for f in self.faults:
-                        if f.rank != info.rank or st.name not in f.stages or not f.active(step, rv):
+                        if f.kind == "node":
+                            if info.host != node_of[f.rank] or st.name not in f.stages or not f.active(step, rv):
+                                continue
+                        elif f.rank != info.rank or st.name not in f.stages or not f.active(step, rv):
                             continue
                         if f.kind in _DEVICE_FAULTS:
                             dev *= 1.0 + f.slowdown(step)
