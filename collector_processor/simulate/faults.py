@@ -53,7 +53,7 @@ class Fault:
     def expect_straggler(self) -> bool:
         if self.expect is not None:
             return self.expect
-        return self.kind in ("device", "host", "dataloader", "flapping", "ramp")
+        return self.kind in ("device", "host", "dataloader", "flapping", "ramp", "node")
 
     @property
     def expected_attribution(self) -> str:
