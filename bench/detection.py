@@ -14,6 +14,7 @@ Target scenario (the issue's wording): a sustained +5 % device slowdown of one r
   python bench/detection.py --device-every 4         # sampled device timing (emitter default)
   python bench/detection.py --shapes-only            # the shapes below alone (the target's keys then read 0)
   python bench/detection.py --quick --pair-ddp-only  # only the DP = 2 and DDP scenarios
+  python bench/detection.py --beyond-only            # only the variable-workload and bad-node scenarios
 
 Shapes (``shape_scenarios``, their own random stream so the other scenarios' runs are the same with and
 without them): device faults in the GPU-bound regime (the host blocked on a full launch queue: host time
@@ -376,6 +377,7 @@ def main() -> int:
                     help="runs per DP = 2 / DDP scenario (default 6, quick 2; 0: none)")
     ap.add_argument("--pair-healthy-steps", type=int, default=600, help="steps of each dp2:healthy run")
     ap.add_argument("--pair-ddp-only", action="store_true", help="only the DP = 2 / DDP scenarios")
+    ap.add_argument("--beyond-only", action="store_true", help="only the variable-workload / bad-node scenarios")
     ap.add_argument("--beyond-reps", type=int, default=None,
                     help="runs per variable-workload / bad-node scenario (default 6, quick 2; 0: none)")
     args = ap.parse_args()
@@ -397,6 +399,9 @@ def main() -> int:
     if args.pair_ddp_only:
         runs, seeds, shapes = [], [], []
     t0 = time.monotonic()
+    if args.beyond_only:
+        print(_beyond(args, overrides, t0))
+        return 0
     pair_line = _pair_ddp(args, overrides, t0)
     if args.pair_ddp_only:
         print(pair_line)
