@@ -89,6 +89,7 @@ class WindowEvidence:
     now_ns: int
     stats: dict[str, dict[int, RankStat]] = field(default_factory=dict)  # every stage's warm ranks
     tolerances: dict[str, Tolerances] = field(default_factory=dict)  # stage -> its tolerances, once computed
+    tokens_vary: bool = False  # some warm ranks' tokens differ or vary beyond workload_tolerance (per_unit)
 
 
 class StageEvidence:
@@ -164,7 +165,7 @@ class Detector:
             group = cohort.stages.get(stage, "other")
             if group not in self._judged or not per or stage in cohort.collective:  # judged_groups, marked
                 continue
-            per_unit = not ev.uniform and self.cfg.per_unit and \
+            per_unit = ev.tokens_vary and \
                 normalise(per, self.cfg.workload_tolerance, self.cfg.min_cohort_size) is not None
             self._device_pooling(cohort, stage, window.index, per)
             se = StageEvidence(stage, group, per, ev.uniform or per_unit, self._noise_tolerance(per), per_unit)
@@ -216,6 +217,9 @@ class Detector:
         tok_values = list(rank_tokens.values())
         tok_median = median(tok_values) if tok_values else None
         uniform = not tok_values or within_relative(min(tok_values), max(tok_values), cfg.workload_tolerance)
+        # per_unit: the ranks' tokens differ, or vary from step to step (per-rank medians can agree by chance)
+        tokens_vary = bool(tok_values) and cfg.per_unit and (not uniform or any(
+            not within_relative(min(v), max(v), cfg.workload_tolerance) for r, v in tokens.items() if r in warm))
 
         # step period from rank-step spans, collective time per group, dashboard series
         rank_step = stats.get(s.SPAN_RANK_STEP, {})
@@ -245,7 +249,7 @@ class Detector:
         trace_id = (s.trace_id_for_step(cohort.job, step, s.cohort_run(cohort.key)).to_bytes(16, "big")
                     if step is not None else b"")
         ev = WindowEvidence(cohort, window, out, step, trace_id, period, world_size or len(cohort.ranks),
-                            collectives, rank_tokens, tok_median, uniform, now_ns, stats)
+                            collectives, rank_tokens, tok_median, uniform, now_ns, stats, tokens_vary=tokens_vary)
         return ev, stats
 
     @staticmethod

@@ -102,3 +102,34 @@ def test_samples_are_brought_to_the_median_workload() -> None:
         assert st.dev is not None
         want = 0.05 * ref * (1.1 if r == 0 else 1.0)
         assert abs(st.dev - want) / want < (0.04 if r == 0 else 0.01)
+
+
+def test_tokens_varying_per_step_are_judged_per_unit_even_when_the_ranks_medians_agree() -> None:
+    """Every rank runs the same cycle of tokens, shifted by rank: each rank's median tokens per window is the
+    same (the cohort looks uniform), yet every step's time follows its tokens. Per unit, rank 2 at +10 % per
+    token is convicted; without it the spread raises the noise tolerance past the fault."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from straggler_sim import Sim, make_processor, run
+
+    cycle = (700, 1000, 1300, 850, 1150)
+
+    def tokens(rank: int, step: int) -> int:
+        return cycle[(step + rank) % len(cycle)]
+
+    def device(rank: int, stage: str, step: int) -> float:
+        if stage not in ("forward-compute", "backward-compute"):
+            return 1.0
+        return tokens(rank, step) / 1000 * (1.10 if rank == 2 and step >= 20 else 1.0)
+
+    got = {}
+    for per_unit in (True, False):
+        cfg = factory.create_default_config().model_copy(update={"per_unit": per_unit})
+        proc, emitted, _ = make_processor(cfg)
+        run(proc, Sim(ranks=6, noise=0.01, tokens=tokens, device_factor=device, stage_tokens=True), range(1, 61))
+        proc.shutdown(5.0)
+        got[per_unit] = {v.rank for v in emitted if v.verdict == s.VERDICT_STRAGGLER}
+    assert got[True] == {2}
+    assert got[False] == set()
