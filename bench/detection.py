@@ -14,6 +14,7 @@ Target scenario (the issue's wording): a sustained +5 % device slowdown of one r
   python bench/detection.py --device-every 4         # sampled device timing (emitter default)
   python bench/detection.py --shapes-only            # the shapes below alone (the target's keys then read 0)
   python bench/detection.py --quick --pair-ddp-only  # only the DP = 2 and DDP scenarios
+  python bench/detection.py --beyond-only            # only the variable-workload and bad-node scenarios
 
 Shapes (``shape_scenarios``, their own random stream so the other scenarios' runs are the same with and
 without them): device faults in the GPU-bound regime (the host blocked on a full launch queue: host time
@@ -21,6 +22,13 @@ tracks device time; the other scenarios run in the launch regime, host time flat
 compute stage (device flat) and one long enough to starve the stream, a slow thermal ramp (scored from the
 step it reaches +5 %; ``flap`` counts recoveries while it still runs), and ~70 ms steps whose spans reach the
 collector as the OTel SDK's batching sends them (5 s schedule delay; ``late%``: step samples rejected late).
+
+Variable workload and bad node (``beyond_scenarios``), their own table and line (``beyond: ...``) after the
+``pair_ddp:`` line, drawn from their own random stream: ``moe:*`` give every rank +-30 % tokens per step with
+forward and backward time proportional (MoE routing, packed sequences; judged per unit, ``per_unit`` in
+docs/detector.md); ``node:*`` slow every rank of one host (8 GPUs: half of each DP 8 cohort), detected by the
+node verdict naming it (``node.py``); a rank verdict on another host is a false alarm. ``--beyond-reps 0``
+leaves them out.
 
 DP = 2 and DDP scenarios (``pair`` and ``collective_wait`` in docs/detector.md), their own table and line
 (``pair_ddp: ...``) before the last line, drawn from their own random stream so the scenarios above keep their
@@ -85,6 +93,7 @@ class Run:
     layout: Layout | None = None  # None: --dp, --tp
     ddp: bool = False  # the gradient all-reduce inside backward-compute (SimConfig.ddp)
     marked: bool = False  # that stage marked collective
+    token_spread: float = 0.0  # SimConfig.token_spread: tokens per rank-step x U(1 -+ this)
 
 
 def run_one(cfg: SimConfig, fault: Fault | None, proc_overrides: dict | None = None,
@@ -124,7 +133,8 @@ def run_one(cfg: SimConfig, fault: Fault | None, proc_overrides: dict | None = N
     proc.shutdown(5.0)
     if stats is not None:
         stats.update(proc.stats(), rank_steps_sent=sent)
-    return score_run(fault, verdicts, stream.healthy_rank_steps), verdicts
+    node_host = stream.ranks[fault.rank].host if fault is not None and fault.kind == "node" else None
+    return score_run(fault, verdicts, stream.healthy_rank_steps, node_host), verdicts
 
 
 def scenarios(reps: int, target_reps: int, quick: bool, rng: random.Random, layout: Layout) -> list[Run]:
@@ -260,13 +270,81 @@ def pair_ddp_scenarios(reps: int, healthy_steps: int, rng: random.Random) -> lis
     return out
 
 
+BEYOND_SEED = 0xB3_0D0E  # the variable-workload and bad-node scenarios' random stream: args.seed ^ this
+
+
+def beyond_scenarios(reps: int, rng: random.Random, layout: Layout) -> list[Run]:
+    """Variable workload (``moe:*``: every rank's tokens x U(0.7, 1.3) per step, forward and backward time
+    proportional; judged per unit, ``per_unit.py``) and a bad node (``node:*``: every rank of one host slowed,
+    found by its node verdict, ``node.py``)."""
+    out: list[Run] = []
+    world = layout.world_size
+
+    def onset() -> int:
+        return rng.randint(40, 60)
+
+    for _ in range(reps):
+        for size, stages, label in ((0.10, COMPUTE_STAGES, "all-compute"), (0.05, COMPUTE_STAGES, "all-compute"),
+                                    (0.10, ("forward-compute",), "fwd-48ms")):
+            on = onset()
+            out.append(Run(f"moe:+-30%:device:{label}:+{size:.0%}",
+                           Fault("device", rng.randrange(world), stages, size, on, on + 60), token_spread=0.3))
+        out.append(Run("moe:+-30%:healthy", None, token_spread=0.3))
+        on = onset()
+        out.append(Run("node:device:all-compute:+10%", Fault("node", rng.randrange(world), COMPUTE_STAGES, 0.10, on,
+                                                            on + 60)))
+        on = onset()
+        out.append(Run("node:device:fwd-48ms:+5%", Fault("node", rng.randrange(world), ("forward-compute",), 0.05,
+                                                        on, on + 60)))
+    return out
+
+
+def _beyond(args: argparse.Namespace, overrides: dict, t0: float) -> str:
+    """Run ``beyond_scenarios`` (their own random stream: the other runs keep their draws), print their table,
+    and return their ``beyond:`` line ('' when there are none)."""
+    rng = random.Random(args.seed ^ BEYOND_SEED)
+    reps = args.beyond_reps if args.beyond_reps is not None else (2 if args.quick else 6)
+    runs = beyond_scenarios(reps, rng, Layout(tp=args.tp, dp=args.dp))
+    if not runs:
+        return ""
+    seeds = [rng.getrandbits(32) for _ in runs]
+    results: dict[str, list[RunScore]] = defaultdict(list)
+    for i, (run, seed) in enumerate(zip(runs, seeds, strict=True)):
+        score, _ = run_one(sim_config(args, run, seed), run.fault, overrides)
+        results[run.name].append(score)
+        if (i + 1) % 10 == 0 or i + 1 == len(runs):
+            print(f"  variable workload / node: {i + 1}/{len(runs)} runs, {time.monotonic() - t0:.0f}s",
+                  file=sys.stderr, flush=True)
+    print("\nVariable workload (moe) and bad node (node) scenarios (see beyond_scenarios)")
+    print(f"{'scenario':37} {'runs':>4} {'recall':>6} {'<=15':>6} {'med st':>6} {'p95 st':>6} {'stage':>5} "
+          f"{'attr':>5} {'recov':>5} {'FA':>4}")
+    fa = healthy = 0
+    by_kind: dict[str, list[RunScore]] = defaultdict(list)
+    for key in sorted(results):
+        rs = results[key]
+        fa += sum(r.false_alarms for r in rs)
+        healthy += sum(r.healthy_rank_steps for r in rs)
+        expect = rs[0].fault is not None and rs[0].fault.expect_straggler
+        if expect:
+            by_kind[key.split(":")[0]].extend(rs)
+        print(f"{key:37} {_row(rs, expect)}")
+    parts = [f"false_alarms={fa}", f"false_alarms_per_1e5={fa / max(1, healthy) * 1e5:.2f}",
+             f"healthy_rank_steps={healthy}"]
+    for kind, rs in sorted(by_kind.items()):
+        st = [float(r.steps_to_detect) for r in rs if r.detected and r.steps_to_detect is not None]
+        parts += [f"{kind}_recall={sum(r.detected for r in rs) / len(rs):.4g}",
+                  f"{kind}_recall_within_15={sum(within(r) for r in rs) / len(rs):.4g}",
+                  f"{kind}_p95_steps_to_detect={percentile(st, 0.95):.1f}"]
+    return "beyond: " + " ".join(parts) + f" runs={len(runs)}"
+
+
 def sim_config(args: argparse.Namespace, run: Run, seed: int, job: str = "sim-job") -> SimConfig:
     return SimConfig(layout=run.layout or Layout(tp=args.tp, dp=args.dp), steps=run.steps or args.steps,
                      step_model=StepModel.with_forward_ms(run.forward_ms),
                      noise=Noise(jitter=args.jitter, host_jitter=args.host_jitter,
                                  step_jitter=args.step_jitter),
                      device_every=args.device_every, seed=seed, job=job, regime=run.regime, ddp=run.ddp,
-                     collective_marked=run.marked)
+                     collective_marked=run.marked, token_spread=run.token_spread)
 
 
 def within(r: RunScore) -> bool:
@@ -299,6 +377,9 @@ def main() -> int:
                     help="runs per DP = 2 / DDP scenario (default 6, quick 2; 0: none)")
     ap.add_argument("--pair-healthy-steps", type=int, default=600, help="steps of each dp2:healthy run")
     ap.add_argument("--pair-ddp-only", action="store_true", help="only the DP = 2 / DDP scenarios")
+    ap.add_argument("--beyond-only", action="store_true", help="only the variable-workload / bad-node scenarios")
+    ap.add_argument("--beyond-reps", type=int, default=None,
+                    help="runs per variable-workload / bad-node scenario (default 6, quick 2; 0: none)")
     args = ap.parse_args()
     reps = args.reps or (4 if args.quick else 12)
     target_reps = args.target_reps or (16 if args.quick else 120)
@@ -318,10 +399,14 @@ def main() -> int:
     if args.pair_ddp_only:
         runs, seeds, shapes = [], [], []
     t0 = time.monotonic()
+    if args.beyond_only:
+        print(_beyond(args, overrides, t0))
+        return 0
     pair_line = _pair_ddp(args, overrides, t0)
     if args.pair_ddp_only:
         print(pair_line)
         return 0
+    beyond_line = _beyond(args, overrides, t0)
     results: dict[str, list[RunScore]] = defaultdict(list)
     late_share: dict[str, list[float]] = defaultdict(list)  # scenario -> per run: late / offered step samples
     for i, (run, seed) in enumerate(zip(runs, seeds, strict=True)):
@@ -406,6 +491,8 @@ def main() -> int:
         Path(args.json_out).write_text(json.dumps(summary, indent=2))
     if pair_line:
         print(pair_line)
+    if beyond_line:
+        print(beyond_line)
     print(" ".join(f"{k}={v}" for k, v in summary.items()))
     return 0
 

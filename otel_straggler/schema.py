@@ -162,6 +162,10 @@ EV_COLLECTIVE_EVIDENCE: Final = "straggler.evidence.collective_wait"  # str, see
 EV_TRACE_ID: Final = "trace_id"  # hex, the trace of the step where the verdict fired
 EV_FIRST_STEP: Final = "straggler.first_step"  # int, the step where the alert was first convicted
 EV_FIRST_TRACE_ID: Final = "straggler.first_trace_id"  # hex, that step's trace: the verdict span's and log's
+# node verdicts: on a node verdict and on every rank verdict it covers, the host whose node verdict it is
+EV_NODE: Final = "straggler.node"  # str, host name
+EV_NODE_RANKS: Final = "straggler.node.ranks"  # int[], on a node verdict: the host's ranks convicted together
+EV_NODE_GPUS: Final = "straggler.node.gpus"  # str[], on a node verdict: their GPUs
 
 VERDICT_STRAGGLER: Final = "straggler"
 VERDICT_RECOVERED: Final = "recovered"
@@ -180,7 +184,9 @@ REASONS: Final = (
     "non_finite_sample",  # uncertain: only non-finite or negative samples
     "pair_ambiguous",  # uncertain: a 2-rank cohort differs beyond tolerance and no evidence says which rank is slow
     "collective_wait",  # uncertain: the rank's excess is matched by its reference's excess in another stage (a wait)
+    "node_slow",  # straggler (stage NODE_STAGE): most ranks of one host convicted together (a node verdict)
 )
+NODE_STAGE: Final = "node"  # the stage of a node verdict (one host's ranks slow together)
 
 ATTRIBUTION_GPU: Final = "gpu_stream_stall"
 ATTRIBUTION_HOST: Final = "host_only_stall"

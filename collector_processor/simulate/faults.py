@@ -28,6 +28,8 @@ class Fault:
       intermittent  device slowdown on a random ``duty`` fraction of steps: detection optional, reported
       flapping      device slowdown alternating ``period`` steps on / off: expect straggler
       cohort        every DP rank of the cohort slowed together: expect NO rank verdict (no slower peer)
+      node          every rank on the host of ``rank`` slowed on the device x (1 + size) (a bad node): expect one
+                    node verdict naming that host (``node.py``), and each of its ranks convicted
       workload      rank does (1 + size) x the tokens and time: expect NO straggler (workload_incomparable)
 
     expect: None (by kind, as above), or whether a straggler verdict on ``rank`` is expected (False: the rank
@@ -51,7 +53,7 @@ class Fault:
     def expect_straggler(self) -> bool:
         if self.expect is not None:
             return self.expect
-        return self.kind in ("device", "host", "dataloader", "flapping", "ramp")
+        return self.kind in ("device", "host", "dataloader", "flapping", "ramp", "node")
 
     @property
     def expected_attribution(self) -> str:

@@ -26,8 +26,13 @@ class RunScore:
     healthy_rank_steps: int = 0
 
 
-def score_run(fault: Fault | None, verdicts: Iterable[Verdict], healthy_rank_steps: int) -> RunScore:
+def score_run(fault: Fault | None, verdicts: Iterable[Verdict], healthy_rank_steps: int,
+              node_host: str | None = None) -> RunScore:
+    """``node_host``: with a ``node`` fault, its host: detected by the node verdict naming it (``node.py``);
+    rank verdicts on the host are explained, on any other host false alarms."""
     res = RunScore(fault=fault, healthy_rank_steps=healthy_rank_steps)
+    if fault is not None and fault.kind == "node":
+        return _score_node(res, fault, verdicts, node_host)
     verdicts = sorted(verdicts, key=lambda v: (v.step if v.step is not None else 0))
     first_hit: Verdict | None = None
     for v in verdicts:
@@ -62,6 +67,26 @@ def score_run(fault: Fault | None, verdicts: Iterable[Verdict], healthy_rank_ste
                         and (v.step or 0) >= fault.end):
                     res.recovered_after = (v.step or fault.end) - fault.end
                     break
+    return res
+
+
+def _score_node(res: RunScore, fault: Fault, verdicts: Iterable[Verdict], host: str | None) -> RunScore:
+    first: Verdict | None = None
+    for v in sorted(verdicts, key=lambda v: (v.step if v.step is not None else 0)):
+        on_host = v.host == host and (v.step is None or v.step >= fault.onset)
+        if v.verdict == s.VERDICT_STRAGGLER:
+            if not on_host:
+                res.false_alarms += 1
+            elif first is None and v.stage == s.NODE_STAGE:
+                first = v
+        elif (v.verdict == s.VERDICT_RECOVERED and first is not None and v.stage == s.NODE_STAGE and on_host
+              and fault.end is not None and (v.step or 0) >= fault.end and res.recovered_after is None):
+            res.recovered_after = (v.step or fault.end) - fault.end
+    if first is not None:
+        res.detected = True
+        res.steps_to_detect = max(0, (first.step or fault.due) - fault.due)
+        res.stage_correct = True
+        res.attribution_correct = first.attribution == fault.expected_attribution
     return res
 
 

@@ -44,7 +44,8 @@ REGIME_LAUNCH = "launch"
 REGIME_GPU_BOUND = "gpu_bound"
 REGIMES = (REGIME_LAUNCH, REGIME_GPU_BOUND)
 _QUEUED_GROUPS = ("forward", "backward", "optimizer")  # stages whose launches queue on the stream
-_DEVICE_FAULTS = ("device", "intermittent", "flapping", "ramp")
+_TOKEN_GROUPS = ("forward", "backward")  # stages whose work follows the rank's tokens (token_spread)
+_DEVICE_FAULTS = ("device", "intermittent", "flapping", "ramp", "node")
 
 
 @dataclass
@@ -80,6 +81,10 @@ class SimConfig:
     ddp: bool = False  # the DP gradient all-reduce (and the wait for the slowest) inside backward-compute
     collective_marked: bool = False  # with ddp: backward-compute marked collective (straggler.stage.collective)
     regime: str = REGIME_LAUNCH  # launch | gpu_bound (module docstring)
+    # Each rank's tokens per step x U(1 - token_spread, 1 + token_spread), drawn per rank and step (MoE routing,
+    # packed sequences); the forward and backward stages' device and launch time follow the tokens. 0: every
+    # rank-step the same tokens.
+    token_spread: float = 0.0
 
     def __post_init__(self) -> None:
         if self.regime not in REGIMES:
@@ -118,6 +123,7 @@ class JobStream:
         self.healthy_rank_steps = 0
         # its own stream: the per-rank draws are the same with and without step jitter
         self._step_rng = random.Random(cfg.seed ^ 0x5EED)
+        self._token_rng = random.Random(cfg.seed ^ 0x70C5)  # its own stream too (token_spread)
 
     def _factor(self, step: int, rank: int, host: bool = False) -> float:
         n = self.cfg.noise
@@ -132,7 +138,9 @@ class JobStream:
         sm = cfg.step_model
         t = cfg.start_unix_ns
         marked = cfg.ddp and cfg.collective_marked
-        faulty = {f.rank for f in self.faults if f.kind not in ("cohort",)}
+        faulty = {f.rank for f in self.faults if f.kind not in ("cohort", "node")}
+        node_of = {f.rank: self.ranks[f.rank].host for f in self.faults if f.kind == "node"}
+        faulty |= {r.rank for r in self.ranks if r.host in node_of.values()}
         cohort_faulty = {self.ranks[f.rank].cohort for f in self.faults if f.kind == "cohort"}
         for step in range(1, cfg.steps + 1):
             device_on = step % cfg.device_every == 0
@@ -152,11 +160,16 @@ class JobStream:
                         tok = int(tok * (1.0 + f.size))
                     if f.kind == "cohort" and info.cohort == self.ranks[f.rank].cohort and f.active(step, 0.0):
                         work *= 1.0 + f.size
+                per_token = 1.0
+                if cfg.token_spread:
+                    per_token = self._token_rng.uniform(1.0 - cfg.token_spread, 1.0 + cfg.token_spread)
+                    tok = int(tok * per_token)
                 tokens[info.rank] = tok
                 before_sync = 0.0
                 for i, st in enumerate(sm.stages):
-                    dev = st.device_ms * work * self._factor(step, info.rank) * common
-                    nominal_launch = st.device_ms * st.host_fraction * work
+                    w = work * per_token if st.group in _TOKEN_GROUPS else work
+                    dev = st.device_ms * w * self._factor(step, info.rank) * common
+                    nominal_launch = st.device_ms * st.host_fraction * w
                     host = nominal_launch * self._factor(step, info.rank, host=True)
                     launch_noise = host - nominal_launch
                     if st.group == "data":
@@ -167,7 +180,10 @@ class JobStream:
                         host *= k
                     rv = self.rng.random()
                     for f in self.faults:
-                        if f.rank != info.rank or st.name not in f.stages or not f.active(step, rv):
+                        if f.kind == "node":
+                            if info.host != node_of[f.rank] or st.name not in f.stages or not f.active(step, rv):
+                                continue
+                        elif f.rank != info.rank or st.name not in f.stages or not f.active(step, rv):
                             continue
                         if f.kind in _DEVICE_FAULTS:
                             dev *= 1.0 + f.slowdown(step)

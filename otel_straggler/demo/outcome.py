@@ -32,6 +32,8 @@ REASON_TEXT = {
                       "its own history nor the job's other parallel roles",
     "collective_wait": "its stage is longer because it waits in a collective for a slower rank (the one named "
                        "as reference), not because it is slow itself",
+    "node_slow": "most GPUs of one machine are slower than their peers at the same time: the machine (cooling, "
+                 "power, a shared link), not one GPU",
 }
 
 

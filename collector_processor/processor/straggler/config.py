@@ -127,6 +127,17 @@ class Config(BaseModel):
     collective_wait_fraction: float = Field(default=0.5, gt=0, le=1)
     # Relative token difference beyond which two ranks do not do comparable work.
     workload_tolerance: float = Field(default=0.05, ge=0)
+    # per_unit (per_unit.py): where the cohort's tokens per step spread beyond workload_tolerance (MoE routing,
+    # packed sequences), each judged stage's time is fitted as a fixed cost plus a cost per token over the
+    # window's samples and every sample brought to the cohort's median tokens before the rules compare ranks.
+    per_unit: bool = True
+    # node (node.py): when more than node_min_fraction of one host's ranks of a job (and at least
+    # node_min_ranks) hold straggler alerts together, one node verdict names the host, its GPUs and ranks,
+    # and the rank verdicts it covers carry straggler.node. node_max_hosts bounds the hosts tracked (LRU).
+    node_verdicts: bool = True
+    node_min_fraction: float = Field(default=0.5, ge=0, lt=1)
+    node_min_ranks: int = Field(default=2, ge=2)
+    node_max_hosts: int = Field(default=65_536, ge=1)
     # Stage groups judged; collective groups are evidence only (a straggler's peers wait there, so judging
     # them would accuse the healthy ranks), and the per-rank step span is synchronised by the collectives.
     judged_groups: list[str] = Field(

@@ -42,6 +42,7 @@ from collector_processor.processor.straggler.model import (
     WORKLOAD_INCOMPARABLE,
     Verdict,
 )
+from collector_processor.processor.straggler.per_unit import normalise
 from collector_processor.processor.straggler.sequential import SeqParams, SeqResult, excess, smoothed_sigma, spread
 from collector_processor.processor.straggler.state import RankStageState, StateKey, StateStore
 from collector_processor.processor.straggler.statistics import (
@@ -88,16 +89,19 @@ class WindowEvidence:
     now_ns: int
     stats: dict[str, dict[int, RankStat]] = field(default_factory=dict)  # every stage's warm ranks
     tolerances: dict[str, Tolerances] = field(default_factory=dict)  # stage -> its tolerances, once computed
+    tokens_vary: bool = False  # some warm ranks' tokens differ or vary beyond workload_tolerance (per_unit)
 
 
 class StageEvidence:
     """One judged stage in the window: every warm rank's statistic, the stage's tolerances, each rank's
     sequential evidence, and the values sorted for references (built once, on first use)."""
 
-    __slots__ = ("_views", "group", "name", "pair", "per", "seq", "tols", "uniform")
+    __slots__ = ("_views", "group", "name", "pair", "per", "per_unit", "seq", "tols", "uniform")
 
-    def __init__(self, name: str, group: str, per: dict[int, RankStat], uniform: bool, tols: Tolerances) -> None:
+    def __init__(self, name: str, group: str, per: dict[int, RankStat], uniform: bool, tols: Tolerances,
+                 per_unit: bool = False) -> None:
         self.name = name
+        self.per_unit = per_unit  # the samples are brought to the cohort's median tokens (per_unit.py)
         self.group = group
         self.per = per
         self.uniform = uniform  # every rank's work comparable with every other's
@@ -161,8 +165,10 @@ class Detector:
             group = cohort.stages.get(stage, "other")
             if group not in self._judged or not per or stage in cohort.collective:  # judged_groups, marked
                 continue
+            per_unit = ev.tokens_vary and \
+                normalise(per, self.cfg.workload_tolerance, self.cfg.min_cohort_size) is not None
             self._device_pooling(cohort, stage, window.index, per)
-            se = StageEvidence(stage, group, per, ev.uniform, self._noise_tolerance(per))
+            se = StageEvidence(stage, group, per, ev.uniform or per_unit, self._noise_tolerance(per), per_unit)
             ev.tolerances[stage] = se.tols
             se.seq = self._sequential_excess(ev, se)
             se.pair = self._pair(ev, se)
@@ -205,12 +211,15 @@ class Detector:
                 if r not in warm:
                     continue
                 per[r] = RankStat(median(cell.dev) if cell.dev else None, cell.dev, cell.host,
-                                  dev_steps=cell.dev_steps)
+                                  dev_steps=cell.dev_steps, tokens=cell.tokens)
             stats[stage] = per
         rank_tokens = {r: median(v) for r, v in tokens.items() if r in warm}
         tok_values = list(rank_tokens.values())
         tok_median = median(tok_values) if tok_values else None
         uniform = not tok_values or within_relative(min(tok_values), max(tok_values), cfg.workload_tolerance)
+        # per_unit: the ranks' tokens differ, or vary from step to step (per-rank medians can agree by chance)
+        tokens_vary = bool(tok_values) and cfg.per_unit and (not uniform or any(
+            not within_relative(min(v), max(v), cfg.workload_tolerance) for r, v in tokens.items() if r in warm))
 
         # step period from rank-step spans, collective time per group, dashboard series
         rank_step = stats.get(s.SPAN_RANK_STEP, {})
@@ -240,7 +249,7 @@ class Detector:
         trace_id = (s.trace_id_for_step(cohort.job, step, s.cohort_run(cohort.key)).to_bytes(16, "big")
                     if step is not None else b"")
         ev = WindowEvidence(cohort, window, out, step, trace_id, period, world_size or len(cohort.ranks),
-                            collectives, rank_tokens, tok_median, uniform, now_ns, stats)
+                            collectives, rank_tokens, tok_median, uniform, now_ns, stats, tokens_vary=tokens_vary)
         return ev, stats
 
     @staticmethod
@@ -429,7 +438,9 @@ class Judgement:
 
     def workload(self) -> bool:
         """``workload``: the rank's tokens per step are within ``workload_tolerance`` of the cohort's median
-        (ranks without tokens are comparable)."""
+        (ranks without tokens are comparable); in a stage judged per unit (``per_unit.py``) every rank is."""
+        if self.se.per_unit:
+            return True
         ev = self.ev
         tok = ev.rank_tokens.get(self.rank)
         return tok is None or ev.tok_median is None or len(ev.rank_tokens) <= 1 \

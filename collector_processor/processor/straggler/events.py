@@ -73,6 +73,10 @@ def event_attributes(v: Verdict) -> list[tuple[str, object]]:
         attrs.append((s.EV_FIRST_STEP, int(step)))
     if trace:
         attrs.append((s.EV_FIRST_TRACE_ID, trace.hex()))
+    if v.node:
+        attrs.append((s.EV_NODE, v.node))
+    if v.node_ranks:
+        attrs += [(s.EV_NODE_RANKS, [int(r) for r in v.node_ranks]), (s.EV_NODE_GPUS, list(v.node_gpus))]
     return attrs
 
 

@@ -24,6 +24,7 @@ class RankStat:
     fresh: int = 0  # samples of this window behind the device statistic (0: all of them)
     dev_used: list[float] | None = None  # the samples behind the device statistic when pooled
     dev_steps: list[int] | None = None  # the step of each device sample (step windows)
+    tokens: list[int] | None = None  # the rank's tokens per sample (straggler.workload.tokens), as published
     _host: float | None = None
 
     @property

@@ -34,6 +34,7 @@ RECOVERY_EVIDENCE_INSUFFICIENT = _reason("recovery_evidence_insufficient")  # un
 NON_FINITE_SAMPLE = _reason("non_finite_sample")  # uncertain: non_finite
 PAIR_AMBIGUOUS = _reason("pair_ambiguous")  # uncertain: pair
 COLLECTIVE_WAIT = _reason("collective_wait")  # uncertain: collective_wait
+NODE_SLOW = _reason("node_slow")  # straggler: node (node.py)
 
 
 @dataclass(slots=True)
@@ -121,3 +122,6 @@ class Verdict:
     first_step: int | None = None
     first_trace_id: bytes = b""
     window_gpu_seconds: float = 0.0  # GPU-seconds the waiting ranks lost over this verdict's window
+    node: str = ""  # the host of the node verdict covering this verdict (node.py); "" when none
+    node_ranks: tuple[int, ...] = ()  # a node verdict: the host's ranks convicted together
+    node_gpus: tuple[str, ...] = ()  # a node verdict: their GPUs

@@ -27,6 +27,7 @@ from collector_processor.processor.straggler.detector import Detector
 from collector_processor.processor.straggler.events import verdict_resource_spans
 from collector_processor.processor.straggler.metrics import StragglerMetrics
 from collector_processor.processor.straggler.model import StageSample, StepSummary, Verdict
+from collector_processor.processor.straggler.node import NodeVerdicts
 from collector_processor.processor.straggler.state import StateStore
 from collector_processor.processor.straggler.window import (
     KIND_STEP,
@@ -89,6 +90,7 @@ class StragglerProcessor:
         self.cohorts = CohortRegistry(config.max_cohorts)
         self.states = StateStore(config.max_states)
         self.detector = Detector(config, self.states, self.c, self.cohorts)
+        self.nodes = NodeVerdicts(config, self.c)
         self.metrics = StragglerMetrics(config.metrics, telemetry)
         self._seen: OrderedDict[bytes, None] = OrderedDict()
         self._pending: list[Verdict] = []
@@ -596,6 +598,7 @@ class StragglerProcessor:
             self._evict_flush = {}
         if self._pending:
             verdicts, self._pending = self._pending, []
+            verdicts = self.nodes.observe(verdicts, self.cohorts)
             for v in verdicts:
                 self.c["verdicts_" + v.verdict] = self.c.get("verdicts_" + v.verdict, 0) + 1
             if self.metrics.registered:

@@ -60,6 +60,7 @@ class Sim:
     host_factor: Factor = _one
     spike_prob: float = 0.0  # heavy-tail: a sample x3 with this probability
     tokens: Callable[[int, int], int | None] = lambda rank, step: 8192
+    stage_tokens: bool = False  # the tokens on every stage span too, not only the rank-step span
     step_time_unix_ns: int = 1_700_000_000_000_000_000
     cohort_of: Callable[[int], str] | None = None
     rng: random.Random = field(init=False)
@@ -119,6 +120,8 @@ class Sim:
                 attrs = [kv(s.ATTR_STAGE, name), kv(s.ATTR_STAGE_GROUP, group), kv(s.ATTR_STAGE_LEVEL, 2),
                          kv(s.ATTR_ITERATION, step), kv(s.ATTR_HOST_MS, float(host)), kv(s.ATTR_COUNT, 4),
                          kv(s.ATTR_DETAIL, s.DETAIL_STEP)]
+                if self.stage_tokens and (tok := self.tokens(r, step)) is not None:
+                    attrs.append(kv(s.ATTR_WORKLOAD_TOKENS, tok))  # as the emitter's stage spans carry it
                 if measured:
                     attrs.append(kv(s.ATTR_DEVICE_MS, float(dev)))
                     attrs.append(kv(s.ATTR_MEASUREMENT, s.MEASUREMENT_DEVICE))

@@ -72,3 +72,55 @@ def test_sdk_batches_arrive_in_order_per_rank_within_the_schedule_delay() -> Non
         lag = max(lag, at_s - steps[0] * b.step_s)
     assert n < 4 * 200 / 20  # batches of many steps, not a request per step
     assert 3.0 < lag < b.schedule_delay_s + 0.2
+
+
+def _tokens_and_forward(cfg: SimConfig, step: int) -> dict[int, tuple[int, float, float]]:
+    """rank -> (tokens, forward device ms, optimizer device ms) at ``step``, from the step summaries."""
+    out: dict[int, tuple[int, float, float]] = {}
+    for st, req in JobStream(cfg, []):
+        if st != step:
+            continue
+        for rs in req.resource_spans:
+            rank = next(a.value.int_value for a in rs.resource.attributes if a.key == s.RES_RANK)
+            attrs = {a.key: a.value for a in rs.scope_spans[1].spans[0].attributes}
+            names = [v.string_value for v in attrs[s.ATTR_SUMMARY_STAGES].array_value.values]
+            dev = attrs[s.ATTR_SUMMARY_DEVICE_MS].array_value.values
+            out[rank] = (attrs[s.ATTR_WORKLOAD_TOKENS].int_value, dev[names.index("forward-compute")].double_value,
+                         dev[names.index("optimizer-inner-step")].double_value)
+    return out
+
+
+def test_token_spread_scales_forward_and_backward_with_each_rank_steps_tokens() -> None:
+    base = SimConfig(layout=Layout(tp=1, dp=8), steps=30, step_model=StepModel.with_forward_ms(FWD), noise=_QUIET)
+    flat = _tokens_and_forward(base, 30)
+    spread = _tokens_and_forward(SimConfig(layout=base.layout, steps=30, step_model=base.step_model, noise=_QUIET,
+                                           token_spread=0.3), 30)
+    assert {v[0] for v in flat.values()} == {base.tokens_per_step}
+    toks = [v[0] for v in spread.values()]
+    assert min(toks) >= 0.7 * base.tokens_per_step and max(toks) <= 1.3 * base.tokens_per_step
+    assert max(toks) / min(toks) > 1.1
+    for tok, fwd, opt in spread.values():
+        assert abs(fwd / FWD - tok / base.tokens_per_step) < 1e-3  # forward time follows the tokens
+        assert opt == flat[0][2]  # the optimizer does not
+
+
+def test_a_node_fault_slows_every_rank_of_its_host() -> None:
+    cfg = SimConfig(layout=Layout(tp=1, dp=16), steps=30, step_model=StepModel.with_forward_ms(FWD), noise=_QUIET)
+    got = _tokens_and_forward(cfg, 30)
+    slowed = _tokens_and_forward_with(cfg, Fault("node", 10, ("forward-compute",), 0.10, 5))
+    assert {r for r in slowed if slowed[r][1] > got[r][1]} == set(range(8, 16))  # node0001: ranks 8-15
+    assert all(abs(slowed[r][1] - FWD * 1.1) < 1e-6 for r in range(8, 16))
+
+
+def _tokens_and_forward_with(cfg: SimConfig, fault: Fault) -> dict[int, tuple[int, float, float]]:
+    out: dict[int, tuple[int, float, float]] = {}
+    for st, req in JobStream(cfg, [fault]):
+        if st != cfg.steps:
+            continue
+        for rs in req.resource_spans:
+            rank = next(a.value.int_value for a in rs.resource.attributes if a.key == s.RES_RANK)
+            attrs = {a.key: a.value for a in rs.scope_spans[1].spans[0].attributes}
+            names = [v.string_value for v in attrs[s.ATTR_SUMMARY_STAGES].array_value.values]
+            dev = attrs[s.ATTR_SUMMARY_DEVICE_MS].array_value.values
+            out[rank] = (0, dev[names.index("forward-compute")].double_value, 0.0)
+    return out
