@@ -144,6 +144,8 @@ def test_every_bash_line_is_known_and_the_runnable_ones_run_as_written() -> None
         where = f"{page.name}: {line}"
         if line.startswith("(") and line.endswith(")"):
             line = line[1:-1].replace("&&", ";")
+        while re.match(r"^[A-Z_]+=\S*\s", line):  # VAR=value before the command
+            line = line.split(None, 1)[1]
         first = line.split()[0]
         if first in ("promtool", "amtool") or line.startswith("cd "):
             if _tool("promtool") is None:

@@ -1,12 +1,13 @@
 """The README's code, run as a user runs it: the torchrun + DDP ``train.py`` block saved as it is, and the bash
 block that starts the collector (its built-in configuration) and the job, in one shell.
 
-Only what a test machine needs is changed in the bash block: ``collector-host`` becomes the loopback address of
-a collector started on free ports (the config's own environment variables) and niced as the demo's is (a
-collector beside a real job has cores of its own), ``--nproc_per_node=8`` becomes 3 (two CPU cores). One rank is
-made slow from outside the script, by a ``sitecustomize`` on its path: 30 ms of sleep inside its forward
-(``torch.nn.Linear.forward``), then, in a second torchrun from the same shell (same ``OTEL_STRAGGLER_JOB_ID``: a
-re-run), before its ``loss.backward()``. Each run must be found, in its stage, and nobody else.
+Only what a test machine needs is changed in the bash block: the collector listens on a free loopback port instead
+of every interface's 4317, ``collector-host`` becomes that address, its other ports are free ones (the config's
+own environment variables), and it runs niced as the demo's does (beside a real job it has cores of its own);
+``--nproc_per_node=8`` becomes 3 (two CPU cores). One rank is made slow from outside the script, by a
+``sitecustomize`` on its path: 30 ms of sleep inside its forward (``torch.nn.Linear.forward``), then, in a second
+torchrun from the same shell (same ``OTEL_STRAGGLER_JOB_ID``: a re-run), before its ``loss.backward()``. Each run
+must be found, in its stage, and nobody else.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def _verdicts(path: Path) -> list[dict]:
 def test_the_readme_job_finds_a_rank_slow_in_forward_then_one_slow_in_backward_in_a_re_run(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     lines = launch_block()
-    assert lines[0] == "otel-straggler-collector"  # its built-in configuration
+    assert lines[0] == "OTEL_STRAGGLER_OTLP_GRPC_ENDPOINT=0.0.0.0:4317 otel-straggler-collector"  # built-in config
     assert lines[-1] == "torchrun --nproc_per_node=8 train.py"
     exports = lines[1:-1]
     assert [ln.split("=")[0] for ln in exports] == ["export OTEL_STRAGGLER_JOB_ID",
@@ -110,8 +111,9 @@ def test_the_readme_job_finds_a_rank_slow_in_forward_then_one_slow_in_backward_i
                OTEL_STRAGGLER_OTLP_HTTP_ENDPOINT=f"127.0.0.1:{http}",
                OTEL_STRAGGLER_METRICS_ENDPOINT=f"127.0.0.1:{metrics}",
                OTEL_STRAGGLER_EVIDENCE_PATH=str(evidence))
-    collector = subprocess.Popen(lines[0].split(), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True)
+    # as written, on loopback: every interface is for ranks on other hosts
+    collector = subprocess.Popen(["bash", "-c", lines[0].replace("0.0.0.0:4317", f"127.0.0.1:{grpc}")],
+                                 cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     yield_cpu(collector.pid)
     try:
         deadline = time.monotonic() + 120
