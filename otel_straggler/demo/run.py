@@ -39,7 +39,7 @@ from otel_straggler.demo.tap import StagePoint, TraceTap
 from otel_straggler.export.probe import probe_otlp
 
 __all__ = ["CollectorStartError", "DemoOptions", "DemoResult", "collector_config", "detector_settings", "free_port",
-           "run_demo"]
+           "free_ports", "run_demo"]
 
 
 class CollectorStartError(RuntimeError):
@@ -48,9 +48,19 @@ class CollectorStartError(RuntimeError):
 
 def free_port() -> int:
     """A TCP port free on loopback now (the demo, its collector and the benchmarks pick ports this way)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports free on loopback now (all held until every one is picked)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 class _Console:

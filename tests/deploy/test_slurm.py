@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from otel_straggler.demo.run import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 SBATCH = ROOT / "deploy" / "slurm" / "train.sbatch"
@@ -49,17 +50,6 @@ print(json.dumps({"flushed": flushed, **{k: os.environ.get(k) for k in keys}}), 
 """
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def test_the_sbatch_script_parses() -> None:
     proc = subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
@@ -79,7 +69,7 @@ def test_the_sbatch_logic_starts_the_collector_on_the_first_node_and_points_the_
         (fakebin / name).write_text(body)
         (fakebin / name).chmod(0o755)
     (tmp_path / "rank.py").write_text(RANK)
-    grpc, http, metrics = _free_ports(3)
+    grpc, http, metrics = free_ports(3)
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SLURM_"))}
     env.update(PATH=os.pathsep.join([str(fakebin), str(collector.parent), env.get("PATH", "")]),

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -24,6 +23,8 @@ from pathlib import Path
 
 import pytest
 from packaging_support import ROOT, Dist
+
+from otel_straggler.demo.run import free_ports
 
 pytestmark = pytest.mark.slow
 
@@ -66,17 +67,6 @@ dist.destroy_process_group()
 loaded = sorted({m.split(".")[0] for m in sys.modules} & set(os.environ["BLOCKED"].split(",")))
 os.write(1, (json.dumps({"rank": rank, "file": otel_straggler.__file__, "loaded": loaded}) + "\\n").encode())
 '''
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +127,7 @@ def _verdicts(path: Path) -> list[dict]:
 
 
 def test_a_torchrun_job_with_a_slow_rank_is_caught_by_the_installed_collector(venv: Path, tmp_path: Path) -> None:
-    grpc_port, http_port, metrics_port = _free_ports(3)
+    grpc_port, http_port, metrics_port = free_ports(3)
     evidence = tmp_path / "evidence" / "verdicts.jsonl"
     collector = subprocess.Popen(
         [str(venv / "bin" / "otel-straggler-collector")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -19,6 +19,7 @@ import yaml
 from packaging_support import ROOT
 
 import otel_straggler
+from otel_straggler.demo.run import free_ports
 
 COLLECTOR_DEPS = ("collector_processor", "pydantic", "yaml", "prometheus_client")
 
@@ -131,19 +132,8 @@ def _collector_env(tmp: Path, ports: list[int], **extra: str) -> dict[str, str]:
     return env
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def test_print_config_shows_the_built_in_configuration_with_the_environment(tmp_path: Path) -> None:
-    ports = _free_ports(3)
+    ports = free_ports(3)
     env = _collector_env(tmp_path, ports, OTEL_STRAGGLER_TOKEN="s3cret-token")
     proc = subprocess.run([sys.executable, "-m", "collector_processor", "--print-config"], capture_output=True,
                           text=True, timeout=60, env=env, cwd=tmp_path)
@@ -161,7 +151,7 @@ def test_print_config_shows_the_built_in_configuration_with_the_environment(tmp_
 
 
 def test_the_collector_runs_its_built_in_configuration_without_flags(tmp_path: Path) -> None:
-    ports = _free_ports(3)
+    ports = free_ports(3)
     proc = subprocess.Popen([sys.executable, "-m", "collector_processor"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=_collector_env(tmp_path, ports), cwd=tmp_path)
     try:

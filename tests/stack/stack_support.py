@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import pytest
 import yaml
 
 from otel_straggler import schema as s
+from otel_straggler.demo.run import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
@@ -196,19 +196,6 @@ def alert_exprs() -> list[tuple[str, str]]:
 
 # --- processes and ports ------------------------------------------------------------------------------------
 
-def free_ports(n: int) -> list[int]:
-    """n distinct ports that were free on 127.0.0.1 a moment ago."""
-    socks, ports = [], []
-    try:
-        for _ in range(n):
-            sk = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sk.bind(("127.0.0.1", 0))
-            socks.append(sk)
-            ports.append(sk.getsockname()[1])
-    finally:
-        for sk in socks:
-            sk.close()
-    return ports
 
 
 def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
