@@ -12,7 +12,6 @@ must be found, in its stage, and nobody else.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -25,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from otel_straggler import schema
-from otel_straggler.demo.run import free_port, yield_cpu
+from otel_straggler.demo.run import free_port, read_verdicts, yield_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -78,18 +77,6 @@ def launch_block() -> list[str]:
 def _get(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=5) as r:
         return r.read()
-
-
-def _verdicts(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue  # a line being written
-    return out
 
 
 @pytest.mark.slow
@@ -148,7 +135,7 @@ def test_the_readme_job_finds_a_rank_slow_in_forward_then_one_slow_in_backward_i
         # both runs' last windows close by grace once their ranks have exited
         deadline = time.monotonic() + 90
         while True:
-            verdicts = _verdicts(evidence)
+            verdicts = read_verdicts(evidence)
             runs: dict[str, list[dict]] = {}
             for v in verdicts:
                 runs.setdefault(schema.cohort_run(v["cohort"]), []).append(v)

@@ -39,7 +39,7 @@ from otel_straggler.demo.tap import StagePoint, TraceTap
 from otel_straggler.export.probe import probe_otlp
 
 __all__ = ["CollectorStartError", "DemoOptions", "DemoResult", "collector_config", "detector_settings", "free_port",
-           "free_ports", "run_demo"]
+           "free_ports", "read_verdicts", "run_demo"]
 
 
 class CollectorStartError(RuntimeError):
@@ -143,7 +143,8 @@ def _scrape(url: str) -> str | None:
         return None
 
 
-def _read_verdicts(path: Path) -> list[dict]:
+def read_verdicts(path: Path) -> list[dict]:
+    """The verdict records of a JSONL evidence file (a line being written is skipped)."""
     out: list[dict] = []
     if not path.exists():
         return out
@@ -349,7 +350,7 @@ def _run_demo(opts: DemoOptions, children: list[Any]) -> DemoResult:
         if ranks.stalled():
             stalled = True
             break
-        current = _read_verdicts(evidence)
+        current = read_verdicts(evidence)
         for v in current[seen_verdicts:]:
             if v.get("verdict") in (s.VERDICT_STRAGGLER, s.VERDICT_RECOVERED):
                 con.say(f"  >> {v.get('verdict')}: rank {v.get('rank')} {v.get('stage')} "
@@ -367,7 +368,7 @@ def _run_demo(opts: DemoOptions, children: list[Any]) -> DemoResult:
     children.clear()  # stopped: nothing left to stop if the report is interrupted
 
     points = tap.snapshot()
-    verdicts = _read_verdicts(evidence)
+    verdicts = read_verdicts(evidence)
     detections, false_alarms = summarise(verdicts, opts)
     issues: list[str] = []
     if failed:

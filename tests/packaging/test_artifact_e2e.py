@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from packaging_support import ROOT, Dist
 
-from otel_straggler.demo.run import free_ports
+from otel_straggler.demo.run import free_ports, read_verdicts
 
 pytestmark = pytest.mark.slow
 
@@ -114,18 +114,6 @@ def _wait_for_metrics(port: int, proc: subprocess.Popen[str], timeout_s: float =
     raise AssertionError(f"the collector did not come up (exit {proc.poll()})")
 
 
-def _verdicts(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
-
-
 def test_a_torchrun_job_with_a_slow_rank_is_caught_by_the_installed_collector(venv: Path, tmp_path: Path) -> None:
     grpc_port, http_port, metrics_port = free_ports(3)
     evidence = tmp_path / "evidence" / "verdicts.jsonl"
@@ -157,7 +145,7 @@ def test_a_torchrun_job_with_a_slow_rank_is_caught_by_the_installed_collector(ve
             assert r["loaded"] == [], f"a training process loaded collector modules: {r['loaded']}"
 
         def convicted() -> set[int]:
-            return {int(v["rank"]) for v in _verdicts(evidence)
+            return {int(v["rank"]) for v in read_verdicts(evidence)
                     if v.get("verdict") == "straggler" and v.get("job") == job}
 
         deadline = time.monotonic() + 60
@@ -168,4 +156,4 @@ def test_a_torchrun_job_with_a_slow_rank_is_caught_by_the_installed_collector(ve
         _out, err = collector.communicate(timeout=60)
     assert collector.returncode == 0, err[-3000:]
     assert "configuration: built-in" in err
-    assert convicted() == {SLOW_RANK}, (_verdicts(evidence), err[-3000:])
+    assert convicted() == {SLOW_RANK}, (read_verdicts(evidence), err[-3000:])
