@@ -1,6 +1,7 @@
 """What a release publishes: the default wheel is pure Python (``py3-none-any``, an index accepts it), the sdist
-builds the C hot path where asked for, the manylinux wheels come from the ``[tool.cibuildwheel]`` configuration,
-and the metadata (license, classifiers, URLs, version, extras) is complete and ``twine check`` clean."""
+builds the C hot path where pip installs it with a working compiler, the manylinux wheels come from the
+``[tool.cibuildwheel]`` configuration, and the metadata (license, classifiers, URLs, version, extras) is complete
+and ``twine check`` clean."""
 
 from __future__ import annotations
 
@@ -118,20 +119,26 @@ def test_the_sdist_holds_the_c_source_and_the_build_script(dist: Dist) -> None:
     assert not [n for n in names if n.startswith("tests/")]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("switch", [{"OTEL_STRAGGLER_BUILD_NATIVE": "1"}, {"CIBUILDWHEEL": "1"}],
-                         ids=["OTEL_STRAGGLER_BUILD_NATIVE", "cibuildwheel"])
-def test_installing_the_sdist_builds_the_c_hot_path_when_asked(dist: Dist, tmp_path: Path,
-                                                              switch: dict[str, str]) -> None:
-    """Where a C compiler is at hand, the sdist installs with the C path (what cibuildwheel runs in its manylinux
-    containers, and what ``OTEL_STRAGGLER_BUILD_NATIVE=1 pip install --no-binary otel-straggler`` does)."""
-    if shutil.which("cc") is None and shutil.which("gcc") is None:
-        pytest.skip("no C compiler")
+def _pip_install_sdist(dist: Dist, tmp_path: Path, **env: str) -> Path:
     target = tmp_path / "site"
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
                            "--target", str(target), str(dist.sdist)],
-                          capture_output=True, text=True, timeout=600, env=build_env(**switch), cwd=tmp_path)
+                          capture_output=True, text=True, timeout=600, env=build_env(**env), cwd=tmp_path)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return target
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("switch", [{}, {"OTEL_STRAGGLER_BUILD_NATIVE": "1"}, {"CIBUILDWHEEL": "1"}],
+                         ids=["default", "OTEL_STRAGGLER_BUILD_NATIVE", "cibuildwheel"])
+def test_installing_the_sdist_builds_the_c_hot_path_where_a_compiler_works(dist: Dist, tmp_path: Path,
+                                                                          switch: dict[str, str]) -> None:
+    """Where a C compiler is at hand, ``pip install`` of the sdist builds the C path by default (as
+    ``pip install --no-binary otel-straggler otel-straggler`` does), and so do cibuildwheel's manylinux containers
+    and the explicit switch."""
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler")
+    target = _pip_install_sdist(dist, tmp_path, **switch)
     assert list((target / "otel_straggler").glob("_hotpath*.so")), "the C extension was built and installed"
     check = ("import json, otel_straggler; from otel_straggler import hot_path; "
              "print(json.dumps([hot_path.NAME, otel_straggler.__file__]))")
@@ -140,6 +147,21 @@ def test_installing_the_sdist_builds_the_c_hot_path_when_asked(dist: Dist, tmp_p
     assert run.returncode == 0, run.stderr[-3000:]
     name, where = __import__("json").loads(run.stdout)
     assert name == "native" and Path(where).is_relative_to(target)
+
+
+@pytest.mark.slow
+def test_without_a_working_compiler_pip_builds_the_pure_wheel(dist: Dist, tmp_path: Path) -> None:
+    """No compiler that works (``CC`` names one that fails): the wheel pip builds from the sdist is the pure one,
+    never a platform-tagged wheel without the extension, and the build says why."""
+    out = tmp_path / "wheels"
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                           "-v", "-w", str(out), str(dist.sdist)],
+                          capture_output=True, text=True, timeout=600, env=build_env(CC="false"), cwd=tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    (wheel,) = out.glob("*.whl")
+    assert wheel.name.endswith("-py3-none-any.whl"), wheel.name
+    assert "_hotpath" not in " ".join(zipfile.ZipFile(wheel).namelist())
+    assert "no working C compiler" in proc.stdout + proc.stderr
 
 
 def test_the_wheel_built_from_the_sdist_by_default_is_pure(dist: Dist) -> None:
