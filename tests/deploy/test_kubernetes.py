@@ -195,6 +195,13 @@ def test_the_collector_runs_the_configmaps_valid_configuration(kind: str, name: 
     assert raw["exporters"]["prometheus"]["endpoint"] == f"0.0.0.0:{ports['metrics']}"
     evidence = raw["exporters"]["file/evidence"]["path"]
     assert evidence.startswith(mounts["evidence"] + "/"), "evidence is written to its volume"
+    # the verdict spans go to the trace stores the pod's environment names
+    env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+    with_env, _ = load_text(cm["data"][key], key, env=env)
+    assert with_env["exporters"]["otlp_grpc/jaeger"]["endpoint"] == env["JAEGER_OTLP_ENDPOINT"]
+    assert with_env["exporters"]["otlp_grpc/tempo"]["endpoint"] == env["TEMPO_OTLP_ENDPOINT"]
+    moved, _ = load_text(cm["data"][key], key, env={**env, "JAEGER_OTLP_ENDPOINT": "jaeger.observability:4317"})
+    assert moved["exporters"]["otlp_grpc/jaeger"]["endpoint"] == "jaeger.observability:4317"
 
 
 def test_the_servicemonitor_scrapes_every_collector_and_keeps_the_job_label() -> None:

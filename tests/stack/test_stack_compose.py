@@ -213,29 +213,41 @@ def test_pyproject_readme_is_copied_into_the_image() -> None:
 def test_collector_compose_config_forwards_only_verdict_spans_to_jaeger_and_tempo(compose: dict) -> None:
     """The compose collector forwards, by default, the spans its straggler processor appends (service.name
     otel-straggler-collector: the verdict spans) to Jaeger and Tempo, and nothing to the gateway (which sends every
-    span to it: a loop) or elsewhere; the stage spans reach the trace stores through the gateway only."""
-    cfg = load_yaml(CONFIGS / "collector-compose.yaml")
+    span to it: a loop) or elsewhere; the stage spans reach the trace stores through the gateway only. Both
+    addresses come from JAEGER_OTLP_ENDPOINT / TEMPO_OTLP_ENDPOINT (compose passes them to the collectors and the
+    gateways), defaulting to the stack's own stores."""
+    from collector_processor.config.loader import load_files
+    from collector_processor.config.validate import validate
+
+    def forwarders(cfg: dict) -> dict[str, str]:
+        return {e: cfg["exporters"][e]["endpoint"] for e in cfg["exporters"]
+                if e.split("/")[0] in ("otlp", "otlp_grpc", "otlphttp", "otlp_http")}
+
+    cfg, marks = load_files([CONFIGS / "collector-compose.yaml"], env={})
     protocols = cfg["receivers"]["otlp"]["protocols"]
     assert protocols["grpc"]["endpoint"] == "0.0.0.0:4317" and protocols["http"]["endpoint"] == "0.0.0.0:4318"
     assert cfg["exporters"]["prometheus"]["endpoint"] == "0.0.0.0:9464"
-    forwarders = {e: cfg["exporters"][e]["endpoint"] for e in cfg["exporters"]
-                  if e.split("/")[0] in ("otlp", "otlp_grpc", "otlphttp", "otlp_http")}
-    assert forwarders == {"otlp_grpc/jaeger": "jaeger:4317", "otlp_grpc/tempo": "tempo:4317"}
+    assert forwarders(cfg) == {"otlp_grpc/jaeger": "jaeger:4317", "otlp_grpc/tempo": "tempo:4317"}
+    own = {"JAEGER_OTLP_ENDPOINT": "jaeger-collector.observability:4317", "TEMPO_OTLP_ENDPOINT": "tempo.obs:4317"}
+    moved, _ = load_files([CONFIGS / "collector-compose.yaml"], env=own)
+    assert forwarders(moved) == {"otlp_grpc/jaeger": own["JAEGER_OTLP_ENDPOINT"],
+                                 "otlp_grpc/tempo": own["TEMPO_OTLP_ENDPOINT"]}
     for name in ("jaeger", "tempo"):
         assert "4317" in compose["services"][name]["expose"]
+    for service in ("straggler-collector", "straggler-collector-0", "gateway", "gateway-sharded"):
+        env = compose["services"][service]["environment"]
+        assert env == {"JAEGER_OTLP_ENDPOINT": "${JAEGER_OTLP_ENDPOINT:-jaeger:4317}",
+                       "TEMPO_OTLP_ENDPOINT": "${TEMPO_OTLP_ENDPOINT:-tempo:4317}"}, service
     traces = cfg["service"]["pipelines"]["traces"]
     assert traces["processors"][-2:] == ["straggler", "filter/verdict_spans"]
     assert cfg["processors"]["filter/verdict_spans"]["include_services"] == ["otel-straggler-collector"]
-    assert set(traces["exporters"]) == {*forwarders, "straggler"}
-    gateway = load_yaml(CONFIGS / "otelcol-gateway.yaml")
-    assert {"otlp_grpc/jaeger", "otlp_grpc/tempo"} <= set(gateway["service"]["pipelines"]["traces"]["exporters"])
-    try:
-        from collector_processor.config.loader import load_files
-        from collector_processor.config.validate import validate
-    except ImportError as e:
-        pytest.skip(f"collector config validator not available: {e}")
-    raw, marks = load_files([CONFIGS / "collector-compose.yaml"], env={})
-    validated = validate(raw, marks)
+    assert set(traces["exporters"]) == {*forwarders(cfg), "straggler"}
+    for name in ("otelcol-gateway.yaml", "otelcol-gateway-sharded.yaml"):
+        gateway = load_yaml(CONFIGS / name)
+        assert {"otlp_grpc/jaeger", "otlp_grpc/tempo"} <= set(gateway["service"]["pipelines"]["traces"]["exporters"])
+        assert forwarders(gateway)["otlp_grpc/jaeger"] == "${env:JAEGER_OTLP_ENDPOINT:-jaeger:4317}", name
+        assert forwarders(gateway)["otlp_grpc/tempo"] == "${env:TEMPO_OTLP_ENDPOINT:-tempo:4317}", name
+    validated = validate(cfg, marks)
     assert "straggler" in validated.service.pipelines["traces"].processors
     assert validated.processors["straggler"].config.collector_service_name == "otel-straggler-collector"
 
