@@ -72,7 +72,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from otel_straggler import schema
+import otel_straggler_schema as schema
 from otel_straggler.event_pool import RECORD_APIS
 
 _log = logging.getLogger(__name__)
