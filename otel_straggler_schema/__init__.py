@@ -13,7 +13,7 @@ collector (``collector_processor``) both import it, and neither loads the other
 from __future__ import annotations
 
 import hashlib
-from typing import Final
+from typing import Final, NamedTuple
 
 SCHEMA_VERSION: Final = "2"  # 2: step summary on the rank-step span, step spans in their own scope
 
@@ -267,6 +267,121 @@ SM_FAULT_WHERES: Final = ("training", "readout", "config_error", "sink", "export
 # Units (UCUM, as OTel metrics carry them): every counter counts items ("1"), the lag is in seconds.
 UNIT_COUNT: Final = "1"
 UNIT_SECONDS: Final = "s"
+
+
+class Metric(NamedTuple):
+    """One metric the project exports: ``docs/schema.md``'s tables are generated from these (scripts/gen_docs.py),
+    and the tests check that the exporters register exactly these names, kinds and labels."""
+
+    name: str
+    kind: str  # counter | gauge | histogram
+    labels: tuple[str, ...]  # Prometheus labels (collector) or metric attributes (emitter)
+    meaning: str
+    unit: str = ""  # emitter instruments: UCUM unit
+
+
+_STATE_LABELS: Final = ("training_job", "cohort", "rank", "host", "gpu", "stage", "attribution", "first_step",
+                        "trace_id")
+# Prometheus metrics of the collector (its /metrics), in the order docs/schema.md lists them.
+COLLECTOR_METRICS: Final = (
+    Metric(M_STRAGGLER_ACTIVE, "gauge", _STATE_LABELS,
+           "1 while a `straggler` verdict holds, 0 after `recovered`; `first_step` and `trace_id`: "
+           "the step where the alert was first convicted and its trace (hex), fixed for the alert's "
+           "life"),
+    Metric(M_STRAGGLER_DEVIATION, "gauge", _STATE_LABELS,
+           "deviation of the latest judged window for that series"),
+    Metric(M_STEP_TIME_LOST, "gauge", _STATE_LABELS,
+           "estimated step time lost per step"),
+    Metric(M_GPU_LOST_RATIO, "gauge", _STATE_LABELS,
+           "GPU-seconds the waiting ranks lose per second of wall time (2.0: two GPUs' worth of time)"),
+    Metric(M_GPU_LOST_SECONDS, "counter", ("training_job", "cohort", "rank", "host", "gpu", "stage", "attribution"),
+           "GPU-seconds the waiting ranks lost while the alert held (added per judged window); "
+           "exemplar `trace_id`: the convicting step's trace"),
+    Metric(M_VERDICTS, "counter", ("training_job", "verdict", "reason"),
+           "verdicts emitted; exemplar `trace_id`: the latest verdict's trace "
+           "(`straggler.first_trace_id`)"),
+    Metric(M_RANK_STAGE_SECONDS, "gauge", ("training_job", "cohort", "rank", "stage_group", "measurement"),
+           "last window statistic (capped series)"),
+    Metric(M_RANK_DEVIATION, "gauge", ("training_job", "cohort", "rank"),
+           "worst deviation of the rank over stages in its last windows (capped series)"),
+    Metric(M_JOB_LAST_SEEN, "gauge", ("training_job",),
+           "Unix time the collector last accepted a sample of the job; the series expires "
+           "`metrics.series_ttl_s` after that (`StragglerJobStoppedSending`)"),
+    Metric(M_SPANS_RECEIVED, "counter", ("receiver",),
+           "spans received"),
+    Metric(M_SPANS_ACCEPTED, "counter", (),
+           "stage samples used by the detector (stage spans, or step-summary entries)"),
+    Metric(M_SPANS_REJECTED, "counter", ("reason",),
+           "spans rejected (`malformed`, `non_finite`, `duplicate`, `late`, `over_cap`, "
+           "`quarantined`); for a step summary, `malformed`/`non_finite` count its bad entries, "
+           "`duplicate`/`late` the summary once"),
+    Metric(M_SPANS_DROPPED, "counter", ("reason",),
+           "spans dropped (`queue_full`, `memory_limit`, `shutting_down`: refused while the collector"
+           " stops, `export_failed`, `shutdown`: queued and not processed before the shutdown "
+           "deadline)"),
+    Metric(M_REQUESTS, "counter", ("receiver", "outcome"),
+           "requests by outcome (`ok`, `partial`, `invalid`, `throttled`, `unauthenticated`, "
+           "`too_large`, `aborted`: the client went away or stalled past a timeout before the answer,"
+           " `forbidden`: a job its token may not write)"),
+    Metric(M_QUEUE_DEPTH, "gauge", ("queue",),
+           "items waiting per queue"),
+    Metric(M_EVICTIONS, "counter", ("structure",),
+           "entries evicted from a capped map or window set"),
+    Metric(M_WINDOWS_CLOSED, "counter", (),
+           "windows judged"),
+    Metric(M_PROCESSING_SECONDS, "histogram", (),
+           "processing time per request"),
+    Metric(M_EXPORT_FAILURES, "counter", ("exporter",),
+           "failed exports"),
+    Metric(M_EVIDENCE_LINES, "counter", (),
+           "JSONL evidence lines written"),
+    Metric(M_UNAUTHENTICATED, "counter", ("endpoint",),
+           "requests refused for missing/bad credentials"),
+    Metric(M_CONNECTIONS_CLOSED, "counter", ("receiver", "reason"),
+           "HTTP connections and gRPC calls ended by the connection budget before a request was read:"
+           " `refused` (the budget was full of busy ones), `stalled` (ended to make room after "
+           "`stall_timeout` without a request or message)"),
+    Metric(M_TENANT_REFUSED, "counter", ("receiver",),
+           "requests refused because a resource names a job (`straggler.job.id`) the request's token "
+           "may not write (`auth.tenants`)"),
+    Metric(M_MEMORY_BYTES, "gauge", (),
+           "process RSS seen by the memory limiter"),
+    Metric(M_COMPONENT_ERRORS, "counter", ("component",),
+           "exceptions caught in a processor call or tick (the request was passed on unchanged)"),
+    Metric(M_EMITTER_PREFIX + "<name>_total", "counter", ("training_job", "rank", "reason"),
+           "emitter self-metric counters received over OTLP, re-exported "
+           "(`otel_straggler_emitter_dropped_total`)"),
+    Metric(M_EMITTER_PREFIX + "<name>_<unit>", "gauge", ("training_job", "rank", "reason"),
+           "emitter self-metric gauges, the unit as a suffix, none for `1` "
+           "(`otel_straggler_emitter_readout_lag_seconds`, `otel_straggler_emitter_pool_high_water`)"),
+)
+# OTel metric instruments every rank exports (its self-metrics), in the order docs/schema.md lists them.
+EMITTER_METRICS: Final = (
+    Metric(SM_INTERVALS, "counter", (),
+           "start/stop intervals completed", UNIT_COUNT),
+    Metric(SM_SPANS_EXPORTED, "counter", (),
+           "spans handed to the OTLP exporter and exported", UNIT_COUNT),
+    Metric(SM_DROPPED, "counter", ("reason",),
+           "intervals or spans dropped (`ring_full`, `pipe_full`, `queue_full`, `export_failed`, "
+           "`shutdown`, `late`: interval of an already closed step, `overflow`: timers per step cap, "
+           "`sidecar_down`: export child dead)", UNIT_COUNT),
+    Metric(SM_DEGRADED, "counter", ("reason",),
+           "intervals timed host-only, by degraded reason", UNIT_COUNT),
+    Metric(SM_BARRIERS_SKIPPED, "counter", (),
+           "`barrier=True` calls accepted and not executed", UNIT_COUNT),
+    Metric(SM_FAULTS, "counter", ("where",),
+           "exceptions caught inside the package and bad settings (training continued): `training`, "
+           "`readout`, `config_error`, `sink`, `export`, `metric_export`, `span_build`, `sidecar`, "
+           "`sidecar_decode`, `sidecar_spawn`, `sidecar_fatal`, `process_sink`, `thread_sink`", UNIT_COUNT),
+    Metric(SM_POOL_HIGH_WATER, "gauge", (),
+           "most CUDA events in flight at once", UNIT_COUNT),
+    Metric(SM_READOUT_LAG, "gauge", (),
+           "delay from stop to readout of the latest interval", UNIT_SECONDS),
+    Metric(SM_STEPS_EVICTED, "counter", (),
+           "step aggregates closed early because `max_open_steps` were open", UNIT_COUNT),
+    Metric(SM_SIDECAR_RESTARTS, "counter", (),
+           "export child process restarted after it died", UNIT_COUNT),
+)
 
 
 
