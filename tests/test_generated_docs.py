@@ -63,13 +63,13 @@ def _defaults() -> dict[str, float]:
 
 def _stated_defaults(text: str, defaults: dict[str, float]) -> list[tuple[int, str, float]]:
     """(line, key, value) wherever a doc states a key's value: a table row ``| `key` | N`` or ``| `key` | `N```,
-    or ``` `key` (N``` in a sentence (an alternative measured or another component's setting is written
-    otherwise: ``` `noise_z` 6 gave```)."""
+    ``` `key` (N```, ``` `key` [N``` or ``` `key` = N``` in a sentence (an alternative measured or another
+    component's setting is written otherwise: ``` `noise_z` 6 gave```)."""
     found = []
     for lineno, line in enumerate(text.splitlines(), 1):
         for key in defaults:
             k = re.escape(key)
-            for pattern in (rf"^\| `{k}` \| `?{_NUM}", rf"`{k}` \({_NUM}"):
+            for pattern in (rf"^\| `{k}` \| `?{_NUM}", rf"`{k}` [(\[]{_NUM}", rf"`{k}` = {_NUM}"):
                 found += [(lineno, key, float(m.group(1))) for m in re.finditer(pattern, line)]
     return found
 
