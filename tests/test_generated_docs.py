@@ -24,6 +24,8 @@ _spec.loader.exec_module(gen_docs)
 
 DOCS = [*sorted(ROOT.glob("docs/*.md")), ROOT / "README.md", ROOT / "collector_processor" / "README.md"]
 _NUM = r"(-?\d+(?:\.\d+)?)(?![\d.,]*\s?\d{3}\b)"
+_UNIT = r"(?:\s?(MiB|KiB|ms)\b)?"  # the code's unit: bytes and seconds, unless the key names its unit
+_SCALE = {"MiB": 1024.0**2, "KiB": 1024.0, "ms": 1e-3}
 
 
 def test_the_generated_tables_are_what_the_code_says() -> None:
@@ -45,7 +47,8 @@ def test_a_table_edited_by_hand_fails_the_check() -> None:
 
 
 def _defaults() -> dict[str, float]:
-    """Numeric defaults by the names the docs use: processor keys (``metrics.*`` too) and emitter variables."""
+    """Numeric defaults by the names the docs use: processor keys (``metrics.*`` too), the other collector
+    components' keys whose default is the same wherever the key occurs, and emitter variables."""
     from collector_processor.processor.straggler.config import Config, MetricsConfig
     from otel_straggler import config
 
@@ -54,6 +57,16 @@ def _defaults() -> dict[str, float]:
         for name, field in model.model_fields.items():
             if isinstance(field.default, int | float) and not isinstance(field.default, bool):
                 out[prefix + name] = float(field.default)
+    leaves: dict[str, set[float]] = {}
+    for model in gen_docs._collector_models().values():
+        for key, default, _bounds in gen_docs._walk(model, "", None):
+            try:
+                leaves.setdefault(key.rsplit(".", 1)[-1], set()).add(float(default))
+            except ValueError:
+                leaves.setdefault(key.rsplit(".", 1)[-1], set()).add(float("nan"))  # not a number: never matched
+    for leaf, values in leaves.items():  # a key every component gives the same numeric default
+        if len(values) == 1 and leaf not in out and values == {v for v in values if v == v}:
+            out[leaf] = values.pop()
     for name in config._PARSERS:
         value = config._DEFAULTS[name]
         if isinstance(value, int | float) and not isinstance(value, bool) and name != "device_every":
@@ -70,7 +83,11 @@ def _stated_defaults(text: str, defaults: dict[str, float]) -> list[tuple[int, s
         for key in defaults:
             k = re.escape(key)
             for pattern in (rf"^\| `{k}` \| `?{_NUM}", rf"`{k}` [(\[]{_NUM}", rf"`{k}` = {_NUM}"):
-                found += [(lineno, key, float(m.group(1))) for m in re.finditer(pattern, line)]
+                for m in re.finditer(pattern + _UNIT, line):
+                    scale = _SCALE.get(m.group(2) or "", 1.0)
+                    if m.group(2) and key.lower().endswith("_" + m.group(2).lower()):  # `limit_mib` (1024 MiB)
+                        scale = 1.0
+                    found.append((lineno, key, float(m.group(1)) * scale))
     return found
 
 
@@ -93,6 +110,8 @@ def test_the_default_scanner_sees_the_drift_it_is_for() -> None:
     drifted = "beyond its `max_open_windows` (8 windows of 5 steps)\n| `max_open_windows` | 8 | ... |\n"
     assert _stated_defaults(drifted, defaults) == [(1, "max_open_windows", 8.0), (2, "max_open_windows", 8.0)]
     assert _stated_defaults("`metrics.max_series` 10 000, `noise_z` 6 gave", defaults) == []
+    assert set(_stated_defaults("`max_bytes` (100 MiB), `limit_mib` (1024 MiB)", defaults)) == {
+        (1, "max_bytes", 100 * 1024.0**2), (1, "limit_mib", 1024.0)}
 
 
 def _registered_collector_metrics() -> dict[str, tuple[str, tuple[str, ...]]]:
