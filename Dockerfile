@@ -13,8 +13,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /src
 # README.md* : the readme pyproject.toml names, copied when present (a glob may match nothing).
 COPY pyproject.toml setup.py MANIFEST.in LICENSE CHANGELOG.md README.md* ./
+# every package of the distribution: the emitter, the contract (the collector imports it), the collector, the demo
 COPY otel_straggler ./otel_straggler
+COPY otel_straggler_schema ./otel_straggler_schema
 COPY collector_processor ./collector_processor
+COPY otel_straggler_demo ./otel_straggler_demo
 # the built-in configuration (collector_processor/config/collector.yaml links to it)
 COPY configs/collector.yaml ./configs/collector.yaml
 RUN pip install '.[collector]' && rm -rf /src/build

@@ -44,8 +44,8 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from otel_straggler.demo.run import free_port  # noqa: E402
 from otel_straggler.install import build_timers  # noqa: E402
+from otel_straggler_demo.run import free_port  # noqa: E402
 
 ARMS = ("off", "ok", "absent", "stall", "unavailable", "invalid_argument", "http_400")
 

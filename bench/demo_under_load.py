@@ -1,6 +1,6 @@
 """The demo under background CPU load: host jitter of its stages, the detector's view of it, and detection.
 
-Runs the real demo (``otel_straggler.demo.run.run_demo``: collector subprocess, gloo rank processes, the
+Runs the real demo (``otel_straggler_demo.run.run_demo``: collector subprocess, gloo rank processes, the
 injection knob) while ``scripts/cpu-load`` keeps every core busy, for one or more stage sizes interleaved
 run by run. Per run, from the stage times the collector passed on (``stage-times.csv``) of the injected
 stage after the warm-up:
@@ -43,10 +43,10 @@ from collector_processor.processor.straggler.statistics import (  # noqa: E402
     noise_raised_tolerance,
     pooled_relative_sigma,
 )
-from otel_straggler.demo.options import DemoOptions, inject_gap_ms  # noqa: E402
-from otel_straggler.demo.outcome import relative_step_noise, window_deviations  # noqa: E402
-from otel_straggler.demo.run import detector_settings, run_demo  # noqa: E402
-from otel_straggler.demo.tap import StagePoint  # noqa: E402
+from otel_straggler_demo.options import DemoOptions, inject_gap_ms  # noqa: E402
+from otel_straggler_demo.outcome import relative_step_noise, window_deviations  # noqa: E402
+from otel_straggler_demo.run import detector_settings, run_demo  # noqa: E402
+from otel_straggler_demo.tap import StagePoint  # noqa: E402
 
 
 @dataclass

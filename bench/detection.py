@@ -64,6 +64,7 @@ sys.path.insert(0, str(ROOT))
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
 
+import otel_straggler_schema as s  # noqa: E402
 from collector_processor.processor.straggler import factory  # noqa: E402
 from collector_processor.processor.straggler.model import Verdict  # noqa: E402
 from collector_processor.processor.straggler.processor import StragglerProcessor  # noqa: E402
@@ -73,8 +74,7 @@ from collector_processor.simulate.job import Layout, StepModel  # noqa: E402
 from collector_processor.simulate.score import RunScore, median, percentile, score_run  # noqa: E402
 from collector_processor.simulate.stream import REGIME_GPU_BOUND, REGIME_LAUNCH, JobStream, Noise, SimConfig  # noqa: E402
 from collector_processor.telemetry import Telemetry  # noqa: E402
-from otel_straggler import schema as s  # noqa: E402
-from otel_straggler.demo.run import free_port  # noqa: E402
+from otel_straggler_demo.run import free_port  # noqa: E402
 
 TARGET = "target:device:20ms-stage:+5%"
 TARGET_STAGE_MS = 20.0

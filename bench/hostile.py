@@ -195,7 +195,7 @@ class ValidClients:
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-        from otel_straggler import schema as s
+        import otel_straggler_schema as s
 
         mem = InMemorySpanExporter()
         tp = TracerProvider(resource=Resource.create({s.RES_RANK: i, s.RES_JOB_ID: "valid-job",
@@ -309,8 +309,8 @@ def cohort_spans(nbytes: int, job: str = "cohorts-job") -> bytes:
     from opentelemetry.proto.resource.v1.resource_pb2 import Resource
     from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
+    import otel_straggler_schema as s
     from collector_processor.otlp_values import key_value
-    from otel_straggler import schema as s
 
     req = ExportTraceServiceRequest()
     i = 0
@@ -369,8 +369,8 @@ def resent_steps_requests(n: int, seed: int = 7) -> list[bytes]:
     from opentelemetry.proto.resource.v1.resource_pb2 import Resource
     from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
+    import otel_straggler_schema as s
     from collector_processor.otlp_values import key_value
-    from otel_straggler import schema as s
 
     rnd = random.Random(seed)
     out = []
@@ -573,8 +573,8 @@ def stage_requests(steps: int, ranks: int = 8, slow_rank: int = 3, slow_ms: floa
     from opentelemetry.proto.resource.v1.resource_pb2 import Resource
     from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
+    import otel_straggler_schema as s
     from collector_processor.otlp_values import key_value
-    from otel_straggler import schema as s
 
     out = []
     for step in range(steps):

@@ -121,7 +121,7 @@ class Valid:
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-        from otel_straggler import schema as s
+        import otel_straggler_schema as s
 
         mem = InMemorySpanExporter()
         tp = TracerProvider(resource=Resource.create({s.RES_RANK: i, s.RES_JOB_ID: "valid-job",
@@ -312,8 +312,8 @@ def _far_request(job: str, i: int) -> bytes:
     from opentelemetry.proto.resource.v1.resource_pb2 import Resource
     from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
+    import otel_straggler_schema as s
     from collector_processor.otlp_values import key_value
-    from otel_straggler import schema as s
 
     res = Resource(attributes=[key_value(k, v) for k, v in {
         s.RES_RANK: 0, s.RES_WORLD_SIZE: 2, s.RES_JOB_ID: job, s.RES_COHORT_KEY: "valid"}.items()])

@@ -34,10 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import otel_straggler_schema as s  # noqa: E402
 from collector_processor.simulate.job import Layout  # noqa: E402
 from collector_processor.simulate.load import LoadConfig, sdk_requests  # noqa: E402
-from otel_straggler import schema as s  # noqa: E402
-from otel_straggler.demo.run import free_port  # noqa: E402
+from otel_straggler_demo.run import free_port  # noqa: E402
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 

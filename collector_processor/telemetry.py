@@ -1,6 +1,6 @@
 """Self-telemetry of the collector: one Prometheus registry shared by every component.
 
-Names come from ``otel_straggler.schema`` (the contract); components increment these instruments and
+Names come from ``otel_straggler_schema`` (the contract); components increment these instruments and
 the ``prometheus`` exporter serves the registry on ``/metrics``.
 
 Every counter exists at 0 from the start with each label value known in advance, so a ``rate()`` or
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import Exemplar, Metric, Sample
 
-from otel_straggler import schema as s
+import otel_straggler_schema as s
 
 
 def _base(name: str) -> str:

@@ -3,8 +3,8 @@
 Training side: ``Timers`` (drop-in for ``megatron.core.timers.Timers``), ``install_megatron`` and, for
 other loops, ``configure`` + ``stage`` + ``step``. Off unless enabled (``OTEL_STRAGGLER_ENABLED``).
 
-Importing the package loads nothing else: the names below load on first use, so ``otel_straggler.schema`` (the
-contract the collector shares) can be imported alone.
+Importing the package loads nothing else: the names below load on first use. The contract the collector shares
+is the package ``otel_straggler_schema`` (``otel_straggler.schema`` re-exports it).
 """
 
 from __future__ import annotations

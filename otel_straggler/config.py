@@ -4,33 +4,8 @@ Never raises into training: a bad value (unparsable, or outside its bounds: ever
 bound, ``MAX_*`` below) is warned about once (``logging``), replaced by the default and recorded in
 ``EmitterConfig.config_errors`` (the counters count each as a ``config_error`` fault).
 
-| env | field | default | meaning |
-|---|---|---|---|
-| OTEL_STRAGGLER_ENABLED | enabled | false | master switch (install_megatron / configure) |
-| OTEL_STRAGGLER_JOB_ID | job_id | "" | job id (identity falls back to SLURM/torchelastic/local) |
-| OTEL_STRAGGLER_DETAIL | detail | step | ``step`` (one span per timer per step) or ``interval`` |
-| OTEL_STRAGGLER_DEVICE_EVERY | device_every | auto (0) | events on every N-th step; ``auto`` adapts N |
-| OTEL_STRAGGLER_DEVICE_BUDGET | device_budget | 0.0025 | auto: event cost allowed, as a fraction of step time |
-| OTEL_STRAGGLER_DEVICE_EVERY_MAX | device_every_max | 4 | auto: largest N (>= 1 device sample per window) |
-| OTEL_STRAGGLER_DEVICE_REPEATS | device_repeats | middle | ``middle``: one repeat per timer, step on device; ``all`` |
-| OTEL_STRAGGLER_POOL_SIZE | pool_size | 4096 | pre-created CUDA events (two per interval awaiting readout) |
-| OTEL_STRAGGLER_RECORD_API | record_api | auto | ``auto``/``driver``: cuEventRecord (checked), ``torch`` |
-| OTEL_STRAGGLER_SHARE_GAP_US | share_gap_us | 50 | a boundary this soon after the previous record reuses its event |
-| OTEL_STRAGGLER_RING_SIZE | ring_size | 8192 | interval ring slots (rounded up to a power of two) |
-| OTEL_STRAGGLER_READOUT_INTERVAL_MS | readout_interval_ms | 500 | readout thread poll period |
-| OTEL_STRAGGLER_READOUT_TIMEOUT_S | readout_timeout_s | 30 | an unfinished end event older than this -> host-only |
-| OTEL_STRAGGLER_EXPORT_MODE | export_mode | process | ``process``, ``thread`` or ``off`` (export side) |
-| OTEL_STRAGGLER_EXPORT_NICE | export_nice | 10 | niceness the export child adds to itself (0: none) |
-| OTEL_STRAGGLER_EXPORT_AFFINITY | export_affinity | auto | ``auto``: export child off the training core; ``all`` |
-| OTEL_STRAGGLER_TOPOLOGY_EPOCH | topology_epoch | 0 | bumped on re-shard |
-| OTEL_STRAGGLER_STEP_TIMER | step_timer | forward-backward | timer whose start advances the auto step |
-| OTEL_STRAGGLER_SHUTDOWN_TIMEOUT_S | shutdown_timeout_s | 5 | bound on shutdown |
-| OTEL_STRAGGLER_STEP_CLOSE_S | step_close_s | 2 | export side: open steps close after this long without intervals |
-| OTEL_STRAGGLER_STEP_CLOSE_LAG | step_close_lag | 0 | export side: older steps kept open behind the newest (reorder) |
-| OTEL_STRAGGLER_MAX_OPEN_STEPS | max_open_steps | 8 | export side: step aggregates held; beyond, the oldest closes |
-| OTEL_STRAGGLER_MAX_TIMERS_PER_STEP | max_timers_per_step | 512 | export side: timers per step; beyond, dropped |
-| OTEL_STRAGGLER_SIDECAR_MAX_RESTARTS | sidecar_max_restarts | 3 | export child restarts after it died; then given up |
-| OTEL_STRAGGLER_SIDECAR_RESTART_BACKOFF_S | sidecar_restart_backoff_s | 0.5 | first restart delay (doubles) |
+The settings, their defaults, bounds and meanings: ``docs/configuration.md`` (generated from ``EmitterConfig``,
+``_PARSERS`` and ``HELP`` below by ``scripts/gen_docs.py``).
 
 Every module takes its defaults from ``DEFAULTS`` (``EmitterConfig()``), the one place they are written.
 
@@ -57,11 +32,11 @@ The readout thread wakes every 500 ms: each wake takes the GIL from the training
 on a launch-bound step those hand-offs, not the drain's work, are most of what the readout costs, so fewer wakes
 cost less (``bench/results/gpu-h200.md`` section 3; ``bench/results/cpu-gil-handoff.md``).
 500 ms keeps the collector's allowances (``export/batch_delay.py``): the delivery spread between ranks, a readout
-period plus the batch delay (at least 200 ms), stays inside its ``max_open_windows`` x ``window_steps`` steps
-down to ~18 ms steps (inside half of them from 35 ms). The pool holds what a period leaves in flight with device
-time on every step: 26 intervals per 20 ms step for 500 ms and the step still running are ~1,400 events, a
-third of the 4096 (fewer events: ``pool_exhausted``, host-only and counted). The export child runs at
-``export_nice`` (+10) so it yields to training processes on shared cores.
+period plus the batch delay (at least 200 ms), stays inside ``max_open_windows`` x ``window_steps`` steps down to
+~18 ms steps with 8 open windows (inside half of them from 35 ms; the default 64 hold it down to ~2 ms). The pool
+holds what a period leaves in flight with device time on every step: 26 intervals per 20 ms step for 500 ms and the
+step still running are ~1,400 events, a third of the 4096 (fewer events: ``pool_exhausted``, host-only and
+counted). The export child runs at ``export_nice`` (+10) so it yields to training processes on shared cores.
 """
 
 from __future__ import annotations
@@ -72,7 +47,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from otel_straggler import schema
+import otel_straggler_schema as schema
 from otel_straggler.event_pool import RECORD_APIS
 
 _log = logging.getLogger(__name__)
@@ -95,6 +70,9 @@ def _parse_bool(v: Any) -> bool:
     raise ValueError("not a boolean (1/0, true/false, yes/no, on/off)")
 
 
+_parse_bool.allowed = "1/0, true/false, yes/no, on/off"  # type: ignore[attr-defined]
+
+
 def _int_in(lo: int, hi: int) -> Callable[[Any], int]:
     """An integer in [lo, hi]: every size knob is bounded, so no value can exhaust memory at install."""
 
@@ -111,6 +89,7 @@ def _int_in(lo: int, hi: int) -> Callable[[Any], int]:
             raise ValueError(f"must be in [{lo}, {hi}]")
         return x
 
+    parse.allowed = f"integer {lo} to {hi}"  # type: ignore[attr-defined]
     return parse
 
 
@@ -128,6 +107,7 @@ def _float_in(hi: float, allow_zero: bool = False) -> Callable[[Any], float]:
             raise ValueError(f"must be in {'[' if allow_zero else '('}0, {hi}]")
         return x
 
+    parse.allowed = f"{'0' if allow_zero else '> 0'} to {hi:g}"  # type: ignore[attr-defined]
     return parse
 
 
@@ -138,6 +118,7 @@ def _choice(*allowed: str) -> Callable[[Any], str]:
             raise ValueError(f"must be one of {allowed}")
         return s
 
+    parse.allowed = ", ".join(allowed)  # type: ignore[attr-defined]
     return parse
 
 
@@ -148,8 +129,14 @@ def _device_every(v: Any) -> int:
     return _int_in(0, MAX_DEVICE_EVERY)(v)
 
 
+_device_every.allowed = "auto (0) or 1 to 1000"  # type: ignore[attr-defined]
+
+
 def _text(v: Any) -> str:
     return str(v).strip()
+
+
+_text.allowed = "text"  # type: ignore[attr-defined]
 
 
 def _nonempty(v: Any) -> str:
@@ -157,6 +144,9 @@ def _nonempty(v: Any) -> str:
     if not s:
         raise ValueError("must not be empty")
     return s
+
+
+_nonempty.allowed = "non-empty text"  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +249,7 @@ def warn_once(key: str, msg: str) -> None:
 
 
 # Upper bounds of the numeric settings (a value beyond is a bad value: warned, default, counted).
-MAX_DEVICE_EVERY = 1000
+MAX_DEVICE_EVERY = 1000  # also in _device_every.allowed
 MAX_POOL_SIZE = 65536  # CUDA events
 MAX_RING_SIZE = 1 << 20  # slots (preallocated objects of ~100 bytes each)
 MAX_OPEN_STEPS = 1024
@@ -293,6 +283,40 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "max_timers_per_step": _int_in(1, MAX_TIMERS_PER_STEP),
     "sidecar_max_restarts": _int_in(0, MAX_RESTARTS),
     "sidecar_restart_backoff_s": _float_in(600.0),
+}
+# One line per setting: what it does (docs/configuration.md's table is generated from this, the defaults and
+# the parsers' bounds; tests/test_generated_docs.py fails when the docs differ).
+HELP: dict[str, str] = {
+    "enabled": "master switch: nothing changes unless set",
+    "job_id": "job id, the input of the trace ids; empty: derived (Job and run ids, below)",
+    "detail": "`step`: one span per timer per step (microbatch repeats summed); `interval`: one per start/stop",
+    "device_every": "CUDA events on every N-th step, host timing on the others; `auto` (0) picks N from the step "
+                    "time within `device_budget`",
+    "device_budget": "`auto`: event-record cost allowed, as a fraction of the step time",
+    "device_every_max": "`auto`: largest N (every 5-step window keeps a device sample)",
+    "device_repeats": "which repeats (microbatches) of a timer record CUDA events on a device-sampled step: "
+                      "`middle` one, `all` every one (Device repeats, below)",
+    "pool_size": "pre-created, pre-warmed CUDA events (two per interval awaiting readout)",
+    "record_api": "`auto`/`driver`: the driver's `cuEventRecord` when it passes a check at install (`driver` "
+                  "warns when not), else torch's `Event.record`; `torch`: always torch's",
+    "share_gap_us": "a start this many microseconds or less after the previous boundary's record on the same "
+                    "stream reuses its event (Shared events, below); 0: every boundary records its own",
+    "ring_size": "interval ring slots, rounded up to a power of two (full: dropped, counted)",
+    "readout_interval_ms": "readout thread period: each wake takes the GIL from the training thread once",
+    "readout_timeout_s": "an unfinished end event older than this: host-only (`readout_timeout`)",
+    "export_mode": "`process` (spans built in a child process), `thread` (in-process), `off`",
+    "export_nice": "niceness the export child adds to itself, so it yields to training on shared cores",
+    "export_affinity": "`auto`: the export child runs on the allowed CPUs other than the training thread's core; "
+                       "`all`: anywhere",
+    "topology_epoch": "bump on re-shard: ranks of different epochs are never compared",
+    "step_timer": "timer whose start advances the automatic step",
+    "shutdown_timeout_s": "bound on flush at exit / SIGTERM",
+    "step_close_s": "export side: an open step closes after this long without new intervals",
+    "step_close_lag": "export side: older steps kept open behind the newest (reorder window)",
+    "max_open_steps": "export side: step aggregates held; beyond, the oldest closes early (`steps_evicted`)",
+    "max_timers_per_step": "export side: timers per step; beyond, dropped (`dropped{reason=overflow}`)",
+    "sidecar_max_restarts": "restarts of a dead export child, then it is given up (`sidecar_restarts`)",
+    "sidecar_restart_backoff_s": "first restart delay of the export child (doubles each time)",
 }
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(EmitterConfig) if f.name in _PARSERS}
 DEFAULTS = EmitterConfig()  # the one source of every default

@@ -13,7 +13,7 @@ is one increment stale is fine for cumulative self-metrics.
 
 from __future__ import annotations
 
-from otel_straggler import schema
+import otel_straggler_schema as schema
 
 # The schema's degraded reasons by meaning (unpacked in schema order; a change there fails loudly here).
 NO_CUDA, SAMPLED_OUT, POOL_EXHAUSTED, READOUT_TIMEOUT, CUDA_ERROR, UNBALANCED = schema.DEGRADED_REASONS

@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from otel_straggler import hot_path, schema
-from otel_straggler.stages import STAGE_SCHEMA
+import otel_straggler_schema as schema
+from otel_straggler import hot_path
+from otel_straggler_schema.stages import STAGE_SCHEMA
 
 _log = logging.getLogger(__name__)
 

@@ -74,9 +74,9 @@ def train_step(*args):
 @pytest.mark.slow
 def test_the_megatron_block_runs_with_real_megatron_core_configs(tmp_path: Path) -> None:
     pytest.importorskip("megatron.core")
-    from otel_straggler import schema
-    from otel_straggler.demo.run import free_port
-    from otel_straggler.demo.tap import TraceTap
+    import otel_straggler_schema as schema
+    from otel_straggler_demo.run import free_port
+    from otel_straggler_demo.tap import TraceTap
 
     (block,) = [b for p, b in blocks("python") if p == README and "install_megatron" in b]
     script = tmp_path / "megatron_loop.py"

@@ -76,7 +76,7 @@ def test_the_ddp_example_keeps_the_collective_out_of_the_compute_stages() -> Non
     compile(example, "train.py", "exec")
     stages = re.findall(r'otel_straggler\.stage\("([^"]+)"\)', example)
     assert stages == ["forward-compute", "backward-compute", "all-grads-sync", "optimizer"]
-    from otel_straggler.stages import stage_group
+    from otel_straggler_schema.stages import stage_group
 
     # compute stages are judged; the all-reduce is in a grad-sync stage, which the detector never judges
     assert [stage_group(s) for s in stages] == ["forward", "backward", "grad-sync", "optimizer"]
@@ -90,8 +90,8 @@ def test_the_ddp_example_runs_under_torchrun_and_every_rank_reports_every_stage(
     """2 ranks on CPU (gloo) exporting to a trace receiver on loopback: every rank sends every stage of
     every step."""
     pytest.importorskip("torch")
-    from otel_straggler.demo.run import free_port
-    from otel_straggler.demo.tap import TraceTap
+    from otel_straggler_demo.run import free_port
+    from otel_straggler_demo.tap import TraceTap
 
     script = tmp_path / "train.py"
     script.write_text(_ddp_example().replace("steps: int = 100", "steps: int = 12"), encoding="utf-8")

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from otel_straggler import schema
-from otel_straggler.demo.run import free_port, read_verdicts, yield_cpu
+import otel_straggler_schema as schema
+from otel_straggler_demo.run import free_port, read_verdicts, yield_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")

@@ -1,6 +1,6 @@
 """Detection on real device times: megatron-core GPT replicas sharing the GPU, one slowed.
 
-Runs the demo in megatron mode (``otel_straggler.demo``: every rank a real megatron-core GPT on CUDA, an
+Runs the demo in megatron mode (``otel_straggler_demo``: every rank a real megatron-core GPT on CUDA, an
 independent replica in its own one-process NCCL world, all in one cohort; spans to a straggler collector
 on loopback) three times:
   device   rank 1's forward-compute gets extra GPU work on its stream     -> expect gpu_stream_stall
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> int:
-    from otel_straggler.demo.run import DemoOptions, run_demo
+    from otel_straggler_demo.run import DemoOptions, run_demo
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=4)

@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from otel_straggler.demo.run import free_port  # noqa: E402
+from otel_straggler_demo.run import free_port  # noqa: E402
 
 
 class CaptureSink:
@@ -51,7 +51,7 @@ class CaptureSink:
 
 def run_size(size_name: str, steps: int, warmup: int) -> dict:
     import otel_straggler
-    from otel_straggler.demo.megatron_gpt import SIZES, MegatronGPT
+    from otel_straggler_demo.megatron_gpt import SIZES, MegatronGPT
 
     model = MegatronGPT(SIZES[size_name])
     sink = CaptureSink()
@@ -94,7 +94,7 @@ def main() -> int:
 
     import torch
 
-    from otel_straggler.demo.megatron_gpt import init_single_process
+    from otel_straggler_demo.megatron_gpt import init_single_process
 
     init_single_process(free_port())
     print(f"torch {torch.__version__}, device {torch.cuda.get_device_name(0)}", flush=True)

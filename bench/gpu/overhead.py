@@ -13,7 +13,7 @@ when the bench wakes it (its own timer is off), at the start of one of its own s
 of its own step time, so a wake, its drain and the GIL hand-offs around it fall in the steps of the arm that
 caused them, as often as in a run of that arm alone; the value is again the ratio of mean step times.
 Unpinned by default (``--pin`` puts the training thread alone on one core and everything else on the others).
-Model sizes (``otel_straggler/demo/megatron_gpt.py``): launch-bound (~30-50 ms steps: the host's launches are
+Model sizes (``otel_straggler_demo/megatron_gpt.py``): launch-bound (~30-50 ms steps: the host's launches are
 the critical path), gpu-bound (>= 150 ms, but its forward pass is paced by its launches on a slow host) and
 gpu-dense (GPU-bound in every stage); the last line's ``gpu_bound`` is gpu-dense's where it ran. Arms
 (``--arms``):
@@ -85,8 +85,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from otel_straggler import hot_path  # noqa: E402
-from otel_straggler.demo.run import free_port, yield_cpu  # noqa: E402
 from otel_straggler.export.wire import RecordBatch  # noqa: E402
+from otel_straggler_demo.run import free_port, yield_cpu  # noqa: E402
 
 SHIM_ARMS = ("shim", "every1", "host", "every1-hold", "every1-release", "every1-null", "every1-shared", "every1-own",
              "every1-norecord", "every1-notiming", "every1-all", "every1-clock")
@@ -97,7 +97,7 @@ def start_collector(workdir: Path) -> tuple[subprocess.Popen, int, int]:
 
     import yaml
 
-    from otel_straggler.demo.run import collector_config
+    from otel_straggler_demo.run import collector_config
 
     grpc_port, http_port, metrics_port, tap_port = (free_port() for _ in range(4))
     cfg = collector_config(grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
@@ -356,7 +356,7 @@ def boundary_profile(model: Any, steps: int) -> dict:
 
 def run_size(size_name: str, arm_names: list[str], rounds: int, steps: int, warmup: int, seconds: float,
              train_cpu: int | None, gate: bool = False, profile_steps: int = 0) -> dict:
-    from otel_straggler.demo.megatron_gpt import SIZES, MegatronGPT
+    from otel_straggler_demo.megatron_gpt import SIZES, MegatronGPT
 
     model = MegatronGPT(SIZES[size_name])
     torch = model.torch
@@ -687,7 +687,7 @@ def main() -> int:
 
     import torch
 
-    from otel_straggler.demo.megatron_gpt import init_single_process
+    from otel_straggler_demo.megatron_gpt import init_single_process
 
     init_single_process(free_port())
     train_cpu = _pin_others() if args.pin else None

@@ -30,13 +30,13 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from pydantic import Field
 
+import otel_straggler_schema as s
 from collector_processor.component import Endpoint
 from collector_processor.config.types import MetricsListen, Strict, split_host_port
 from collector_processor.exporter.prometheus_names import prometheus_name
 from collector_processor.receiver.auth import AuthConfig, BearerAuth
 from collector_processor.registry import BuildContext, Factory
 from collector_processor.telemetry import Telemetry, add_sample
-from otel_straggler import schema as s
 
 log = logging.getLogger(__name__)
 OTEL_PREFIX = "otel_straggler.emitter."

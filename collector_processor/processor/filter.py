@@ -12,9 +12,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans
 from pydantic import Field
 
+import otel_straggler_schema as s
 from collector_processor.config.types import Strict
 from collector_processor.registry import BuildContext, Factory
-from otel_straggler import schema as s
 
 
 class Config(Strict):

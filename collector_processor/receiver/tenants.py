@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from google.protobuf.message import Message
 
+import otel_straggler_schema as s
 from collector_processor.receiver.auth import Tenant
-from otel_straggler import schema as s
 
 _RESOURCES = {"traces": "resource_spans", "metrics": "resource_metrics", "logs": "resource_logs"}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from otel_straggler import schema as s
+import otel_straggler_schema as s
 
 COMPUTE_STAGES = ("forward-compute", "backward-compute")
 

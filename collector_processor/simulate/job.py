@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from otel_straggler import schema as s
-from otel_straggler.stages import STAGE_SCHEMA, stage_group
+import otel_straggler_schema as s
+from otel_straggler_schema.stages import STAGE_SCHEMA, stage_group
 
 
 @dataclass(frozen=True)

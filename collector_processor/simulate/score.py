@@ -6,9 +6,9 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import otel_straggler_schema as s
 from collector_processor.processor.straggler.model import Verdict
 from collector_processor.simulate.faults import Fault
-from otel_straggler import schema as s
 
 _SUSTAINED = ("device", "host", "dataloader", "ramp")  # faults that stay on from onset to end
 

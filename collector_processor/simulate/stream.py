@@ -34,11 +34,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+import otel_straggler_schema as s
 from collector_processor.otlp_values import key_value
 from collector_processor.simulate.faults import Fault
 from collector_processor.simulate.job import Layout, RankInfo, StepModel, ranks_of
-from otel_straggler import schema as s
-from otel_straggler.stages import STAGE_SCHEMA, stage_group
+from otel_straggler_schema.stages import STAGE_SCHEMA, stage_group
 
 REGIME_LAUNCH = "launch"
 REGIME_GPU_BOUND = "gpu_bound"

@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from otel_straggler import schema
+import otel_straggler_schema as schema
 from otel_straggler.config import DEFAULTS, EmitterConfig
 from otel_straggler.export.aggregate import KIND_RANK_STEP, SpanRecord, StepAggregator
 from otel_straggler.export.batch_delay import DelayFit

@@ -36,7 +36,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
-from otel_straggler import schema
+import otel_straggler_schema as schema
 from otel_straggler.export.otel_env import GRPC, NONE, OtelSettings, SignalSettings
 from otel_straggler.identity import DEFAULT_SERVICE_NAME, service_name_from_env
 

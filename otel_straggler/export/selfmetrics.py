@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from otel_straggler import schema
+import otel_straggler_schema as schema
 
 FAULTS_WHERE_ATTR = "where"
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-from otel_straggler import schema
+import otel_straggler_schema as schema
 from otel_straggler.export.aggregate import KIND_JOB_STEP, KIND_RANK_STEP, SpanRecord
 from otel_straggler.export.ids import PresetIdGenerator
 

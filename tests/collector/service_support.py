@@ -20,6 +20,7 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+import otel_straggler_schema as s
 from collector_processor.config.loader import load_text
 from collector_processor.config.types import Duration, Strict
 from collector_processor.config.validate import validate
@@ -27,7 +28,6 @@ from collector_processor.processor.straggler.model import Verdict
 from collector_processor.registry import BuildContext, Factory
 from collector_processor.service import Service
 from collector_processor.telemetry import Telemetry
-from otel_straggler import schema as s
 
 # ---- processor doubles ---------------------------------------------------------------------------------------
 

@@ -18,11 +18,11 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SpanExportResult
 from service_support import BASE_RECEIVER, DoubleProcessor, make_spans, make_verdict, scrape, wait_for
 
+import otel_straggler_schema as s
 from collector_processor.exporter.evidence import Config as EvidenceConfig
 from collector_processor.exporter.evidence import EvidenceExporter
 from collector_processor.processor.straggler.events import VerdictEvents, verdict_to_dict
 from collector_processor.telemetry import Telemetry
-from otel_straggler import schema as s
 
 
 def test_evidence_lines_flushed_within_interval_while_running(start_service, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -10,7 +10,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace.export import SpanExportResult
 from service_support import BASE_RECEIVER, free_port, make_spans, wait_for
 
-from otel_straggler import schema as s
+import otel_straggler_schema as s
 
 
 def _attrs(record) -> dict[str, object]:  # type: ignore[no-untyped-def]

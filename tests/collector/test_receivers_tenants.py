@@ -14,10 +14,10 @@ from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from service_support import BASE_RECEIVER, DoubleProcessor
 
+import otel_straggler_schema as s
 from collector_processor.config.loader import ConfigError, load_text
 from collector_processor.config.validate import validate
 from collector_processor.receiver.auth import AuthConfig, BearerAuth
-from otel_straggler import schema as s
 
 TRACE_EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 AUTH = """    auth:

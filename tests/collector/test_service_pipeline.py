@@ -13,12 +13,12 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from service_support import BASE_RECEIVER, make_spans, scrape, wait_for
 
+import otel_straggler_schema as s
 from collector_processor.pipeline import Pipeline, Stage
 from collector_processor.simulate.faults import Fault
 from collector_processor.simulate.job import Layout
 from collector_processor.simulate.stream import JobStream, SimConfig
 from collector_processor.telemetry import Telemetry
-from otel_straggler import schema as s
 
 
 class _Exploding:

@@ -17,10 +17,10 @@ import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from service_support import BASE_RECEIVER, DoubleProcessor, scrape, wait_for
 
+import otel_straggler_schema as s
 from collector_processor.simulate.faults import Fault
 from collector_processor.simulate.job import Layout
 from collector_processor.simulate.stream import JobStream, SimConfig
-from otel_straggler import schema as s
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import statistics
 
+import otel_straggler_schema as s
 from collector_processor.simulate.stream import JobStream, Noise, SimConfig
-from otel_straggler import schema as s
 
 
 def _forward_ms(noise: Noise, steps: int = 200) -> dict[int, dict[int, float]]:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from otel_straggler import cli
-from otel_straggler.demo import run
-from otel_straggler.demo.options import DemoOptions
+from otel_straggler_demo import run
+from otel_straggler_demo.options import DemoOptions
 
 HANG_S = 120.0
 

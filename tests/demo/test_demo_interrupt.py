@@ -1,6 +1,6 @@
 """Ctrl-C on the demo (the terminal sends SIGINT to the demo's foreground process group), or SIGTERM to that
 group. The demo's collector child runs in a session of its own (``start_new_session=True`` in
-``otel_straggler/demo/run.py``), so it never sees that signal; the demo must stop it itself, or it is left
+``otel_straggler_demo/run.py``), so it never sees that signal; the demo must stop it itself, or it is left
 running with its ports bound. The demo says it was interrupted and exits 130.
 
 Bounds are generous timeouts against a hang, never latencies.

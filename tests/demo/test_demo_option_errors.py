@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from otel_straggler.demo.options import DemoOptions, OptionError, check_options
-from otel_straggler.demo.run import detector_settings
+from otel_straggler_demo.options import DemoOptions, OptionError, check_options
+from otel_straggler_demo.run import detector_settings
 
 
 @pytest.mark.parametrize("slowdown", [-1.0, -0.1, 10.5])
@@ -24,7 +24,7 @@ def test_a_negative_inject_ms_is_refused_even_without_a_slowdown() -> None:
 
 def test_run_demo_checks_its_options_before_it_starts_anything(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Callers other than the CLI (the benchmarks) call run_demo directly: it refuses the same options."""
-    from otel_straggler.demo.run import run_demo
+    from otel_straggler_demo.run import run_demo
 
     out = tmp_path / "never"
     with pytest.raises(OptionError, match="--inject-rank 9 is not below --ranks 4"):
@@ -49,7 +49,7 @@ def test_a_dead_endpoint_fails_before_any_rank_starts_and_names_it(tmp_path, pro
     """``--endpoint`` where nothing takes OTLP: no span could reach a collector, so the demo says so and exits 1
     instead of reporting that the external collector holds the verdicts."""
     from otel_straggler.cli import main
-    from otel_straggler.demo.run import free_port
+    from otel_straggler_demo.run import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
     out = tmp_path / "out"
@@ -60,9 +60,9 @@ def test_a_dead_endpoint_fails_before_any_rank_starts_and_names_it(tmp_path, pro
 
 
 def test_the_probe_takes_a_live_otlp_receiver() -> None:
-    from otel_straggler.demo.run import free_port
-    from otel_straggler.demo.tap import TraceTap
     from otel_straggler.export.probe import probe_otlp
+    from otel_straggler_demo.run import free_port
+    from otel_straggler_demo.tap import TraceTap
 
     tap, port = TraceTap(), free_port()
     tap.start(port)

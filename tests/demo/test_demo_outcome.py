@@ -9,15 +9,15 @@ import re
 
 import pytest
 
-from otel_straggler import schema as s
-from otel_straggler.demo.options import (
+import otel_straggler_schema as s
+from otel_straggler_demo.options import (
     DemoOptions,
     OptionError,
     check_options,
     default_inject_rank,
     inject_gap_ms,
 )
-from otel_straggler.demo.outcome import (
+from otel_straggler_demo.outcome import (
     REASON_TEXT,
     explain,
     problems,
@@ -25,8 +25,8 @@ from otel_straggler.demo.outcome import (
     summarise,
     window_deviations,
 )
-from otel_straggler.demo.run import collector_config, detector_settings
-from otel_straggler.demo.tap import StagePoint
+from otel_straggler_demo.run import collector_config, detector_settings
+from otel_straggler_demo.tap import StagePoint
 
 DET = {"window_steps": 5, "absolute_floor_ms": 5.0, "tolerance": 0.04, "fastest_quantile": 0.1}
 

@@ -13,17 +13,17 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from otel_straggler import schema as s
-from otel_straggler.demo.options import DemoOptions, Detection, describe_injection
-from otel_straggler.demo.outcome import explain, stage_series
-from otel_straggler.demo.report import (
+import otel_straggler_schema as s
+from otel_straggler_demo.options import DemoOptions, Detection, describe_injection
+from otel_straggler_demo.outcome import explain, stage_series
+from otel_straggler_demo.report import (
     build_figure,
     outcome_line,
     robust_limits,
     window_deviation_grid,
     write_report,
 )
-from otel_straggler.demo.tap import StagePoint
+from otel_straggler_demo.tap import StagePoint
 
 OPTS = DemoOptions(ranks=8, steps=120, inject_rank=3, inject_from=50, inject_until=90)
 

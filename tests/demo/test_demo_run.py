@@ -135,7 +135,7 @@ def test_megatron_model_without_cuda_is_refused_before_ranks_start(tmp_path: Pat
 
 
 def test_help_lists_every_model_and_both_programs_have_a_version() -> None:
-    from otel_straggler.demo.options import MODELS
+    from otel_straggler_demo.options import MODELS
 
     helptext = _demo("--help").stdout
     assert len(MODELS) == 5 and all(model in helptext for model in MODELS), helptext
@@ -149,7 +149,7 @@ def test_help_lists_every_model_and_both_programs_have_a_version() -> None:
 
 
 def test_every_verdict_reason_has_plain_words() -> None:
-    from otel_straggler import schema
-    from otel_straggler.demo.outcome import REASON_TEXT
+    import otel_straggler_schema as schema
+    from otel_straggler_demo.outcome import REASON_TEXT
 
     assert set(REASON_TEXT) == set(schema.REASONS)

@@ -10,10 +10,10 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from otel_straggler import schema as s
-from otel_straggler.demo.options import DemoResult
-from otel_straggler.demo.run import free_port
-from otel_straggler.demo.tap import TraceTap
+import otel_straggler_schema as s
+from otel_straggler_demo.options import DemoResult
+from otel_straggler_demo.run import free_port
+from otel_straggler_demo.tap import TraceTap
 
 
 def _request(rank: int, steps: range) -> trace_service_pb2.ExportTraceServiceRequest:

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torch.distributed")
 
-from otel_straggler.demo.trainer import _GpuTurns
+from otel_straggler_demo.trainer import _GpuTurns
 
 
 def _port() -> int:

@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 import otel_straggler
+import otel_straggler_schema as s
 from collector_processor.config.loader import load_text
 from collector_processor.config.validate import validate
-from otel_straggler import schema as s
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "kubernetes"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_straggler.demo.run import free_ports
+from otel_straggler_demo.run import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 SBATCH = ROOT / "deploy" / "slurm" / "train.sbatch"

@@ -13,7 +13,7 @@ import pytest
 from export_otlp_receiver import ReceivedSpan, Store
 from export_rank_driver import MICROBATCHES, make_intervals, stats_for
 
-from otel_straggler import schema
+import otel_straggler_schema as schema
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

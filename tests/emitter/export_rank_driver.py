@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-from otel_straggler import schema
+import otel_straggler_schema as schema
 from otel_straggler.config import EmitterConfig
 from otel_straggler.identity import Identity
 from otel_straggler.interval import Interval

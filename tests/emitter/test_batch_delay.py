@@ -12,8 +12,8 @@ from export_rank_driver import identity, make_intervals
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+import otel_straggler_schema as schema
 from collector_processor.processor.straggler.config import Config
-from otel_straggler import schema
 from otel_straggler.config import DEFAULTS
 from otel_straggler.export import batch_delay as bd
 from otel_straggler.export.otel_env import OtelSettings

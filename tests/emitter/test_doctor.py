@@ -8,8 +8,8 @@ import pytest
 
 from otel_straggler import doctor
 from otel_straggler.cli import main
-from otel_straggler.demo.run import free_port
-from otel_straggler.demo.tap import TraceTap
+from otel_straggler_demo.run import free_port
+from otel_straggler_demo.tap import TraceTap
 
 WORKER = {"OTEL_STRAGGLER_ENABLED": "1", "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
           "GROUP_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",

@@ -11,7 +11,7 @@ import pytest
 from export_e2e_support import check_metrics, check_spans, otlp_env, run_ranks
 from export_otlp_receiver import GrpcReceiver, HttpReceiver
 
-from otel_straggler import schema
+import otel_straggler_schema as schema
 
 pytestmark = pytest.mark.slow
 

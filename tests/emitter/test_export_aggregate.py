@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from otel_straggler import schema
+import otel_straggler_schema as schema
 from otel_straggler.config import EmitterConfig
 from otel_straggler.export.aggregate import KIND_JOB_STEP, KIND_RANK_STEP, KIND_STAGE, StepAggregator
 from otel_straggler.interval import Interval

@@ -19,7 +19,7 @@ from export_e2e_support import check_spans, otlp_env, run_ranks, start_rank
 from export_otlp_receiver import GrpcReceiver
 from export_rank_driver import identity, make_intervals
 
-from otel_straggler import schema
+import otel_straggler_schema as schema
 from otel_straggler.config import DEFAULTS
 from otel_straggler.export.process_sink import ProcessSink
 from otel_straggler.export.thread_sink import ThreadSink

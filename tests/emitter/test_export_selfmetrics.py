@@ -5,7 +5,7 @@ from __future__ import annotations
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from otel_straggler import schema
+import otel_straggler_schema as schema
 from otel_straggler.export.selfmetrics import SelfMetrics, normalize
 
 

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_straggler import schema
+import otel_straggler_schema as schema
 from otel_straggler.config import DEFAULTS
 from otel_straggler.export.thread_sink import ThreadSink
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from otel_straggler import hot_path, schema
-from otel_straggler.demo.run import free_port
+import otel_straggler_schema as schema
+from otel_straggler import hot_path
 from otel_straggler.identity import Identity, job_id_from_env, resolve_identity, run_id_from_env
+from otel_straggler_demo.run import free_port
 
 HERE = Path(__file__).resolve().parent
 

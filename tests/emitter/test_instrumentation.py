@@ -21,7 +21,7 @@ import pytest
 from export_e2e_support import ROOT, otlp_env
 from export_otlp_receiver import GrpcReceiver
 
-from otel_straggler import schema
+import otel_straggler_schema as schema
 
 pytest.importorskip("megatron.core")
 

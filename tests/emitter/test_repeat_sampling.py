@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from fake_cuda import FakeDevice
 
-from otel_straggler import schema
+import otel_straggler_schema as schema
 from otel_straggler.config import EmitterConfig
 from otel_straggler.counters import SAMPLED_OUT
 from otel_straggler.export.aggregate import KIND_RANK_STEP, KIND_STAGE, StepAggregator

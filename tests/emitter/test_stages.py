@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from otel_straggler import schema
-from otel_straggler.stages import P2P_TIMERS, STAGE_GROUP_BY_NAME, STAGE_SCHEMA, stage_group
+import otel_straggler_schema as schema
+from otel_straggler_schema.stages import P2P_TIMERS, STAGE_GROUP_BY_NAME, STAGE_SCHEMA, stage_group
 
 # Inventory of megatron-core 0.16 / training.py timer names (reference: megatron-timers.md).
 LEVEL2 = ["forward-compute", "backward-compute", "batch-generator", *P2P_TIMERS]

@@ -10,7 +10,7 @@ import time
 import pytest
 from fake_cuda import FakeDevice
 
-from otel_straggler import schema
+import otel_straggler_schema as schema
 from otel_straggler.counters import EmitterCounters
 from otel_straggler.inject import Injector
 from otel_straggler.timers import Timer, Timers

@@ -358,7 +358,7 @@ def test_megatron_gpt_with_the_shim_as_config_timers() -> None:
     pytest.importorskip("megatron.core")
     import socket
 
-    from otel_straggler.demo.megatron_gpt import LAUNCH_BOUND, MegatronGPT, init_single_process
+    from otel_straggler_demo.megatron_gpt import LAUNCH_BOUND, MegatronGPT, init_single_process
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

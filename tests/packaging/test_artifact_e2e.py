@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from packaging_support import ROOT, Dist
 
-from otel_straggler.demo.run import free_ports, read_verdicts
+from otel_straggler_demo.run import free_ports, read_verdicts
 
 pytestmark = pytest.mark.slow
 

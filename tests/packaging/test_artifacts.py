@@ -57,7 +57,11 @@ def test_the_wheel_carries_types_license_config_and_entry_points(dist: Dist) -> 
         (eps,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         entry_points = zf.read(eps).decode()
         config = zf.read("collector_processor/config/collector.yaml").decode()
-    assert {"otel_straggler/py.typed", "collector_processor/py.typed"} <= names
+    assert {"otel_straggler/py.typed", "otel_straggler_schema/py.typed", "collector_processor/py.typed"} <= names
+    assert {n.split("/", 1)[0] for n in names if n.endswith(".py")} == {
+        "otel_straggler", "otel_straggler_schema", "otel_straggler_demo", "collector_processor"}
+    assert {"otel_straggler_schema/__init__.py", "otel_straggler_schema/stages.py", "otel_straggler/schema.py",
+            "otel_straggler_demo/cli.py", "otel_straggler_demo/run.py"} <= names
     assert f"otel_straggler-{otel_straggler.__version__}.dist-info/licenses/LICENSE" in names
     assert config == (ROOT / "collector_processor/config/collector.yaml").read_text(encoding="utf-8")
     assert "otel-straggler = otel_straggler.cli:main" in entry_points
@@ -115,7 +119,8 @@ def test_the_sdist_holds_the_c_source_and_the_build_script(dist: Dist) -> None:
     with tarfile.open(dist.sdist) as tf:
         names = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
     assert {"otel_straggler/_hotpath.c", "setup.py", "pyproject.toml", "LICENSE", "CHANGELOG.md", "PKG-INFO",
-            "collector_processor/config/collector.yaml", "otel_straggler/py.typed"} <= names
+            "collector_processor/config/collector.yaml", "otel_straggler/py.typed", "otel_straggler_schema/py.typed",
+            "otel_straggler_schema/__init__.py", "otel_straggler_demo/cli.py"} <= names
     assert not [n for n in names if n.startswith("tests/")]
 
 

@@ -1,10 +1,12 @@
 """Two installs from one distribution: the emitter (what a training image needs) and the collector (the
-``collector`` extra). Neither package loads the other at runtime; the contract they share
-(``otel_straggler.schema``) loads nothing else. The collector runs its built-in configuration without flags, and
-both command lines say what runs (``--version``)."""
+``collector`` extra). Neither package loads the other at runtime; the contract they share (the package
+``otel_straggler_schema``) loads nothing but the standard library, and the demo application
+(``otel_straggler_demo``) is imported by no library package. The collector runs its built-in configuration
+without flags, and both command lines say what runs (``--version``)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import signal
@@ -19,7 +21,7 @@ import yaml
 from packaging_support import ROOT
 
 import otel_straggler
-from otel_straggler.demo.run import free_ports
+from otel_straggler_demo.run import free_ports
 
 COLLECTOR_DEPS = ("collector_processor", "pydantic", "yaml", "prometheus_client")
 
@@ -33,36 +35,72 @@ def _python(code: str, **env: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_the_shared_contract_loads_nothing_of_the_emitter() -> None:
-    out = _python("import json, sys; import otel_straggler.schema; "
-                  "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('otel_straggler', 'torch')))))")
-    assert out == ["otel_straggler", "otel_straggler.schema"]
+PROJECT = ("otel_straggler", "collector_processor", "torch", "opentelemetry")
+
+
+def test_the_shared_contract_loads_nothing_but_the_standard_library() -> None:
+    out = _python("import json, sys; import otel_straggler_schema, otel_straggler_schema.stages; "
+                  f"print(json.dumps(sorted(m for m in sys.modules if m.startswith({PROJECT!r}))))")
+    assert out == ["otel_straggler_schema", "otel_straggler_schema.stages"]
+    stdlib = _python("import json, sys; before = set(sys.modules); import otel_straggler_schema.stages; "
+                     "print(json.dumps(sorted(m for m in set(sys.modules) - before "
+                     "if m.split('.')[0] not in sys.stdlib_module_names)))")
+    assert stdlib == ["otel_straggler_schema", "otel_straggler_schema.stages"]
+
+
+def test_the_emitter_s_schema_module_is_the_contract_re_exported() -> None:
+    import otel_straggler_schema
+    import otel_straggler_schema.stages
+    from otel_straggler import schema, stages
+
+    public = {n for n in vars(otel_straggler_schema) if (n.isupper() and not n.startswith("_")) or n in {
+        "trace_id_for_step", "job_step_span_id", "rank_step_span_id", "run_cohort", "cohort_run", "cohort_key"}}
+    assert len(public) > 150
+    assert all(getattr(schema, n) is getattr(otel_straggler_schema, n) for n in public)
+    assert stages.stage_group is otel_straggler_schema.stages.stage_group
 
 
 def test_the_running_collector_loads_no_emitter_module() -> None:
     """Everything a running collector imports (CLI, config, service with the shipped configuration's components,
-    the straggler processor) loads the contract and nothing else of ``otel_straggler``."""
+    the straggler processor, the simulator) loads the contract and no module of ``otel_straggler``."""
     code = """
 import json, sys
 import collector_processor, collector_processor.cli as cli, collector_processor.service as service
 import collector_processor.components, collector_processor.processor.straggler.processor
+import collector_processor.simulate.stream, collector_processor.simulate.load, collector_processor.simulate.job
 with cli.default_config_path() as p:
     cfg = cli.load_config([str(p)])
 svc = service.Service(cfg)
 print(json.dumps(sorted(m for m in sys.modules if m.startswith(('otel_straggler', 'torch', 'opentelemetry.sdk')))))
 """
-    assert _python(code) == ["otel_straggler", "otel_straggler.schema"]
+    assert _python(code) == ["otel_straggler_schema", "otel_straggler_schema.stages"]
+
+
+def test_the_collector_cli_validating_a_configuration_loads_no_emitter_module(tmp_path: Path) -> None:
+    code = """
+import json, sys
+from collector_processor import cli
+with cli.default_config_path() as p:
+    try:
+        rc = cli.main(["--config", str(p), "--validate"])
+    except SystemExit as exc:
+        rc = exc.code
+print(json.dumps({"rc": rc, "loaded": sorted(m for m in sys.modules if m.startswith(('otel_straggler', 'torch')))}))
+"""
+    out = _python(code)
+    assert out["rc"] == 0
+    assert [m for m in out["loaded"] if not m.startswith("otel_straggler_schema")] == []
 
 
 def test_the_emitter_loads_no_collector_module_or_dependency() -> None:
     """Every library module of the emitter, imported and wired (configure + a step), loads neither the collector
-    nor its dependencies. (``otel_straggler.demo`` is the demo application, started by ``otel-straggler demo``,
+    nor its dependencies. (``otel_straggler_demo`` is the demo application, started by ``otel-straggler demo``,
     and needs the ``collector`` extra; no library module imports it.)"""
     code = f"""
 import importlib, json, pkgutil, sys
 import otel_straggler
 mods = [m.name for m in pkgutil.walk_packages(otel_straggler.__path__, "otel_straggler.")
-        if not m.name.startswith(("otel_straggler.demo", "otel_straggler.cli"))]
+        if not m.name.startswith(("otel_straggler_demo", "otel_straggler.cli"))]
 for name in mods:
     importlib.import_module(name)
 from otel_straggler.interval import NullSink
@@ -71,7 +109,8 @@ otel_straggler.step(0)
 with otel_straggler.stage("forward-compute"):
     pass
 otel_straggler.shutdown(2.0)
-demo = [m for m in sys.modules if m.startswith("otel_straggler.demo")]
+demo = [m for m in sys.modules if m.startswith("otel_straggler_demo")]
+import otel_straggler.cli  # the command line dispatches to the demo only when ``demo`` runs
 print(json.dumps({{"n": len(mods), "demo": demo,
                   "loaded": sorted({{m.split(".")[0] for m in sys.modules}} & set({list(COLLECTOR_DEPS)!r}))}}))
 """
@@ -79,12 +118,45 @@ print(json.dumps({{"n": len(mods), "demo": demo,
     assert out["n"] >= 25 and out["demo"] == [] and out["loaded"] == []
 
 
-def test_no_library_module_imports_the_demo() -> None:
-    for path in (ROOT / "otel_straggler").rglob("*.py"):
-        rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith("otel_straggler/demo/") or rel == "otel_straggler/cli.py":
-            continue
-        assert "otel_straggler.demo" not in path.read_text(encoding="utf-8"), rel
+def test_import_otel_straggler_loads_neither_the_collector_nor_the_demo() -> None:
+    out = _python("import json, sys; import otel_straggler, otel_straggler.cli, otel_straggler.schema; "
+                  "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & "
+                  "{'collector_processor', 'otel_straggler_demo', 'pydantic', 'prometheus_client', 'yaml'})))")
+    assert out == []
+
+
+def test_no_library_package_imports_the_demo() -> None:
+    """Only the command line names the demo (it dispatches ``otel-straggler demo`` to it, inside ``main``)."""
+    for package in ("otel_straggler", "otel_straggler_schema", "collector_processor"):
+        for path in (ROOT / package).rglob("*.py"):
+            rel = path.relative_to(ROOT).as_posix()
+            text = path.read_text(encoding="utf-8")
+            if rel == "otel_straggler/cli.py":
+                assert text.count("otel_straggler_demo") == 2, "one lazy import in main and the docstring"
+                continue
+            assert "otel_straggler_demo" not in text, rel
+
+
+def test_the_contract_imports_only_the_standard_library_and_itself() -> None:
+    imported = set()
+    for path in (ROOT / "otel_straggler_schema").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module.split(".")[0])
+    assert imported - set(sys.stdlib_module_names) == {"otel_straggler_schema"}
+
+
+def test_otel_straggler_demo_dispatches_to_the_demo_application() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    proc = subprocess.run([sys.executable, "-m", "otel_straggler.cli", "demo", "--help"], capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: otel-straggler demo") and "--inject-rank" in proc.stdout
+    top = subprocess.run([sys.executable, "-m", "otel_straggler.cli", "--help"], capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert top.returncode == 0 and "{demo,doctor}" in top.stdout and "slow one" in top.stdout
 
 
 def test_version_says_which_hot_path_runs() -> None:

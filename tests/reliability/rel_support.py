@@ -25,8 +25,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
+import otel_straggler_schema as s
 from collector_processor.otlp_values import key_value
-from otel_straggler import schema as s
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collector"))
 from service_support import scrape, wait_for

@@ -33,7 +33,7 @@ from rel_support import (
     total,
 )
 
-from otel_straggler import schema as s
+import otel_straggler_schema as s
 
 pytestmark = pytest.mark.slow
 

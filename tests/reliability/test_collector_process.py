@@ -21,10 +21,10 @@ from rel_support import (
     wait_for,
 )
 
+import otel_straggler_schema as s
 from collector_processor.simulate.faults import Fault
 from collector_processor.simulate.job import Layout
 from collector_processor.simulate.stream import JobStream, Noise, SimConfig
-from otel_straggler import schema as s
 
 pytestmark = pytest.mark.slow
 

@@ -24,9 +24,9 @@ from rel_support import (
     wait_for,
 )
 
+import otel_straggler_schema as s
 from collector_processor.config.loader import load_files
 from collector_processor.config.validate import validate
-from otel_straggler import schema as s
 
 pytestmark = pytest.mark.slow
 

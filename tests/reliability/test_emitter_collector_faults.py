@@ -28,7 +28,7 @@ from export_otlp_receiver import GrpcReceiver
 from rel_support import Stalling
 from service_support import HttpSink, free_port
 
-from otel_straggler import schema
+import otel_straggler_schema as schema
 from otel_straggler.install import build_timers
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "emitter"))
 from export_e2e_support import otlp_env
 from export_otlp_receiver import GrpcReceiver
 
-from otel_straggler import schema
+import otel_straggler_schema as schema
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).resolve().parent

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
-from otel_straggler import schema as s
-from otel_straggler.demo.run import free_ports
+import otel_straggler_schema as s
+from otel_straggler_demo.run import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
@@ -121,7 +121,7 @@ SCRAPE_SERIES = frozenset({"up"})
 
 
 def exported_metric_names() -> set[str]:
-    """Every Prometheus metric name the straggler collector exports, per ``otel_straggler.schema``."""
+    """Every Prometheus metric name the straggler collector exports, per ``otel_straggler_schema``."""
     names = set()
     for attr in dir(s):
         value = getattr(s, attr)

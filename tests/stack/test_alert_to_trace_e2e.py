@@ -37,7 +37,7 @@ from stack_support import (
     wait_until,
 )
 
-from otel_straggler import schema as s
+import otel_straggler_schema as s
 
 pytestmark = pytest.mark.slow
 

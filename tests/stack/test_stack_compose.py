@@ -200,6 +200,19 @@ def test_dockerfile_base_image_entrypoint_and_copied_files() -> None:
     assert copied >= 4
 
 
+def test_every_package_of_the_distribution_is_copied_into_the_image() -> None:
+    """``pip install .`` in the image installs what it was given: a package left out (the contract the collector
+    imports) would build an image whose collector cannot start."""
+    import tomllib
+
+    include = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"][
+        "find"]["include"]
+    packages = {name for name in include if "*" not in name}
+    assert {"otel_straggler", "otel_straggler_schema", "collector_processor"} <= packages
+    copied = {arg.split()[0] for i, arg in _dockerfile() if i == "COPY"}
+    assert packages <= copied, packages - copied
+
+
 def test_pyproject_readme_is_copied_into_the_image() -> None:
     """``pip install .`` needs every file pyproject.toml names (the readme) inside the image."""
     import tomllib

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from stack_support import CONFIGS, REPO, load_yaml
 
-from otel_straggler import schema as s
+import otel_straggler_schema as s
 
 GATEWAYS = ["otelcol-gateway.yaml", "otelcol-gateway-sharded.yaml"]
 # Component types of otelcol-contrib used here; the old names are deprecated aliases since v0.144.

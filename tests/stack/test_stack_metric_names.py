@@ -1,5 +1,5 @@
 """Every metric a dashboard panel, a dashboard variable or an alert rule queries is one the straggler collector
-exports: statically against the schema contract (``otel_straggler.schema`` M_* names, histogram series, emitter
+exports: statically against the schema contract (``otel_straggler_schema`` M_* names, histogram series, emitter
 re-exports), and live against the ``/metrics`` of a real collector fed one straggler through the OTel SDK."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from stack_support import (
     wait_until,
 )
 
-from otel_straggler import schema as s
+import otel_straggler_schema as s
 
 
 def _queried() -> dict[str, list[str]]:

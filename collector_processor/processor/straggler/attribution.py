@@ -31,8 +31,8 @@ host does; interval times cannot tell them apart, and both read ``gpu_stream_sta
 
 from __future__ import annotations
 
+import otel_straggler_schema as s
 from collector_processor.processor.straggler.statistics import median
-from otel_straggler import schema as s
 
 # stage groups whose work is done on the host (the data loader): the GPU has nothing of its own to run there,
 # so their device interval only tracks the host's and any excess in it is the host's

@@ -26,10 +26,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+import otel_straggler_schema as s
 from collector_processor.processor.straggler.attribution import collective_evidence
 from collector_processor.processor.straggler.evidence import DEVICE, HOST, RankStat, values_of_kind
 from collector_processor.processor.straggler.statistics import median
-from otel_straggler import schema as s
 
 if TYPE_CHECKING:
     from collector_processor.processor.straggler.detector import (

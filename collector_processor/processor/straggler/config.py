@@ -9,8 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+import otel_straggler_schema as s
 from collector_processor.processor.straggler.decode import COLLECTOR_SERVICE_NAME
-from otel_straggler import schema as s
 
 # Time bounds: finite and at most 1e9 s (about 31 years, "never"): nanosecond arithmetic on them stays in 64 bits
 _NEVER = 1e9

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans
 
+import otel_straggler_schema as s
 from collector_processor.processor.straggler import arrays
 from collector_processor.processor.straggler.model import StageSample, StepSummary
-from otel_straggler import schema as s
 
 REJECT_MALFORMED = "malformed"
 REJECT_NON_FINITE = "non_finite"

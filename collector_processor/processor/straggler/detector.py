@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import otel_straggler_schema as s
 from collector_processor.processor.straggler import collective, pair, sequential
 from collector_processor.processor.straggler.attribution import attribute, unexplained_host_excess
 from collector_processor.processor.straggler.cohort import Cohort
@@ -54,7 +55,6 @@ from collector_processor.processor.straggler.statistics import (
     within_relative,
 )
 from collector_processor.processor.straggler.window import KIND_STEP, Window
-from otel_straggler import schema as s
 
 _PAR_SE = 2.0  # hysteresis: the recovery margin is at least this many standard errors of a window median
 

@@ -14,10 +14,10 @@ from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeL
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
+import otel_straggler_schema as s
 from collector_processor.otlp_values import key_value
 from collector_processor.processor.straggler.decode import COLLECTOR_SERVICE_NAME
 from collector_processor.processor.straggler.model import Verdict
-from otel_straggler import schema as s
 
 _LOG_LEVEL = {s.VERDICT_STRAGGLER: logging.WARNING, s.VERDICT_RECOVERED: logging.INFO,
               s.VERDICT_UNCERTAIN: logging.DEBUG}

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import otel_straggler_schema as s
 from collector_processor.processor.straggler.statistics import SortedPeers, median
-from otel_straggler import schema as s
 
 DEVICE = s.MEASUREMENT_DEVICE
 HOST = s.MEASUREMENT_HOST_ONLY

@@ -20,12 +20,12 @@ from collections.abc import Iterable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+import otel_straggler_schema as s
 from collector_processor.processor.straggler.config import MetricsConfig
 from collector_processor.processor.straggler.detector import WindowOutcome
 from collector_processor.processor.straggler.events import convicted_step
 from collector_processor.processor.straggler.model import Verdict
 from collector_processor.telemetry import Telemetry, add_sample
-from otel_straggler import schema as s
 
 JOB = s.L_TRAINING_JOB
 COST_LABELS = (JOB, "cohort", "rank", "host", "gpu", "stage", "attribution")

@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from otel_straggler import schema as s
+import otel_straggler_schema as s
 
 
 def _reason(name: str) -> str:
     """A ``straggler.reason`` value, checked against the schema's list at import."""
     if name not in s.REASONS:
-        raise ValueError(f"{name!r} is not in otel_straggler.schema.REASONS")
+        raise ValueError(f"{name!r} is not in otel_straggler_schema.REASONS")
     return name
 
 
@@ -46,7 +46,7 @@ class StageSample:
     gpu: str
     world_size: int
     stage: str  # Megatron timer name (or "rank-step" for the per-rank step span)
-    group: str  # stage group from otel_straggler.schema.STAGE_GROUPS
+    group: str  # stage group from otel_straggler_schema.STAGE_GROUPS
     step: int | None  # dl.iteration; None -> wall-clock windows
     device_ms: float | None  # None when the span carried no device time
     host_ms: float | None

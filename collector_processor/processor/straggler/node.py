@@ -21,10 +21,10 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
+import otel_straggler_schema as s
 from collector_processor.processor.straggler.cohort import Cohort
 from collector_processor.processor.straggler.config import Config
 from collector_processor.processor.straggler.model import NODE_SLOW, WITHIN_TOLERANCE, Verdict
-from otel_straggler import schema as s
 
 
 @dataclass(slots=True)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+import otel_straggler_schema as s
 from collector_processor.processor.straggler.cohort import NO_CEILING, NO_INDEX, Cohort, CohortRegistry, RankInfo
 from collector_processor.processor.straggler.config import Config
 from collector_processor.processor.straggler.decode import (
@@ -38,7 +39,6 @@ from collector_processor.processor.straggler.window import (
     due_by_time,
 )
 from collector_processor.telemetry import Telemetry
-from otel_straggler import schema as s
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 from straggler_sim import COHORT, kv
 
-from otel_straggler import schema as s
+import otel_straggler_schema as s
 
 _ids = itertools.count(1)
 

@@ -18,10 +18,10 @@ from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
+import otel_straggler_schema as s
 from collector_processor.otlp_values import key_value
 from collector_processor.simulate.arrival import SimClock
-from otel_straggler import schema as s
-from otel_straggler.stages import STAGE_SCHEMA
+from otel_straggler_schema.stages import STAGE_SCHEMA
 
 COHORT = s.cohort_key(topology_epoch=0, stage_schema=STAGE_SCHEMA)
 

@@ -12,10 +12,10 @@ from pydantic import ValidationError
 from straggler_build import step_request
 from straggler_sim import make_processor
 
+import otel_straggler_schema as s
 from collector_processor.processor.filter import Config, SpanFilter
 from collector_processor.processor.straggler.config import Config as StragglerConfig
 from collector_processor.simulate.arrival import SimClock
-from otel_straggler import schema as s
 
 
 def _rs(service: str | None, name: str) -> ResourceSpans:

@@ -9,6 +9,7 @@ import logging
 
 import pytest
 
+import otel_straggler_schema as s
 from collector_processor.processor.straggler.config import Config
 from collector_processor.processor.straggler.processor import StragglerProcessor
 from collector_processor.simulate.arrival import Batching, SimClock, batched, drive
@@ -16,7 +17,6 @@ from collector_processor.simulate.faults import Fault
 from collector_processor.simulate.job import Layout, StepModel
 from collector_processor.simulate.stream import JobStream, SimConfig
 from collector_processor.telemetry import Telemetry
-from otel_straggler import schema as s
 
 SLOW_RANK = 5
 ONSET = 100

@@ -10,9 +10,9 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 from straggler_build import request, resource, span, step_request
 from straggler_sim import Sim, kv, make_processor, run
 
+import otel_straggler_schema as s
 from collector_processor.processor.straggler.config import Config, MetricsConfig
 from collector_processor.simulate.arrival import SimClock
-from otel_straggler import schema as s
 
 
 def _counter(telemetry, name: str, **labels: str) -> float:  # type: ignore[no-untyped-def]

@@ -9,6 +9,7 @@ import time
 from straggler_build import request, span
 from straggler_sim import kv, make_processor
 
+import otel_straggler_schema as s
 from collector_processor.processor.straggler import factory
 from collector_processor.processor.straggler.config import Config
 from collector_processor.simulate.faults import Fault
@@ -16,7 +17,6 @@ from collector_processor.simulate.job import Layout
 from collector_processor.simulate.score import score_run
 from collector_processor.simulate.stream import JobStream, SimConfig
 from collector_processor.telemetry import Telemetry
-from otel_straggler import schema as s
 
 FWD, BWD, OPT = 60.0, 120.0, 14.0
 

@@ -12,6 +12,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from test_straggler_summary import _request, _resource, _samples
 
+import otel_straggler_schema as s
 from collector_processor.otlp_values import any_value, key_value
 from collector_processor.processor.straggler import arrays
 from collector_processor.processor.straggler.decode import (
@@ -20,7 +21,6 @@ from collector_processor.processor.straggler.decode import (
     decode_request,
 )
 from collector_processor.processor.straggler.window import RankCell, Window
-from otel_straggler import schema as s
 
 _SPECIAL = [0.0, -0.0, math.nan, math.inf, -math.inf, -1.0, 5e-324, 1.7976931348623157e308, 12.5]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import otel_straggler_schema as s
 from collector_processor.processor.straggler import factory
 from collector_processor.processor.straggler.events import event_attributes
 from collector_processor.processor.straggler.model import Verdict
@@ -13,7 +14,6 @@ from collector_processor.simulate.faults import COMPUTE_STAGES, Fault
 from collector_processor.simulate.job import Layout
 from collector_processor.simulate.stream import JobStream, SimConfig
 from collector_processor.telemetry import Telemetry
-from otel_straggler import schema as s
 
 NODE0 = "node0000"  # ranks 0-7 of DP 8 x TP 2 (8 GPUs per host): half of each cohort
 

@@ -13,13 +13,13 @@ from prometheus_client.openmetrics.exposition import generate_latest as openmetr
 from straggler_build import step_request
 from straggler_sim import make_processor
 
+import otel_straggler_schema as s
 from collector_processor.processor.straggler.attribution import attribute, collective_evidence
 from collector_processor.processor.straggler.config import Config, MetricsConfig
 from collector_processor.processor.straggler.events import verdict_span, verdict_to_dict, verdicts_to_logs
 from collector_processor.processor.straggler.impact import impact, step_period_ms
 from collector_processor.processor.straggler.model import Verdict
 from collector_processor.simulate.arrival import SimClock
-from otel_straggler import schema as s
 
 
 def _verdict(**kw: object) -> Verdict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from straggler_build import request, span
 from straggler_sim import Sim, make_processor, run
 
+import otel_straggler_schema as s
 from collector_processor.processor.straggler import factory
 from collector_processor.processor.straggler.config import Config
 from collector_processor.simulate.faults import Fault
@@ -13,7 +14,6 @@ from collector_processor.simulate.job import Layout
 from collector_processor.simulate.score import score_run
 from collector_processor.simulate.stream import JobStream, SimConfig
 from collector_processor.telemetry import Telemetry
-from otel_straggler import schema as s
 
 PAR = 60.0
 STAGE = "forward-compute"

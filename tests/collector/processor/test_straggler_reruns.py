@@ -10,8 +10,8 @@ import logging
 import pytest
 from straggler_sim import Sim, make_processor, run
 
+import otel_straggler_schema as s
 from collector_processor.simulate.arrival import SimClock
-from otel_straggler import schema as s
 
 
 def _slow(rank: int, stage: str, step: int) -> float:

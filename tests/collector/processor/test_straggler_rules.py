@@ -8,9 +8,9 @@ import math
 from straggler_build import span, step_request
 from straggler_sim import Sim, make_processor, run
 
+import otel_straggler_schema as s
 from collector_processor.processor.straggler.config import Config
 from collector_processor.simulate.arrival import SimClock
-from otel_straggler import schema as s
 
 PAR = 60.0
 

@@ -9,12 +9,12 @@ import zlib
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+import otel_straggler_schema as s
 from collector_processor.processor.straggler import factory
 from collector_processor.simulate.faults import COMPUTE_STAGES, Fault
 from collector_processor.simulate.job import Layout
 from collector_processor.simulate.stream import JobStream, SimConfig
 from collector_processor.telemetry import Telemetry
-from otel_straggler import schema as s
 
 
 def shard_of(rs, shards: int) -> int:  # type: ignore[no-untyped-def]

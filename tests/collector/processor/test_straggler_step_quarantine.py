@@ -10,6 +10,7 @@ from collections.abc import Callable
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from straggler_build import request, span
 
+import otel_straggler_schema as s
 from collector_processor.processor.straggler.config import Config
 from collector_processor.processor.straggler.processor import StragglerProcessor
 from collector_processor.simulate.arrival import Batching, SimClock, batched, drive
@@ -17,7 +18,6 @@ from collector_processor.simulate.faults import Fault
 from collector_processor.simulate.job import Layout, StepModel, ranks_of
 from collector_processor.simulate.stream import JobStream, SimConfig
 from collector_processor.telemetry import Telemetry
-from otel_straggler import schema as s
 
 SLOW_RANK = 5
 ONSET = 100

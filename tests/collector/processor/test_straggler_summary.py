@@ -10,6 +10,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 from test_straggler_sharding import _key
 
+import otel_straggler_schema as s
 from collector_processor.otlp_values import key_value as kv
 from collector_processor.processor.straggler import factory
 from collector_processor.processor.straggler.decode import REJECT_MALFORMED, REJECT_NON_FINITE, decode_request
@@ -17,7 +18,6 @@ from collector_processor.simulate.faults import COMPUTE_STAGES, Fault
 from collector_processor.simulate.job import Layout
 from collector_processor.simulate.stream import JobStream, SimConfig
 from collector_processor.telemetry import Telemetry
-from otel_straggler import schema as s
 
 
 def _verdicts(summary: bool) -> tuple[list, dict]:

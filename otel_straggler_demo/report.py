@@ -16,11 +16,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from otel_straggler import schema as s
-from otel_straggler.demo.options import DemoOptions, Detection, describe_injection, injecting
-from otel_straggler.demo.outcome import explain, series_window_deviations, stage_series
-from otel_straggler.demo.run import detector_settings
-from otel_straggler.demo.tap import StagePoint
+import otel_straggler_schema as s
+from otel_straggler_demo.options import DemoOptions, Detection, describe_injection, injecting
+from otel_straggler_demo.outcome import explain, series_window_deviations, stage_series
+from otel_straggler_demo.run import detector_settings
+from otel_straggler_demo.tap import StagePoint
 
 if TYPE_CHECKING:
     from collector_processor.processor.straggler.config import Config

@@ -7,10 +7,10 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 
+import otel_straggler_schema as s
 from collector_processor.processor.straggler.statistics import pooled_relative_sigma
-from otel_straggler import schema as s
-from otel_straggler.demo.options import DemoOptions, Detection, injecting
-from otel_straggler.demo.tap import StagePoint
+from otel_straggler_demo.options import DemoOptions, Detection, injecting
+from otel_straggler_demo.tap import StagePoint
 
 # Plain words for every verdict reason of the schema (docs/schema.md, docs/detector.md).
 REASON_TEXT = {

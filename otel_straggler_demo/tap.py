@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from otel_straggler import schema as s
+import otel_straggler_schema as s
 
 
 @dataclass(slots=True)

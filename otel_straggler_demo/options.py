@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-from otel_straggler.demo.megatron_gpt import SIZES
+from otel_straggler_demo.megatron_gpt import SIZES
 
 if TYPE_CHECKING:
     from collector_processor.processor.straggler.config import Config

@@ -24,8 +24,9 @@ from typing import Any
 
 import yaml
 
-from otel_straggler import schema as s
-from otel_straggler.demo.options import (
+import otel_straggler_schema as s
+from otel_straggler.export.probe import probe_otlp
+from otel_straggler_demo.options import (
     DemoOptions,
     DemoResult,
     check_options,
@@ -34,9 +35,8 @@ from otel_straggler.demo.options import (
     injecting,
     require_model_runtime,
 )
-from otel_straggler.demo.outcome import problems, summarise
-from otel_straggler.demo.tap import StagePoint, TraceTap
-from otel_straggler.export.probe import probe_otlp
+from otel_straggler_demo.outcome import problems, summarise
+from otel_straggler_demo.tap import StagePoint, TraceTap
 
 __all__ = ["CollectorStartError", "DemoOptions", "DemoResult", "collector_config", "detector_settings", "free_port",
            "free_ports", "read_verdicts", "run_demo"]
@@ -209,7 +209,7 @@ class _Ranks:
         for rank in range(opts.ranks):
             log = (out / f"rank{rank}.log").open("w", encoding="utf-8")
             self.logs.append(log)
-            cmd = [sys.executable, "-m", "otel_straggler.demo.trainer", "--steps", str(opts.steps),
+            cmd = [sys.executable, "-m", "otel_straggler_demo.trainer", "--steps", str(opts.steps),
                    "--microbatches", str(opts.microbatches), "--forward-ms", str(opts.forward_ms),
                    "--backward-ms", str(opts.backward_ms), "--optimizer-ms", str(opts.optimizer_ms),
                    "--master-port", str(master_port), "--model", opts.model]
@@ -388,7 +388,7 @@ def _run_demo(opts: DemoOptions, children: list[Any]) -> DemoResult:
         metrics_path.write_text(metrics_text, encoding="utf-8")
     html = png = None
     try:
-        from otel_straggler.demo.report import write_report
+        from otel_straggler_demo.report import write_report
 
         html, png = write_report(out, points, verdicts, opts, detections, issues, det=det,
                                  external=opts.endpoint is not None)

@@ -8,7 +8,7 @@ a millisecond and eight ranks share two cores, so each compute stage also waits 
 a realistic size and spread, which is what the detector judges. The slowed rank is slowed only by the
 package's test-only injection knob (``OTEL_STRAGGLER_INJECT_*``), set by the demo runner.
 
-Run by ``otel_straggler.demo.run``; not meant to be started by hand.
+Run by ``otel_straggler_demo.run``; not meant to be started by hand.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import time
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    from otel_straggler.demo.options import MODELS, DemoOptions
+    from otel_straggler_demo.options import MODELS, DemoOptions
 
     d = DemoOptions()
-    p = argparse.ArgumentParser(prog="otel_straggler.demo.trainer")
+    p = argparse.ArgumentParser(prog="otel_straggler_demo.trainer")
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--microbatches", type=int, default=d.microbatches)
     p.add_argument("--forward-ms", type=float, default=d.forward_ms)
@@ -59,7 +59,7 @@ def _leave_collective(rng: random.Random) -> None:
 def _megatron_main(args: argparse.Namespace) -> int:
     """Independent megatron-core GPT replicas sharing the machine's GPU(s), timed by the shim."""
     import otel_straggler
-    from otel_straggler.demo.megatron_gpt import SIZES, MegatronGPT, init_single_process
+    from otel_straggler_demo.megatron_gpt import SIZES, MegatronGPT, init_single_process
 
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])

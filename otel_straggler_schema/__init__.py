@@ -1,0 +1,436 @@
+"""The contract between the emitting side and the collector: ``otel_straggler_schema``.
+
+Every span, event and metric name the project uses lives here and only here, with the attribute keys, the
+reason codes, the id rules (trace and span ids of a step, cohort and run keys) and the schema version;
+``docs/schema.md`` describes each one (type, unit, meaning) and ``tests/schema`` checks that both sides
+honour them. ``otel_straggler_schema.stages`` maps Megatron timer names to stage groups.
+
+A package of its own, importing nothing but the standard library: the emitter (``otel_straggler``) and the
+collector (``collector_processor``) both import it, and neither loads the other
+(``tests/packaging/test_two_installs.py``). ``otel_straggler.schema`` re-exports it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Final, NamedTuple
+
+SCHEMA_VERSION: Final = "2"  # 2: step summary on the rank-step span, step spans in their own scope
+
+# --- instrumentation scope and span names -------------------------------------------------------
+SCOPE_NAME: Final = "otel-straggler"  # stage spans
+SCOPE_STEP_NAME: Final = "otel-straggler.step"  # the train-step and rank-step spans
+SPAN_JOB_STEP: Final = "train-step"  # one per step per job, emitted by rank 0; root of the step trace
+SPAN_RANK_STEP: Final = "rank-step"  # one per step per rank, parent of that rank's stage spans
+# A stage span is named after its Megatron timer name (``forward-compute``) and carries ATTR_STAGE.
+SPAN_VERDICT: Final = "straggler.verdict"  # injected by the collector into the step's trace
+
+# --- resource attributes (identity of one training process) -------------------------------------
+RES_SERVICE_NAME: Final = "service.name"
+RES_HOST_NAME: Final = "host.name"
+RES_PROCESS_PID: Final = "process.pid"
+RES_RANK: Final = "dl.rank"
+RES_WORLD_SIZE: Final = "dl.world_size"
+RES_LOCAL_RANK: Final = "dl.local_rank"
+RES_TP_RANK: Final = "dl.tensor_parallel.rank"
+RES_TP_SIZE: Final = "dl.tensor_parallel.size"
+RES_PP_RANK: Final = "dl.pipeline_parallel.rank"
+RES_PP_SIZE: Final = "dl.pipeline_parallel.size"
+RES_VPP_RANK: Final = "dl.virtual_pipeline_parallel.rank"
+RES_VPP_SIZE: Final = "dl.virtual_pipeline_parallel.size"
+RES_CP_RANK: Final = "dl.context_parallel.rank"
+RES_CP_SIZE: Final = "dl.context_parallel.size"
+RES_EP_RANK: Final = "dl.expert_parallel.rank"
+RES_EP_SIZE: Final = "dl.expert_parallel.size"
+RES_ETP_RANK: Final = "dl.expert_tensor_parallel.rank"
+RES_ETP_SIZE: Final = "dl.expert_tensor_parallel.size"
+RES_DP_RANK: Final = "dl.data_parallel.rank"
+RES_DP_SIZE: Final = "dl.data_parallel.size"
+RES_MODEL_CHUNK: Final = "dl.model_chunk"
+RES_JOB_ID: Final = "straggler.job.id"
+# one launch of the job: a re-run under the same job id is a new run (its own windows and trace ids)
+RES_RUN_ID: Final = "straggler.run.id"
+RES_GPU_UUID: Final = "straggler.gpu.uuid"
+RES_GPU_PCI_BUS_ID: Final = "straggler.gpu.pci_bus_id"
+RES_GPU_INDEX: Final = "straggler.gpu.index"
+RES_COHORT_KEY: Final = "straggler.cohort.key"
+RES_TOPOLOGY_EPOCH: Final = "straggler.topology.epoch"
+RES_STAGE_SCHEMA: Final = "straggler.stage_schema"
+RES_SCHEMA_VERSION: Final = "straggler.schema.version"
+RES_HOT_PATH: Final = "straggler.emitter.hot_path"  # native | python: which start/stop the process runs (hot_path.py)
+RES_STEP_SUMMARY: Final = "straggler.step_summary"  # bool: rank-step spans carry the ATTR_SUMMARY_* arrays
+
+# Parallel dimensions that define a cohort (DP is the compared axis and is excluded).
+COHORT_DIMENSIONS: Final = (
+    (RES_TP_RANK, RES_TP_SIZE),
+    (RES_PP_RANK, RES_PP_SIZE),
+    (RES_VPP_RANK, RES_VPP_SIZE),
+    (RES_CP_RANK, RES_CP_SIZE),
+    (RES_EP_RANK, RES_EP_SIZE),
+    (RES_ETP_RANK, RES_ETP_SIZE),
+)
+
+# --- span attributes ----------------------------------------------------------------------------
+ATTR_ITERATION: Final = "dl.iteration"  # int, the training step the interval belongs to
+ATTR_MICROBATCH_ID: Final = "dl.microbatch_id"  # int, interval detail only
+ATTR_STAGE: Final = "straggler.stage"  # str, the Megatron timer name
+ATTR_STAGE_GROUP: Final = "straggler.stage.group"  # str, one of STAGE_GROUPS
+ATTR_STAGE_LEVEL: Final = "straggler.stage.level"  # int, Megatron log level 0..2
+ATTR_DEVICE_MS: Final = "straggler.duration.device_ms"  # double, ms of GPU stream time (absent if none)
+ATTR_HOST_MS: Final = "straggler.duration.host_ms"  # double, ms of host wall time
+# int, step detail: the repeats whose device time was measured when fewer than straggler.count (device_ms is then
+# their sum x count / this); absent when every repeat was
+ATTR_DEVICE_REPEATS: Final = "straggler.duration.device_repeats"
+ATTR_MEASUREMENT: Final = "straggler.measurement"  # str, MEASUREMENT_DEVICE or MEASUREMENT_HOST_ONLY
+ATTR_DEGRADED_REASON: Final = "straggler.degraded.reason"  # str, why device time is absent
+ATTR_COUNT: Final = "straggler.count"  # int, intervals aggregated into this span (microbatch repeats)
+ATTR_DETAIL: Final = "straggler.detail"  # str, DETAIL_STEP or DETAIL_INTERVAL
+ATTR_WORKLOAD_TOKENS: Final = "straggler.workload.tokens"  # int, tokens this rank processed in the step
+ATTR_WORKLOAD_SEQUENCES: Final = "straggler.workload.sequences"  # int
+ATTR_WORKLOAD_MICROBATCHES: Final = "straggler.workload.microbatches"  # int
+ATTR_INJECTED: Final = "straggler.injected"  # bool, test-only slowdown was applied inside this interval
+# bool, present and true on a stage span whose interval contains a wait in a collective (stage(..., collective=True))
+ATTR_STAGE_COLLECTIVE: Final = "straggler.stage.collective"
+# Step summary on the rank-step span: one entry per timer of the step, parallel arrays (same length).
+ATTR_SUMMARY_STAGES: Final = "straggler.summary.stages"  # str[], timer names
+ATTR_SUMMARY_GROUPS: Final = "straggler.summary.groups"  # str[], stage groups
+ATTR_SUMMARY_DEVICE_MS: Final = "straggler.summary.device_ms"  # double[], summed device ms; -1 = not measured
+ATTR_SUMMARY_HOST_MS: Final = "straggler.summary.host_ms"  # double[], summed host ms
+ATTR_SUMMARY_COUNTS: Final = "straggler.summary.counts"  # int[], intervals aggregated per entry
+# str[], the summary's timer names marked collective (ATTR_STAGE_COLLECTIVE); absent when none is
+ATTR_SUMMARY_COLLECTIVE: Final = "straggler.summary.collective"
+SUMMARY_NOT_MEASURED: Final = -1.0
+
+MEASUREMENT_DEVICE: Final = "device"
+MEASUREMENT_HOST_ONLY: Final = "host_only"
+DETAIL_STEP: Final = "step"
+DETAIL_INTERVAL: Final = "interval"
+
+DEGRADED_REASONS: Final = (
+    "no_cuda",  # CPU-only process: host timing by design
+    # device timing not sampled on this step (OTEL_STRAGGLER_DEVICE_EVERY), or on this repeat of the step
+    # (OTEL_STRAGGLER_DEVICE_REPEATS: another microbatch of the timer carries the step's device time)
+    "sampled_out",
+    "pool_exhausted",  # every pre-created event was in flight
+    "readout_timeout",  # the end event did not complete within the readout timeout
+    "cuda_error",  # recording or reading an event raised
+    "unbalanced",  # stop without start, or a stop of another start's stream
+)
+
+STAGE_GROUPS: Final = (
+    "forward",
+    "backward",
+    "optimizer",
+    "grad-sync",
+    "param-gather",
+    "p2p",
+    "data",
+    "checkpoint",
+    "eval",
+    "setup",
+    "step",
+    "other",
+)
+# Groups whose time is mostly waiting for peers in a collective: a straggler waits least there.
+COLLECTIVE_GROUPS: Final = ("grad-sync", "param-gather", "p2p")
+
+# --- events (OTel log records emitted by the collector) -----------------------------------------
+EVENT_NAME_ATTR: Final = "event.name"
+EVENT_VERDICT: Final = "straggler.verdict"
+
+EV_JOB: Final = "straggler.job.id"
+EV_COHORT: Final = "straggler.cohort.key"
+EV_RANK: Final = "dl.rank"
+EV_HOST: Final = "host.name"
+EV_GPU: Final = "straggler.gpu.uuid"
+EV_STAGE: Final = "straggler.stage"
+EV_STAGE_GROUP: Final = "straggler.stage.group"
+EV_VERDICT: Final = "straggler.verdict"  # str, one of VERDICTS
+EV_REASON: Final = "straggler.reason"  # str, one of REASONS
+EV_DEVIATION: Final = "straggler.deviation"  # double, (value - reference) / reference
+EV_VALUE_MS: Final = "straggler.value_ms"  # double, the rank's window statistic
+EV_REFERENCE_RANK: Final = "straggler.reference.rank"  # int
+EV_REFERENCE_MS: Final = "straggler.reference.value_ms"  # double
+EV_MEASUREMENT: Final = "straggler.measurement"
+EV_WINDOW_START: Final = "straggler.window.start_step"  # int
+EV_WINDOW_END: Final = "straggler.window.end_step"  # int, inclusive
+EV_STEP: Final = "dl.iteration"  # int, the step where the verdict fired
+EV_ATTRIBUTION: Final = "straggler.attribution"  # str, one of ATTRIBUTIONS
+EV_STEP_TIME_LOST_MS: Final = "straggler.impact.step_time_lost_ms"  # double
+EV_GPU_SECONDS_PER_HOUR: Final = "straggler.impact.gpu_seconds_per_hour"  # double
+EV_COHORT_SIZE: Final = "straggler.cohort.size"  # int, effective comparable peers incl. the rank
+EV_COLLECTIVE_EVIDENCE: Final = "straggler.evidence.collective_wait"  # str, see docs
+EV_TRACE_ID: Final = "trace_id"  # hex, the trace of the step where the verdict fired
+EV_FIRST_STEP: Final = "straggler.first_step"  # int, the step where the alert was first convicted
+EV_FIRST_TRACE_ID: Final = "straggler.first_trace_id"  # hex, that step's trace: the verdict span's and log's
+# node verdicts: on a node verdict and on every rank verdict it covers, the host whose node verdict it is
+EV_NODE: Final = "straggler.node"  # str, host name
+EV_NODE_RANKS: Final = "straggler.node.ranks"  # int[], on a node verdict: the host's ranks convicted together
+EV_NODE_GPUS: Final = "straggler.node.gpus"  # str[], on a node verdict: their GPUs
+
+VERDICT_STRAGGLER: Final = "straggler"
+VERDICT_RECOVERED: Final = "recovered"
+VERDICT_UNCERTAIN: Final = "uncertain"
+VERDICTS: Final = (VERDICT_STRAGGLER, VERDICT_RECOVERED, VERDICT_UNCERTAIN)
+
+REASONS: Final = (
+    "slower_than_reference",  # straggler: beyond tolerance and floor for N consecutive windows
+    "persistent_excess",  # straggler: per-step excess over the peers' median summed over 2+ windows
+    "within_tolerance",  # recovered: a comparable measurement is back within tolerance
+    "below_absolute_floor",  # uncertain: relative gap beyond tolerance but absolute gap under floor
+    "workload_incomparable",  # uncertain: the rank's tokens differ from its peers' beyond tolerance
+    "cohort_below_min_size",  # uncertain: fewer comparable peers than min_cohort_size
+    "missing_samples",  # uncertain: the rank has no usable sample in a window its peers filled
+    "recovery_evidence_insufficient",  # uncertain: an active straggler's window was unusable
+    "non_finite_sample",  # uncertain: only non-finite or negative samples
+    "pair_ambiguous",  # uncertain: a 2-rank cohort differs beyond tolerance and no evidence says which rank is slow
+    "collective_wait",  # uncertain: the rank's excess is matched by its reference's excess in another stage (a wait)
+    "node_slow",  # straggler (stage NODE_STAGE): most ranks of one host convicted together (a node verdict)
+)
+NODE_STAGE: Final = "node"  # the stage of a node verdict (one host's ranks slow together)
+
+ATTRIBUTION_GPU: Final = "gpu_stream_stall"
+ATTRIBUTION_HOST: Final = "host_only_stall"
+ATTRIBUTION_UNKNOWN: Final = "attribution_unknown"
+ATTRIBUTIONS: Final = (ATTRIBUTION_GPU, ATTRIBUTION_HOST, ATTRIBUTION_UNKNOWN)
+
+# --- Prometheus metrics exported by the collector -----------------------------------------------
+# Labels of the collector's series. The training job's id is ``training_job`` (never ``job`` or ``instance``:
+# a scrape with the default ``honor_labels: false`` would rename those ``exported_*``); a label whose value
+# would be empty is left out of the series.
+L_TRAINING_JOB: Final = "training_job"
+L_FIRST_STEP: Final = "first_step"  # the step where the alert was first convicted
+L_TRACE_ID: Final = "trace_id"  # that step's trace id (hex): where its verdict span lives
+# Straggler state (labels: training_job, cohort, rank, host, gpu, stage, attribution, first_step, trace_id)
+M_STRAGGLER_ACTIVE: Final = "otel_straggler_active"  # gauge 1 while a straggler verdict holds, else 0
+M_STRAGGLER_DEVIATION: Final = "otel_straggler_deviation_ratio"  # gauge, deviation of the active verdict
+M_STEP_TIME_LOST: Final = "otel_straggler_step_time_lost_seconds"  # gauge, per step
+M_GPU_LOST_RATIO: Final = "otel_straggler_gpu_lost_ratio"  # gauge, GPU-seconds lost per second of wall time
+# GPU-seconds lost by the waiting ranks while alerts held (labels: training_job, cohort, rank, host, gpu, stage,
+# attribution; exemplar: trace_id of the convicting step)
+M_GPU_LOST_SECONDS: Final = "otel_straggler_gpu_lost_seconds_total"
+# Verdict counter (labels: training_job, verdict, reason; exemplar: trace_id of the verdict's step)
+M_VERDICTS: Final = "otel_straggler_verdicts_total"
+# Per-rank view for dashboards (labels: training_job, cohort, rank, stage_group, measurement), capped
+M_RANK_STAGE_SECONDS: Final = "otel_straggler_rank_stage_seconds"  # gauge, last window statistic
+M_RANK_DEVIATION: Final = "otel_straggler_rank_deviation_ratio"  # gauge (labels: training_job, cohort, rank)
+# Wall-clock time (Unix seconds) the collector last accepted a sample of the job (labels: training_job); expires
+# after series_ttl_s like the per-rank series, so "stopped sending" alerts for that long
+M_JOB_LAST_SEEN: Final = "otel_straggler_job_last_seen_timestamp_seconds"
+# Collector self-telemetry
+M_SPANS_RECEIVED: Final = "otel_straggler_collector_spans_received_total"  # labels: receiver
+M_SPANS_ACCEPTED: Final = "otel_straggler_collector_spans_accepted_total"
+M_SPANS_REJECTED: Final = "otel_straggler_collector_spans_rejected_total"  # labels: reason
+M_SPANS_DROPPED: Final = "otel_straggler_collector_spans_dropped_total"  # labels: reason
+M_REQUESTS: Final = "otel_straggler_collector_requests_total"  # labels: receiver, outcome
+M_QUEUE_DEPTH: Final = "otel_straggler_collector_queue_depth"  # labels: queue
+M_EVICTIONS: Final = "otel_straggler_collector_evictions_total"  # labels: structure
+M_WINDOWS_CLOSED: Final = "otel_straggler_collector_windows_closed_total"
+M_PROCESSING_SECONDS: Final = "otel_straggler_collector_processing_seconds"  # histogram per batch
+M_EXPORT_FAILURES: Final = "otel_straggler_collector_export_failures_total"  # labels: exporter
+M_EVIDENCE_LINES: Final = "otel_straggler_collector_evidence_lines_total"
+M_UNAUTHENTICATED: Final = "otel_straggler_collector_unauthenticated_total"  # labels: endpoint
+# connections (HTTP) and calls (gRPC) ended by the connection budget before a request was read (labels: receiver,
+# reason: refused = the budget was full of busy ones, stalled = ended to make room after stall_timeout)
+M_CONNECTIONS_CLOSED: Final = "otel_straggler_collector_connections_closed_total"
+COLLECTOR_CONNECTION_CLOSE_REASONS: Final = ("refused", "stalled")
+# requests refused because they name a job their token may not write (labels: receiver)
+M_TENANT_REFUSED: Final = "otel_straggler_collector_tenant_refused_total"
+M_MEMORY_BYTES: Final = "otel_straggler_collector_memory_bytes"
+M_COMPONENT_ERRORS: Final = "otel_straggler_collector_component_errors_total"  # labels: component
+# Label values each collector counter reports from the start (at 0), so a rate sees its first event; the
+# receiver / endpoint / exporter / component labels take the ids of the configured components.
+COLLECTOR_DROPPED_REASONS: Final = ("queue_full", "memory_limit", "shutting_down", "export_failed", "shutdown")
+COLLECTOR_REJECTED_REASONS: Final = ("malformed", "non_finite", "duplicate", "late", "over_cap", "quarantined")
+COLLECTOR_REQUEST_OUTCOMES: Final = ("ok", "partial", "invalid", "throttled", "unauthenticated", "too_large",
+                                     "aborted", "forbidden")
+# Emitter self-metrics re-exported from OTLP metrics the ranks send (labels: training_job, rank, reason)
+M_EMITTER_PREFIX: Final = "otel_straggler_emitter_"
+
+# --- emitter self-metrics (OTel metric instruments, exported over OTLP by every rank) -----------
+SM_INTERVALS: Final = "otel_straggler.emitter.intervals"  # counter, intervals seen
+SM_SPANS_EXPORTED: Final = "otel_straggler.emitter.spans.exported"  # counter
+SM_DROPPED: Final = "otel_straggler.emitter.dropped"  # counter, attr reason
+SM_DEGRADED: Final = "otel_straggler.emitter.degraded"  # counter, attr reason (DEGRADED_REASONS)
+SM_BARRIERS_SKIPPED: Final = "otel_straggler.emitter.barriers_skipped"  # counter
+SM_POOL_HIGH_WATER: Final = "otel_straggler.emitter.pool.high_water"  # gauge, events in flight (max)
+SM_READOUT_LAG: Final = "otel_straggler.emitter.readout.lag"  # gauge, unit s, stop -> readout delay
+SM_FAULTS: Final = "otel_straggler.emitter.faults"  # counter, attr where (exceptions swallowed)
+SM_REASON_ATTR: Final = "reason"
+SM_STEPS_EVICTED: Final = "otel_straggler.emitter.steps.evicted"  # counter, step aggregates closed early (cap)
+SM_SIDECAR_RESTARTS: Final = "otel_straggler.emitter.sidecar.restarts"  # counter, export child restarted
+# Attribute values each counter reports from the start (at 0), so a rate sees its first event.
+SM_DROPPED_REASONS: Final = ("ring_full", "pipe_full", "queue_full", "export_failed", "shutdown", "late", "overflow",
+                             "sidecar_down")
+SM_FAULT_WHERES: Final = ("training", "readout", "config_error", "sink", "export", "metric_export", "span_build",
+                          "sidecar", "sidecar_decode", "sidecar_spawn", "sidecar_fatal", "process_sink", "thread_sink")
+# Units (UCUM, as OTel metrics carry them): every counter counts items ("1"), the lag is in seconds.
+UNIT_COUNT: Final = "1"
+UNIT_SECONDS: Final = "s"
+
+
+class Metric(NamedTuple):
+    """One metric the project exports: ``docs/schema.md``'s tables are generated from these (scripts/gen_docs.py),
+    and the tests check that the exporters register exactly these names, kinds and labels."""
+
+    name: str
+    kind: str  # counter | gauge | histogram
+    labels: tuple[str, ...]  # Prometheus labels (collector) or metric attributes (emitter)
+    meaning: str
+    unit: str = ""  # emitter instruments: UCUM unit
+
+
+_STATE_LABELS: Final = ("training_job", "cohort", "rank", "host", "gpu", "stage", "attribution", "first_step",
+                        "trace_id")
+# Prometheus metrics of the collector (its /metrics), in the order docs/schema.md lists them.
+COLLECTOR_METRICS: Final = (
+    Metric(M_STRAGGLER_ACTIVE, "gauge", _STATE_LABELS,
+           "1 while a `straggler` verdict holds, 0 after `recovered`; `first_step` and `trace_id`: "
+           "the step where the alert was first convicted and its trace (hex), fixed for the alert's "
+           "life"),
+    Metric(M_STRAGGLER_DEVIATION, "gauge", _STATE_LABELS,
+           "deviation of the latest judged window for that series"),
+    Metric(M_STEP_TIME_LOST, "gauge", _STATE_LABELS,
+           "estimated step time lost per step"),
+    Metric(M_GPU_LOST_RATIO, "gauge", _STATE_LABELS,
+           "GPU-seconds the waiting ranks lose per second of wall time (2.0: two GPUs' worth of time)"),
+    Metric(M_GPU_LOST_SECONDS, "counter", ("training_job", "cohort", "rank", "host", "gpu", "stage", "attribution"),
+           "GPU-seconds the waiting ranks lost while the alert held (added per judged window); "
+           "exemplar `trace_id`: the convicting step's trace"),
+    Metric(M_VERDICTS, "counter", ("training_job", "verdict", "reason"),
+           "verdicts emitted; exemplar `trace_id`: the latest verdict's trace "
+           "(`straggler.first_trace_id`)"),
+    Metric(M_RANK_STAGE_SECONDS, "gauge", ("training_job", "cohort", "rank", "stage_group", "measurement"),
+           "last window statistic (capped series)"),
+    Metric(M_RANK_DEVIATION, "gauge", ("training_job", "cohort", "rank"),
+           "worst deviation of the rank over stages in its last windows (capped series)"),
+    Metric(M_JOB_LAST_SEEN, "gauge", ("training_job",),
+           "Unix time the collector last accepted a sample of the job; the series expires "
+           "`metrics.series_ttl_s` after that (`StragglerJobStoppedSending`)"),
+    Metric(M_SPANS_RECEIVED, "counter", ("receiver",),
+           "spans received"),
+    Metric(M_SPANS_ACCEPTED, "counter", (),
+           "stage samples used by the detector (stage spans, or step-summary entries)"),
+    Metric(M_SPANS_REJECTED, "counter", ("reason",),
+           "spans rejected (`malformed`, `non_finite`, `duplicate`, `late`, `over_cap`, "
+           "`quarantined`); for a step summary, `malformed`/`non_finite` count its bad entries, "
+           "`duplicate`/`late` the summary once"),
+    Metric(M_SPANS_DROPPED, "counter", ("reason",),
+           "spans dropped (`queue_full`, `memory_limit`, `shutting_down`: refused while the collector"
+           " stops, `export_failed`, `shutdown`: queued and not processed before the shutdown "
+           "deadline)"),
+    Metric(M_REQUESTS, "counter", ("receiver", "outcome"),
+           "requests by outcome (`ok`, `partial`, `invalid`, `throttled`, `unauthenticated`, "
+           "`too_large`, `aborted`: the client went away or stalled past a timeout before the answer,"
+           " `forbidden`: a job its token may not write)"),
+    Metric(M_QUEUE_DEPTH, "gauge", ("queue",),
+           "items waiting per queue"),
+    Metric(M_EVICTIONS, "counter", ("structure",),
+           "entries evicted from a capped map or window set"),
+    Metric(M_WINDOWS_CLOSED, "counter", (),
+           "windows judged"),
+    Metric(M_PROCESSING_SECONDS, "histogram", (),
+           "processing time per request"),
+    Metric(M_EXPORT_FAILURES, "counter", ("exporter",),
+           "failed exports"),
+    Metric(M_EVIDENCE_LINES, "counter", (),
+           "JSONL evidence lines written"),
+    Metric(M_UNAUTHENTICATED, "counter", ("endpoint",),
+           "requests refused for missing/bad credentials"),
+    Metric(M_CONNECTIONS_CLOSED, "counter", ("receiver", "reason"),
+           "HTTP connections and gRPC calls ended by the connection budget before a request was read:"
+           " `refused` (the budget was full of busy ones), `stalled` (ended to make room after "
+           "`stall_timeout` without a request or message)"),
+    Metric(M_TENANT_REFUSED, "counter", ("receiver",),
+           "requests refused because a resource names a job (`straggler.job.id`) the request's token "
+           "may not write (`auth.tenants`)"),
+    Metric(M_MEMORY_BYTES, "gauge", (),
+           "process RSS seen by the memory limiter"),
+    Metric(M_COMPONENT_ERRORS, "counter", ("component",),
+           "exceptions caught in a processor call or tick (the request was passed on unchanged)"),
+    Metric(M_EMITTER_PREFIX + "<name>_total", "counter", ("training_job", "rank", "reason"),
+           "emitter self-metric counters received over OTLP, re-exported "
+           "(`otel_straggler_emitter_dropped_total`)"),
+    Metric(M_EMITTER_PREFIX + "<name>_<unit>", "gauge", ("training_job", "rank", "reason"),
+           "emitter self-metric gauges, the unit as a suffix, none for `1` "
+           "(`otel_straggler_emitter_readout_lag_seconds`, `otel_straggler_emitter_pool_high_water`)"),
+)
+# OTel metric instruments every rank exports (its self-metrics), in the order docs/schema.md lists them.
+EMITTER_METRICS: Final = (
+    Metric(SM_INTERVALS, "counter", (),
+           "start/stop intervals completed", UNIT_COUNT),
+    Metric(SM_SPANS_EXPORTED, "counter", (),
+           "spans handed to the OTLP exporter and exported", UNIT_COUNT),
+    Metric(SM_DROPPED, "counter", ("reason",),
+           "intervals or spans dropped (`ring_full`, `pipe_full`, `queue_full`, `export_failed`, "
+           "`shutdown`, `late`: interval of an already closed step, `overflow`: timers per step cap, "
+           "`sidecar_down`: export child dead)", UNIT_COUNT),
+    Metric(SM_DEGRADED, "counter", ("reason",),
+           "intervals timed host-only, by degraded reason", UNIT_COUNT),
+    Metric(SM_BARRIERS_SKIPPED, "counter", (),
+           "`barrier=True` calls accepted and not executed", UNIT_COUNT),
+    Metric(SM_FAULTS, "counter", ("where",),
+           "exceptions caught inside the package and bad settings (training continued): `training`, "
+           "`readout`, `config_error`, `sink`, `export`, `metric_export`, `span_build`, `sidecar`, "
+           "`sidecar_decode`, `sidecar_spawn`, `sidecar_fatal`, `process_sink`, `thread_sink`", UNIT_COUNT),
+    Metric(SM_POOL_HIGH_WATER, "gauge", (),
+           "most CUDA events in flight at once", UNIT_COUNT),
+    Metric(SM_READOUT_LAG, "gauge", (),
+           "delay from stop to readout of the latest interval", UNIT_SECONDS),
+    Metric(SM_STEPS_EVICTED, "counter", (),
+           "step aggregates closed early because `max_open_steps` were open", UNIT_COUNT),
+    Metric(SM_SIDECAR_RESTARTS, "counter", (),
+           "export child process restarted after it died", UNIT_COUNT),
+)
+
+
+
+def _ids_of(job_id: str, run_id: str) -> str:
+    """The part of every step id that names the launch: the job, and its run when the emitter knows one."""
+    return f"{job_id}/run/{run_id}" if run_id else job_id
+
+
+def trace_id_for_step(job_id: str, step: int, run_id: str = "") -> int:
+    """All ranks' spans of one step share this 128-bit trace id (deterministic in job id, run id and step)."""
+    digest = hashlib.sha256(f"otel-straggler/trace/{_ids_of(job_id, run_id)}/{int(step)}".encode()).digest()
+    value = int.from_bytes(digest[:16], "big")
+    return value or 1
+
+
+def job_step_span_id(job_id: str, step: int, run_id: str = "") -> int:
+    """Span id of the job-level ``train-step`` root span (emitted by rank 0)."""
+    digest = hashlib.sha256(f"otel-straggler/job-step/{_ids_of(job_id, run_id)}/{int(step)}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") or 1
+
+
+def rank_step_span_id(job_id: str, step: int, rank: int, run_id: str = "") -> int:
+    """Span id of one rank's ``rank-step`` span, parent of its stage spans for that step."""
+    key = f"otel-straggler/rank-step/{_ids_of(job_id, run_id)}/{int(step)}/{int(rank)}"
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") or 1
+
+
+def run_cohort(cohort_key: str, run_id: str) -> str:
+    """The collector's key of a cohort within one run, ``<cohort key>@<run id>``: a re-run under the same job id
+    gets cohorts (windows, baselines, verdicts) of its own. The cohort key alone without a run id."""
+    return f"{cohort_key}@{run_id}" if run_id else cohort_key
+
+
+def cohort_run(run_cohort_key: str) -> str:
+    """The run id in a key made by ``run_cohort`` ('' when it has none)."""
+    return run_cohort_key.rpartition("@")[2] if "@" in run_cohort_key else ""
+
+
+def cohort_key(
+    *,
+    topology_epoch: int,
+    stage_schema: str,
+    tp: int = 0,
+    pp: int = 0,
+    vpp: int = 0,
+    cp: int = 0,
+    ep: int = 0,
+    etp: int = 0,
+    chunk: int = 0,
+) -> str:
+    """Ranks with the same key hold the same role and may be compared; DP is deliberately absent."""
+    return f"e{int(topology_epoch)}/{stage_schema}/tp{tp}.pp{pp}.vpp{vpp}.cp{cp}.ep{ep}.etp{etp}.c{chunk}"

@@ -1,0 +1,76 @@
+"""Megatron timer names -> coarse stage groups (``otel_straggler_schema.STAGE_GROUPS``).
+
+Names are matched EXACTLY (megatron-core 0.12-0.16 ``megatron/core`` and ``megatron/training``); only
+two documented families use a rule: ``startup-*`` (training.py startup timestamps) and
+``*-data-iterators-setup`` (train/valid/test iterator setup). Anything else is ``other``: an unknown
+name is never guessed into a group.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import otel_straggler_schema as schema
+
+STAGE_SCHEMA: Final = "megatron-v1"
+
+P2P_TIMERS: Final = (
+    "forward-recv",
+    "backward-recv",
+    "forward-send",
+    "backward-send",
+    "forward-send-backward-recv",
+    "backward-send-forward-recv",
+    "forward-send-forward-recv",
+    "backward-send-backward-recv",
+    "forward-backward-send-forward-backward-recv",
+)
+
+STAGE_GROUP_BY_NAME: Final[dict[str, str]] = {
+    # level 2
+    "forward-compute": "forward",
+    "backward-compute": "backward",
+    "batch-generator": "data",
+    **dict.fromkeys(P2P_TIMERS, "p2p"),
+    # level 1
+    "forward-backward": "step",
+    "all-grads-sync": "grad-sync",
+    "conditional-embedder-grads-all-reduce": "grad-sync",
+    "non-tensor-parallel-grads-all-reduce": "grad-sync",
+    "embedding-grads-all-reduce": "grad-sync",
+    "optimizer": "optimizer",
+    "optimizer-copy-to-main-grad": "optimizer",
+    "optimizer-unscale-and-check-inf": "optimizer",
+    "optimizer-inner-step": "optimizer",
+    "optimizer-copy-main-to-model-params": "optimizer",
+    "optimizer-clip-main-grad": "optimizer",
+    "optimizer-count-zeros": "optimizer",
+    "params-all-gather": "param-gather",
+    # level 0 (training.py)
+    "interval-time": "step",
+    "eval-time": "eval",
+    "evaluate": "eval",
+    "save-checkpoint": "checkpoint",
+    "save-checkpoint-non-persistent": "checkpoint",
+    "load-checkpoint": "checkpoint",
+    "model-and-optimizer-setup": "setup",
+}
+
+_PREFIX_RULES: Final = (("startup-", "setup"),)
+_SUFFIX_RULES: Final = (("-data-iterators-setup", "setup"),)
+
+assert all(g in schema.STAGE_GROUPS for g in STAGE_GROUP_BY_NAME.values())
+
+
+def stage_group(name: str) -> str:
+    """Group of a timer name; ``other`` when the name is not a known Megatron timer."""
+    group = STAGE_GROUP_BY_NAME.get(name)
+    if group is not None:
+        return group
+    for prefix, g in _PREFIX_RULES:
+        if name.startswith(prefix) and len(name) > len(prefix):
+            return g
+    for suffix, g in _SUFFIX_RULES:
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return g
+    return "other"

@@ -1,0 +1,230 @@
+"""Writes the reference tables of the docs from the code that defines them (``--check``: change nothing, exit 1
+when a doc differs from what would be written). Like the OTel Collector's ``metadata.yaml`` -> documentation: a
+default, a bound, a metric name or a label is written once, in code, and the docs are generated from it.
+
+Sources:
+* emitter settings: ``otel_straggler.config`` (``EmitterConfig`` defaults, ``_PARSERS`` bounds, ``HELP``);
+* collector settings: the pydantic models of each component (defaults and bounds of every key);
+* metrics: ``otel_straggler_schema.COLLECTOR_METRICS`` and ``EMITTER_METRICS`` (name, kind, unit, labels, meaning).
+
+A generated block sits between ``<!-- generated: NAME -->`` and ``<!-- end generated: NAME -->``; the text around
+it is written by hand. ``tests/test_generated_docs.py`` runs ``check()``.
+
+Usage: ``python scripts/gen_docs.py`` (write) or ``python scripts/gen_docs.py --check``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import types
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+BEGIN = "<!-- generated: {name} (scripts/gen_docs.py; edit the source, then run it) -->"
+END = "<!-- end generated: {name} -->"
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, str):
+        return value if value else '""'
+    if isinstance(value, list | tuple):
+        return ", ".join(_fmt(v) for v in value) if value else "[]"
+    if value is None:
+        return "none"
+    return str(value)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _row(*cells: str) -> str:
+    """A table row; an empty cell is written ``| |``."""
+    return "|" + "|".join(f" {c} " if c else " " for c in cells) + "|"
+
+
+# --- emitter -----------------------------------------------------------------------------------------------------
+def emitter_settings() -> str:
+    from otel_straggler import config
+
+    rows = ["| variable | default | allowed | meaning |", "|---|---|---|---|"]
+    for name, parser in config._PARSERS.items():
+        default = config._DEFAULTS[name]
+        shown = "auto" if name == "device_every" and default == 0 else _fmt(default)
+        rows.append(f"| `{config.ENV_PREFIX}{name.upper()}` | `{shown}` | {_cell(parser.allowed)} | "
+                    f"{_cell(config.HELP[name])} |")
+    return "\n".join(rows)
+
+
+# --- collector (pydantic models) ---------------------------------------------------------------------------------
+def _model_of(annotation: Any) -> type | None:
+    from pydantic import BaseModel
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        models = [a for a in typing.get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+        return models[0] if len(models) == 1 else None
+    return None
+
+
+def _bounds(field: Any) -> str:
+    parts: list[str] = []
+    for meta in field.metadata:
+        for attr, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            value = getattr(meta, attr, None)
+            if value is not None:
+                parts.append(f"{sign} {_fmt(value)}")
+    annotation = field.annotation
+    if typing.get_origin(annotation) is Literal:
+        parts.append(", ".join(_fmt(a) for a in typing.get_args(annotation)))
+    return ", ".join(parts)
+
+
+def _default(field: Any) -> Any:
+    from pydantic_core import PydanticUndefined
+
+    if field.default_factory is not None:
+        return field.default_factory()
+    return None if field.default is PydanticUndefined else field.default
+
+
+def _walk(model: type, prefix: str, default_obj: Any) -> list[tuple[str, str, str]]:
+    from pydantic import BaseModel
+
+    rows: list[tuple[str, str, str]] = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        value = getattr(default_obj, name, None) if default_obj is not None else _default(field)
+        sub = _model_of(field.annotation)
+        if sub is not None:
+            rows += _walk(sub, f"{key}.", value if isinstance(value, BaseModel) else None)
+            continue
+        if field.is_required() and default_obj is None:
+            shown = "required"
+        elif isinstance(value, BaseModel):
+            shown = "{}"
+        else:
+            shown = _fmt(value)
+        rows.append((key, shown, _bounds(field)))
+    return rows
+
+
+def _component_table(model: type) -> str:
+    rows = ["| key | default | allowed |", "|---|---|---|"]
+    for key, default, bounds in _walk(model, "", None):
+        rows.append(_row(f"`{key}`", f"`{_cell(default)}`", _cell(bounds)))
+    return "\n".join(rows)
+
+
+def _collector_models() -> dict[str, type]:
+    from collector_processor.config.model import ServiceConfig
+    from collector_processor.exporter import debug, evidence, otlp, prometheus
+    from collector_processor.processor import filter as span_filter
+    from collector_processor.processor import memory_limiter
+    from collector_processor.processor.straggler import config as straggler
+    from collector_processor.processor.straggler import factory
+    from collector_processor.receiver import common
+
+    return {
+        "collector-receiver-otlp": common.Config,
+        "collector-processor-straggler": straggler.Config,
+        "collector-processor-memory-limiter": memory_limiter.Config,
+        "collector-processor-filter": span_filter.Config,
+        "collector-connector-straggler": factory.ConnectorConfig,
+        "collector-exporter-otlp": otlp.Config,
+        "collector-exporter-prometheus": prometheus.Config,
+        "collector-exporter-file": evidence.Config,
+        "collector-exporter-debug": debug.Config,
+        "collector-service": ServiceConfig,
+    }
+
+
+# --- metrics (the contract) --------------------------------------------------------------------------------------
+def collector_metrics() -> str:
+    import otel_straggler_schema as s
+
+    rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
+    for m in s.COLLECTOR_METRICS:
+        rows.append(_row(f"`{m.name}`", m.kind, ", ".join(m.labels), _cell(m.meaning)))
+    return "\n".join(rows)
+
+
+def emitter_metrics() -> str:
+    import otel_straggler_schema as s
+
+    rows = ["| instrument | kind | unit | attributes | meaning |", "|---|---|---|---|---|"]
+    for m in s.EMITTER_METRICS:
+        rows.append(_row(f"`{m.name}`", m.kind, f"`{m.unit}`", ", ".join(m.labels), _cell(m.meaning)))
+    return "\n".join(rows)
+
+
+def blocks() -> dict[str, dict[str, Callable[[], str]]]:
+    """doc path -> block name -> its generator."""
+    collector = {name: (lambda model=model: _component_table(model)) for name, model in _collector_models().items()}
+    return {
+        "docs/configuration.md": {"emitter-settings": emitter_settings, **collector},
+        "docs/schema.md": {"collector-metrics": collector_metrics, "emitter-metrics": emitter_metrics},
+    }
+
+
+def render(path: str, text: str) -> str:
+    """``text`` with every generated block of ``path`` rewritten; a block the doc lacks is an error."""
+    for name, make in blocks()[path].items():
+        begin, end = BEGIN.format(name=name), END.format(name=name)
+        pattern = re.compile(re.escape(begin) + r"\n(?:.*?\n)?" + re.escape(end), flags=re.S)
+        if not pattern.search(text):
+            raise SystemExit(f"{path}: no block {name!r} (add the two marker lines where it belongs)")
+        text = pattern.sub(lambda _m, b=begin, e=end, make=make: f"{b}\n{make()}\n{e}", text)
+    return text
+
+
+def check() -> list[str]:
+    """Docs whose generated blocks differ from what ``write`` would produce."""
+    stale = []
+    for path in blocks():
+        text = (ROOT / path).read_text(encoding="utf-8")
+        if render(path, text) != text:
+            stale.append(path)
+    return stale
+
+
+def write() -> list[str]:
+    changed = []
+    for path in blocks():
+        file = ROOT / path
+        text = file.read_text(encoding="utf-8")
+        new = render(path, text)
+        if new != text:
+            file.write_text(new, encoding="utf-8")
+            changed.append(path)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="gen_docs", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 when a doc is out of date")
+    args = ap.parse_args(argv)
+    if args.check:
+        stale = check()
+        for path in stale:
+            print(f"{path}: out of date; run python scripts/gen_docs.py", file=sys.stderr)
+        return 1 if stale else 0
+    for path in write():
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
