@@ -31,7 +31,7 @@ from collector_processor.component import Refusal
 from collector_processor.config.model import MIB
 from collector_processor.config.types import split_host_port
 from collector_processor.pipeline import Pipeline, Result
-from collector_processor.receiver.aio import LoopThread, Workers, stop_runtime
+from collector_processor.receiver.aio import Completions, LoopThread, Workers, stop_runtime
 from collector_processor.receiver.auth import EVERYONE, BearerAuth, Tenant
 from collector_processor.receiver.call_budget import Call, CallBudget, Evicted
 from collector_processor.receiver.common import (
@@ -63,17 +63,14 @@ CORE_RPC_HEADROOM = 2
 class _LoopWaiter:
     """``set()`` from the pipeline's worker thread resolves a future on the receiver's event loop."""
 
-    __slots__ = ("_fut", "_loop")
+    __slots__ = ("_completions", "_fut")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[bool]) -> None:
-        self._loop = loop
+    def __init__(self, completions: Completions, fut: asyncio.Future[bool]) -> None:
+        self._completions = completions
         self._fut = fut
 
     def set(self) -> None:
-        try:
-            self._loop.call_soon_threadsafe(_resolve, self._fut, True)
-        except RuntimeError:  # the loop is closed: nobody waits any more
-            pass
+        self._completions.resolve(self._fut, True)
 
 
 def _resolve(fut: asyncio.Future[bool], value: bool) -> None:
@@ -148,6 +145,7 @@ class OtlpGrpcReceiver:
         self._server: grpc.aio.Server | None = None
         self._loop: LoopThread | None = None
         self._workers: Workers | None = None
+        self._completions: Completions | None = None
         self.host, self.port = split_host_port(proto.endpoint, 4317)
 
     # ---- the Export methods -------------------------------------------------------------------------------
@@ -287,7 +285,8 @@ class OtlpGrpcReceiver:
         msg, n = prepared
         loop = asyncio.get_running_loop()
         done: asyncio.Future[bool] = loop.create_future()  # True: processed; False: wait_for_processing passed
-        item = self.d.offer(signal, pipe, msg, len(raw), n, _LoopWaiter(loop, done))
+        assert self._completions is not None
+        item = self.d.offer(signal, pipe, msg, len(raw), n, _LoopWaiter(self._completions, done))
         if isinstance(item, Result):
             return _refusal(Refusal(item.reason, item.message or "throttled"))
         processed = False
@@ -319,6 +318,7 @@ class OtlpGrpcReceiver:
     def start(self) -> None:
         self._loop = LoopThread(f"grpc-{self.id}")
         self._loop.start()
+        self._completions = Completions(self._loop.loop)
         self._workers = Workers(self.proto.max_workers, f"grpc-{self.id}-worker")
         grpc_limit = self.limit + 64 * 1024  # room to answer a slightly bigger body with our own counted error
 
