@@ -7,7 +7,10 @@ bearer token is checked before the message is read (a client without it is refus
 stream that never sends its message is ended after ``READ_TIMEOUT_S`` (as ``aborted``), and waiting costs a
 coroutine, not a worker. Then the message's size is bounded and counted here, the memory its decoding takes is
 reserved at the pipelines' admission gates (UNAVAILABLE with the retry delay, or RESOURCE_EXHAUSTED when it could
-never fit), and decoding and the hand-over to the pipelines run on one of ``max_workers`` daemon threads.
+never fit). A message of up to ``INLINE_BYTES`` for a signal with one pipeline is decoded on the event loop and,
+when that pipeline is idle, processed there too (``Pipeline.process_now``); otherwise queued on it, the call
+answered when the pipeline's worker is done with it. Larger messages are decoded and handed to the pipelines on
+one of ``max_workers`` daemon threads.
 Throttled requests get UNAVAILABLE with the ``google.rpc.retryinfo-bin`` trailer, which is where the OTel Python
 exporter reads its retry delay. gzip-compressed messages are inflated by gRPC core, which refuses one that
 inflates beyond its message size limit (``max_recv_msg_size_mib`` + 64 KiB); the handler then sees no message
@@ -271,9 +274,10 @@ class OtlpGrpcReceiver:
         return await self._workers.run(self._process, signal, raw, tenant)
 
     async def _inline(self, signal: str, raw: bytes, tenant: Tenant, pipe: Pipeline) -> _Outcome:
-        """A small request, on the event loop: decoded here (a fraction of a millisecond), queued on its pipeline
-        without a thread waiting for it, and answered when the pipeline is done with it (its partial success) or
-        after ``wait_for_processing``: no hop to a worker thread and back."""
+        """A small request, on the event loop: decoded here (a fraction of a millisecond); when the client is to be
+        told the partial success (``wait_for_processing`` > 0) and the pipeline is idle, processed here too
+        (``Pipeline.process_now``: no thread woken, no hand-over and back); else queued on its pipeline without a
+        thread waiting for it, and answered when the pipeline is done with it or after ``wait_for_processing``."""
         try:
             prepared = self.d.prepare(signal, raw, tenant=tenant)
         except DecodeFailure as e:
@@ -283,6 +287,13 @@ class OtlpGrpcReceiver:
         if isinstance(prepared, Refusal):
             return _refusal(prepared)
         msg, n = prepared
+        if self.d.wait_s > 0:  # processed here when the pipeline is idle: answered with its partial success at once
+            now = self.d.process_now(signal, pipe, msg, len(raw), n)
+            if isinstance(now, Result):
+                return _refusal(Refusal(now.reason, now.message or "throttled"))
+            if now is not None:
+                r = self.d.finished(now, True)
+                return _Outcome(grpc.StatusCode.OK, body=export_response(signal, r).SerializeToString())
         loop = asyncio.get_running_loop()
         done: asyncio.Future[bool] = loop.create_future()  # True: processed; False: wait_for_processing passed
         assert self._completions is not None
