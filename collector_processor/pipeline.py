@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 TICK_S = 0.25
 # process_now: an item that took longer than this turns processing on the caller's thread off for INLINE_OFF_S
 # (a slow processor must not hold a receiver's event loop)
-INLINE_MAX_S = 0.02
+INLINE_MAX_S = 0.25
 INLINE_OFF_S = 1.0
 EVENT_BYTES = 512  # queue byte estimate per event
 _PROCESS = {"traces": (TracesProcessor, "process_traces"), "metrics": (MetricsProcessor, "process_metrics"),

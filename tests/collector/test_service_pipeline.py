@@ -108,7 +108,7 @@ def test_process_now_runs_on_the_callers_thread_only_when_the_pipeline_is_idle()
 
 
 def test_process_now_stops_after_a_slow_item() -> None:
-    rec = _Recorder(delay=0.05)  # over INLINE_MAX_S
+    rec = _Recorder(delay=0.3)  # over INLINE_MAX_S
     p = Pipeline("traces", Telemetry(), max_items=10, max_bytes=1 << 20, processors=[Stage("rec", rec)],
                  exporters=[])
     assert p.process_now(_req(), 10, 1) is not None
