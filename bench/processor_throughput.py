@@ -13,8 +13,18 @@ gRPC (``--inflight`` concurrent calls, retrying throttled ones) to
   python bench/processor_throughput.py                 # ~400k spans per arm
   python bench/processor_throughput.py --spans 20000   # smoke
   python bench/processor_throughput.py --profile 15    # + cProfile of the processing path (in-process)
+  python bench/processor_throughput.py --base ../base --pairs 5   # side by side with another checkout
 
 Last line: spans_per_s=<b> parse_only_spans_per_s=<a> ratio=<b/a> rss_mb=<peak RSS of the collector>
+cpu_s=<collector CPU seconds (user + system) while it took and processed the requests>
+
+``--base PATH``: a checkout of another commit (``git worktree add --detach PATH <commit>``). The same requests go
+to this checkout's collector and to the base's (``python -m collector_processor`` run from PATH, with PATH on
+``PYTHONPATH``), ``--pairs`` times each, alternately (base first in odd pairs, this checkout first in even ones);
+each run measures its own parse-only floor (the same code in both arms) just before its collector, so both arms
+see the machine's load alike. The ratio of the medians is the comparison that counts on a loaded machine. Last
+line: base_spans_per_s=<median> spans_per_s=<median> speedup=<median / base median> base_ratio=<median>
+ratio=<median> base_cpu_s=<median> cpu_s=<median> pairs=<n>
 """
 
 from __future__ import annotations
@@ -22,7 +32,9 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import os
 import pstats
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -150,7 +162,15 @@ def _processed(metrics_url: str) -> int:
     return 0
 
 
-def run_full(requests: list[bytes], inflight: int, timeout_s: float) -> tuple[float, float, int]:
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_full(requests: list[bytes], inflight: int, timeout_s: float,
+             root: Path = ROOT) -> tuple[float, float, int, float]:
+    """The collector of the checkout at ``root``: (seconds, peak RSS MB, retries, CPU seconds)."""
     import yaml
 
     grpc_port, metrics_port = free_port(), free_port()
@@ -166,8 +186,10 @@ def run_full(requests: list[bytes], inflight: int, timeout_s: float) -> tuple[fl
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "collector.yaml"
         path.write_text(yaml.safe_dump(conf))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
         proc = subprocess.Popen([sys.executable, "-m", "collector_processor", "--config", str(path),
-                                 "--log-level", "WARNING"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                 "--log-level", "WARNING"], cwd=root, env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         try:
             url = f"http://127.0.0.1:{metrics_port}/metrics"
@@ -180,6 +202,7 @@ def run_full(requests: list[bytes], inflight: int, timeout_s: float) -> tuple[fl
                     if time.monotonic() > t_ready or proc.poll() is not None:
                         raise RuntimeError("collector did not start") from None
                     time.sleep(0.1)
+            cpu0 = _cpu_s(proc.pid)
             t0 = time.perf_counter()
             _, retries = drive(grpc_port, requests, inflight, timeout_s)
             deadline = time.monotonic() + timeout_s
@@ -187,6 +210,7 @@ def run_full(requests: list[bytes], inflight: int, timeout_s: float) -> tuple[fl
                 time.sleep(0.01)
             dt = time.perf_counter() - t0
             rss = _peak_rss_mb(proc.pid)
+            cpu = _cpu_s(proc.pid) - cpu0
         finally:
             proc.terminate()
             try:
@@ -194,7 +218,7 @@ def run_full(requests: list[bytes], inflight: int, timeout_s: float) -> tuple[fl
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
-    return dt, rss, retries
+    return dt, rss, retries, cpu
 
 
 def profile_inprocess(requests: list[bytes], top: int) -> str:
@@ -230,6 +254,9 @@ def main() -> int:
                     help="stage spans per microbatch interval (~50 per rank-step) or per timer per step (14)")
     ap.add_argument("--profile", type=int, default=0, metavar="TOP", help="also print the cProfile top TOP items")
     ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--base", type=Path, metavar="PATH",
+                    help="also run the collector of the checkout at PATH, alternately with this one")
+    ap.add_argument("--pairs", type=int, default=5, help="with --base: runs of each arm")
     args = ap.parse_args()
     cfg = LoadConfig(Layout(dp=args.dp, tp=args.cohorts), device_every=args.device_every, detail=args.detail)
     ranks = args.dp * args.cohorts
@@ -240,8 +267,10 @@ def main() -> int:
     print(f"{len(requests)} requests, {n_spans} spans ({ranks} ranks x {steps} steps x {cfg.spans_per_rank_step}), "
           f"{sum(map(len, requests)) / len(requests) / 1024:.0f} KiB/request, encoded in "
           f"{time.monotonic() - t0:.1f}s", file=sys.stderr)
+    if args.base is not None:
+        return side_by_side(requests, n_spans, args.base.resolve(), args.pairs, args.inflight, args.timeout)
     dt_a, rss_a = run_parse_only(requests, args.inflight, args.timeout)
-    dt_b, rss_b, retries = run_full(requests, args.inflight, args.timeout)
+    dt_b, rss_b, retries, cpu_b = run_full(requests, args.inflight, args.timeout)
     a, b = n_spans / dt_a, n_spans / dt_b
     print(f"\n{'arm':40} {'seconds':>8} {'spans/s':>10} {'peak RSS MB':>12}")
     print(f"{'(a) parse-only OTLP/gRPC receiver':40} {dt_a:8.2f} {a:10.0f} {rss_a:12.0f}")
@@ -250,7 +279,40 @@ def main() -> int:
     if args.profile:
         print(profile_inprocess(requests[: max(1, min(len(requests), 400))], args.profile))
     print(f"spans_per_s={b:.0f} parse_only_spans_per_s={a:.0f} ratio={b / a:.3f} rss_mb={rss_b:.0f} "
-          f"spans={n_spans} requests={len(requests)} inflight={args.inflight}")
+          f"spans={n_spans} requests={len(requests)} inflight={args.inflight} cpu_s={cpu_b:.2f}")
+    return 0
+
+
+def side_by_side(requests: list[bytes], n_spans: int, base: Path, pairs: int, inflight: int,
+                 timeout_s: float) -> int:
+    """``pairs`` runs of each arm, alternately; per run its parse-only floor, then its collector."""
+    if not (base / "collector_processor").is_dir():
+        raise SystemExit(f"--base {base}: not a checkout (no collector_processor/)")
+    runs: dict[str, list[tuple[float, float, float, float]]] = {"base": [], "this": []}
+    roots = {"base": base, "this": ROOT}
+    print(f"{'pair':>4} {'arm':5} {'spans/s':>9} {'parse-only':>10} {'ratio':>6} {'cpu s':>6} {'RSS MB':>6}")
+    for i in range(pairs):
+        for arm in (("base", "this") if i % 2 == 0 else ("this", "base")):
+            dt_a, _ = run_parse_only(requests, inflight, timeout_s)
+            dt_b, rss, _, cpu = run_full(requests, inflight, timeout_s, roots[arm])
+            a, b = n_spans / dt_a, n_spans / dt_b
+            runs[arm].append((b, a, b / a, cpu))
+            print(f"{i + 1:4d} {arm:5} {b:9.0f} {a:10.0f} {b / a:6.3f} {cpu:6.2f} {rss:6.0f}", flush=True)
+
+    def med(arm: str, k: int) -> float:
+        return statistics.median(r[k] for r in runs[arm])
+
+    def span(arm: str, k: int, fmt: str) -> str:
+        vals = [r[k] for r in runs[arm]]
+        return f"{format(med(arm, k), fmt)} ({format(min(vals), fmt)}-{format(max(vals), fmt)})"
+
+    print(f"\nbase: {base}")
+    for arm in ("base", "this"):
+        print(f"{arm:5} median (min-max) of {pairs}: spans/s {span(arm, 0, ',.0f')}  ratio {span(arm, 2, '.3f')}  "
+              f"parse-only {span(arm, 1, ',.0f')}  collector CPU s {span(arm, 3, '.2f')}")
+    print(f"base_spans_per_s={med('base', 0):.0f} spans_per_s={med('this', 0):.0f} "
+          f"speedup={med('this', 0) / med('base', 0):.3f} base_ratio={med('base', 2):.3f} ratio={med('this', 2):.3f} "
+          f"base_cpu_s={med('base', 3):.2f} cpu_s={med('this', 3):.2f} pairs={pairs} spans={n_spans}")
     return 0
 
 

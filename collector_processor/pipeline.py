@@ -6,6 +6,11 @@ worker thread runs the processors (so a processor never sees two threads at once
 least every ``TICK_S``, and hands the result to the exporters, which queue internally and never block the worker
 for long.
 
+A receiver on an event loop may also hand a small request over with ``process_now``: when the pipeline is idle (its
+queue empty, its worker between items) and its recent items were quick, the request is processed on the caller's
+thread at once, under the same lock the worker holds per item (no hand-off to the worker and back, no thread
+woken); otherwise the receiver queues it (``offer``).
+
 A pipeline fed by a connector takes ``EventBatch`` items through the same bounded queue (``submit_events``): each
 exporter gets them as events (``EventsExporter``) or as an OTLP logs request (``LogsExporter``).
 """
@@ -39,6 +44,10 @@ from collector_processor.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 TICK_S = 0.25
+# process_now: an item that took longer than this turns processing on the caller's thread off for INLINE_OFF_S
+# (a slow processor must not hold a receiver's event loop)
+INLINE_MAX_S = 0.25
+INLINE_OFF_S = 1.0
 EVENT_BYTES = 512  # queue byte estimate per event
 _PROCESS = {"traces": (TracesProcessor, "process_traces"), "metrics": (MetricsProcessor, "process_metrics"),
             "logs": (LogsProcessor, "process_logs")}
@@ -98,6 +107,8 @@ class Pipeline:
         self._q: queue.Queue[_Item] = queue.Queue()
         self._bytes = 0
         self._lock = threading.Lock()
+        self._handling = threading.Lock()  # held while an item is processed, by the worker or process_now
+        self._inline_off_until = 0.0
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"pipeline-{pid}", daemon=True)
         self._depth = telemetry.queue_depth.labels(pid)
@@ -151,6 +162,34 @@ class Pipeline:
             return Result("throttled", reason="queue_full", message=f"pipeline {self.id} queue is full")
         return item
 
+    def process_now(self, msg: Message, nbytes: int, n: int) -> Result | _Item | None:
+        """Process a request on the calling thread if the pipeline is idle and its recent items were quick: the
+        processed item (``rejected``, ``message`` set), the refusal (as ``offer`` refuses), or None when it must
+        be queued instead (``offer``)."""
+        if self._closing.is_set():
+            return Result("throttled", reason="shutting_down", message="collector is shutting down")
+        for gate in self.admission:
+            refusal = gate.refusal()
+            if refusal is not None:
+                return Result("throttled", reason=refusal.reason, message=refusal.message)
+        if self._q.qsize() or time.monotonic() < self._inline_off_until:
+            return None
+        if not self._handling.acquire(blocking=False):
+            return None
+        try:
+            item = _Item("request", msg, nbytes, n)
+            t0 = time.monotonic()
+            try:
+                self._handle(item)
+            except Exception:
+                log.exception("pipeline %s failed on an item", self.id)
+            t1 = time.monotonic()
+            if t1 - t0 > INLINE_MAX_S:
+                self._inline_off_until = t1 + INLINE_OFF_S
+        finally:
+            self._handling.release()
+        return item
+
     def submit_events(self, batch: EventBatch) -> bool:
         """Queue a connector's events; when the queue is full they are dropped and counted in
         ``evictions_total{structure="queue:<pipeline>"}``."""
@@ -194,7 +233,8 @@ class Pipeline:
                     return
                 continue
             try:
-                self._handle(item)
+                with self._handling:
+                    self._handle(item)
             except Exception:
                 log.exception("pipeline %s failed on an item", self.id)
             finally:
@@ -253,6 +293,8 @@ class Pipeline:
         self._q.put(_Item("wake", None, 0, 0))
         if self._thread.is_alive():
             self._thread.join(max(0.0, deadline - time.monotonic()))
+        if self._handling.acquire(timeout=max(0.0, deadline - time.monotonic())):  # an item in process_now
+            self._handling.release()
         left = 0
         while True:
             try:

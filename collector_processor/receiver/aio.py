@@ -9,6 +9,7 @@ import asyncio
 import logging
 import queue
 import threading
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -38,6 +39,41 @@ class LoopThread:
         if self.loop.is_running():
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout)
+
+
+class Completions:
+    """Futures of one event loop resolved from other threads, with one wake-up of the loop per batch.
+
+    ``loop.call_soon_threadsafe`` writes to the loop's self-pipe on every call: a system call that hands the GIL
+    to the loop thread, which the calling thread (a pipeline's worker, between two requests) then waits to get
+    back. Here a thread that resolves a future while an earlier wake-up is still pending only appends to the
+    batch; the loop resolves the whole batch at once."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._batch: deque[tuple[asyncio.Future[Any], Any]] = deque()
+        self._lock = threading.Lock()
+        self._pending = False
+
+    def resolve(self, fut: asyncio.Future[Any], value: Any) -> None:
+        """From any thread: ``fut.set_result(value)`` on the loop, unless it is done by then."""
+        with self._lock:
+            self._batch.append((fut, value))
+            if self._pending:
+                return
+            self._pending = True
+        try:
+            self._loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+    def _drain(self) -> None:
+        with self._lock:
+            batch, self._batch = self._batch, deque()
+            self._pending = False
+        for fut, value in batch:
+            if not fut.done():
+                fut.set_result(value)
 
 
 class Workers:

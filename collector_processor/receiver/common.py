@@ -236,6 +236,20 @@ class Dispatcher:
                 self.t.spans_dropped.labels(r.reason).inc(n)
         return r
 
+    def process_now(self, signal: str, pipe: Pipeline, msg: Message, nbytes: int, n: int) -> Result | object | None:
+        """Process a prepared request on this thread if ``pipe`` is idle (``Pipeline.process_now``): the processed
+        item (then ``finished``), the refusal (counted as ``offer`` counts it), or None: ``offer`` it instead."""
+        r = pipe.process_now(msg, held_bytes(nbytes, n), n)
+        if r is None:
+            return None
+        if signal == "traces":
+            self.t.spans_received.labels(self.label).inc(n)
+        if isinstance(r, Result):
+            self.outcome("throttled")
+            if signal == "traces":
+                self.t.spans_dropped.labels(r.reason).inc(n)
+        return r
+
     def finished(self, item: object, processed: bool) -> Result:
         """The answer for an ``offer``ed item: its partial success once ``processed``, else a plain success."""
         r = Result("ok", rejected=item.rejected, message=item.message) if processed else Result("ok")  # type: ignore[attr-defined]

@@ -7,7 +7,10 @@ bearer token is checked before the message is read (a client without it is refus
 stream that never sends its message is ended after ``READ_TIMEOUT_S`` (as ``aborted``), and waiting costs a
 coroutine, not a worker. Then the message's size is bounded and counted here, the memory its decoding takes is
 reserved at the pipelines' admission gates (UNAVAILABLE with the retry delay, or RESOURCE_EXHAUSTED when it could
-never fit), and decoding and the hand-over to the pipelines run on one of ``max_workers`` daemon threads.
+never fit). A message of up to ``INLINE_BYTES`` for a signal with one pipeline is decoded on the event loop and,
+when that pipeline is idle, processed there too (``Pipeline.process_now``); otherwise queued on it, the call
+answered when the pipeline's worker is done with it. Larger messages are decoded and handed to the pipelines on
+one of ``max_workers`` daemon threads.
 Throttled requests get UNAVAILABLE with the ``google.rpc.retryinfo-bin`` trailer, which is where the OTel Python
 exporter reads its retry delay. gzip-compressed messages are inflated by gRPC core, which refuses one that
 inflates beyond its message size limit (``max_recv_msg_size_mib`` + 64 KiB); the handler then sees no message
@@ -31,7 +34,7 @@ from collector_processor.component import Refusal
 from collector_processor.config.model import MIB
 from collector_processor.config.types import split_host_port
 from collector_processor.pipeline import Pipeline, Result
-from collector_processor.receiver.aio import LoopThread, Workers, stop_runtime
+from collector_processor.receiver.aio import Completions, LoopThread, Workers, stop_runtime
 from collector_processor.receiver.auth import EVERYONE, BearerAuth, Tenant
 from collector_processor.receiver.call_budget import Call, CallBudget, Evicted
 from collector_processor.receiver.common import (
@@ -63,17 +66,14 @@ CORE_RPC_HEADROOM = 2
 class _LoopWaiter:
     """``set()`` from the pipeline's worker thread resolves a future on the receiver's event loop."""
 
-    __slots__ = ("_fut", "_loop")
+    __slots__ = ("_completions", "_fut")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[bool]) -> None:
-        self._loop = loop
+    def __init__(self, completions: Completions, fut: asyncio.Future[bool]) -> None:
+        self._completions = completions
         self._fut = fut
 
     def set(self) -> None:
-        try:
-            self._loop.call_soon_threadsafe(_resolve, self._fut, True)
-        except RuntimeError:  # the loop is closed: nobody waits any more
-            pass
+        self._completions.resolve(self._fut, True)
 
 
 def _resolve(fut: asyncio.Future[bool], value: bool) -> None:
@@ -148,6 +148,7 @@ class OtlpGrpcReceiver:
         self._server: grpc.aio.Server | None = None
         self._loop: LoopThread | None = None
         self._workers: Workers | None = None
+        self._completions: Completions | None = None
         self.host, self.port = split_host_port(proto.endpoint, 4317)
 
     # ---- the Export methods -------------------------------------------------------------------------------
@@ -273,9 +274,10 @@ class OtlpGrpcReceiver:
         return await self._workers.run(self._process, signal, raw, tenant)
 
     async def _inline(self, signal: str, raw: bytes, tenant: Tenant, pipe: Pipeline) -> _Outcome:
-        """A small request, on the event loop: decoded here (a fraction of a millisecond), queued on its pipeline
-        without a thread waiting for it, and answered when the pipeline is done with it (its partial success) or
-        after ``wait_for_processing``: no hop to a worker thread and back."""
+        """A small request, on the event loop: decoded here (a fraction of a millisecond); when the client is to be
+        told the partial success (``wait_for_processing`` > 0) and the pipeline is idle, processed here too
+        (``Pipeline.process_now``: no thread woken, no hand-over and back); else queued on its pipeline without a
+        thread waiting for it, and answered when the pipeline is done with it or after ``wait_for_processing``."""
         try:
             prepared = self.d.prepare(signal, raw, tenant=tenant)
         except DecodeFailure as e:
@@ -285,9 +287,17 @@ class OtlpGrpcReceiver:
         if isinstance(prepared, Refusal):
             return _refusal(prepared)
         msg, n = prepared
+        if self.d.wait_s > 0:  # processed here when the pipeline is idle: answered with its partial success at once
+            now = self.d.process_now(signal, pipe, msg, len(raw), n)
+            if isinstance(now, Result):
+                return _refusal(Refusal(now.reason, now.message or "throttled"))
+            if now is not None:
+                r = self.d.finished(now, True)
+                return _Outcome(grpc.StatusCode.OK, body=export_response(signal, r).SerializeToString())
         loop = asyncio.get_running_loop()
         done: asyncio.Future[bool] = loop.create_future()  # True: processed; False: wait_for_processing passed
-        item = self.d.offer(signal, pipe, msg, len(raw), n, _LoopWaiter(loop, done))
+        assert self._completions is not None
+        item = self.d.offer(signal, pipe, msg, len(raw), n, _LoopWaiter(self._completions, done))
         if isinstance(item, Result):
             return _refusal(Refusal(item.reason, item.message or "throttled"))
         processed = False
@@ -319,6 +329,7 @@ class OtlpGrpcReceiver:
     def start(self) -> None:
         self._loop = LoopThread(f"grpc-{self.id}")
         self._loop.start()
+        self._completions = Completions(self._loop.loop)
         self._workers = Workers(self.proto.max_workers, f"grpc-{self.id}-worker")
         grpc_limit = self.limit + 64 * 1024  # room to answer a slightly bigger body with our own counted error
 

@@ -49,6 +49,15 @@ def test_processor_throughput_bench_tiny() -> None:
     assert a > 0 and b > 0 and abs(ratio - b / a) < 0.01 and float(f["rss_mb"]) > 10
 
 
+def test_processor_throughput_side_by_side_tiny() -> None:
+    f = last_line_fields("processor_throughput.py", "--spans", "3000", "--dp", "8", "--cohorts", "1",
+                         "--base", str(ROOT), "--pairs", "1")
+    assert list(f)[:3] == ["base_spans_per_s", "spans_per_s", "speedup"]
+    base, this = float(f["base_spans_per_s"]), float(f["spans_per_s"])
+    assert base > 0 and this > 0 and abs(float(f["speedup"]) - this / base) < 0.01
+    assert 0 < float(f["ratio"]) and 0 < float(f["base_ratio"]) and float(f["cpu_s"]) > 0 and f["pairs"] == "1"
+
+
 def test_scale_bench_tiny() -> None:
     f = last_line_fields("scale.py", "--sizes", "128", "--steps", "20", "--long-steps", "0")
     assert {"ranks", "processes", "needed_spans_per_s_per_process", "achieved_spans_per_s", "keeps_up",

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -14,7 +16,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from service_support import BASE_RECEIVER, make_spans, scrape, wait_for
 
 import otel_straggler_schema as s
-from collector_processor.pipeline import Pipeline, Stage
+from collector_processor.pipeline import Pipeline, Result, Stage
 from collector_processor.simulate.faults import Fault
 from collector_processor.simulate.job import Layout
 from collector_processor.simulate.stream import JobStream, SimConfig
@@ -69,6 +71,61 @@ def test_queue_byte_cap_refuses_and_counts() -> None:
     # a single request bigger than the cap is accepted into an empty queue (it could never be sent otherwise)
     q = Pipeline("traces", t, max_items=100, max_bytes=10, processors=[], exporters=[])
     assert q.submit(big, 900, 5).status == "ok"
+
+
+class _Recorder:
+    """Rejects every other span; records the thread each request was processed on; sleeps ``delay`` s per request."""
+
+    last_rejected = 0
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.threads: list[str] = []
+        self.delay = delay
+
+    def process_traces(self, req):  # type: ignore[no-untyped-def]
+        self.threads.append(threading.current_thread().name)
+        time.sleep(self.delay)
+        self.last_rejected = sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans) // 2
+        return req
+
+
+def test_process_now_runs_on_the_callers_thread_only_when_the_pipeline_is_idle() -> None:
+    t = Telemetry()
+    rec, sink = _Recorder(), _Sink()
+    p = Pipeline("traces", t, max_items=10, max_bytes=1 << 20, processors=[Stage("rec", rec)],
+                 exporters=[("sink", sink)])
+    req = _req(4)
+    item = p.process_now(req, 100, 4)  # idle (worker not even started): processed here, rejections reported
+    assert not isinstance(item, Result) and item is not None and item.rejected == 2
+    assert rec.threads == [threading.current_thread().name] and sink.got == [req]
+    assert p.submit(_req(), 10, 1).status == "ok"  # queued, worker not started: the next one must queue behind it
+    assert p.process_now(_req(), 10, 1) is None
+    p.start()
+    assert wait_for(lambda: len(rec.threads) == 2) and rec.threads[1] == "pipeline-traces"
+    assert p.close(time.monotonic() + 2)
+    r = p.process_now(_req(), 10, 1)  # closing: refused like offer
+    assert isinstance(r, Result) and r.reason == "shutting_down"
+
+
+def test_process_now_stops_after_a_slow_item() -> None:
+    rec = _Recorder(delay=0.3)  # over INLINE_MAX_S
+    p = Pipeline("traces", Telemetry(), max_items=10, max_bytes=1 << 20, processors=[Stage("rec", rec)],
+                 exporters=[])
+    assert p.process_now(_req(), 10, 1) is not None
+    assert p.process_now(_req(), 10, 1) is None  # the slow processor must not hold a receiver's event loop
+    assert rec.threads == [threading.current_thread().name]
+
+
+def test_process_now_waits_for_the_worker_item() -> None:
+    """While the worker processes an item, process_now does not run a second one beside it."""
+    rec = _Recorder(delay=0.3)
+    p = Pipeline("traces", Telemetry(), max_items=10, max_bytes=1 << 20, processors=[Stage("rec", rec)],
+                 exporters=[])
+    p.start()
+    assert p.submit(_req(), 10, 1).status == "ok"
+    assert wait_for(lambda: len(rec.threads) == 1)
+    assert p.process_now(_req(), 10, 1) is None
+    assert p.close(time.monotonic() + 2)
 
 
 def test_real_straggler_processor_end_to_end(grpc_sink, start_service) -> None:  # type: ignore[no-untyped-def]
