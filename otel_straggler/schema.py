@@ -200,6 +200,9 @@ ATTRIBUTIONS: Final = (ATTRIBUTION_GPU, ATTRIBUTION_HOST, ATTRIBUTION_UNKNOWN)
 L_TRAINING_JOB: Final = "training_job"
 L_FIRST_STEP: Final = "first_step"  # the step where the alert was first convicted
 L_TRACE_ID: Final = "trace_id"  # that step's trace id (hex): where its verdict span lives
+# on an alert's series whose verdict another verdict explains: "node:<host>" (a node verdict holds on its host);
+# absent on the series that page (StragglerDetected selects covered_by="")
+L_COVERED_BY: Final = "covered_by"
 # Straggler state (labels: training_job, cohort, rank, host, gpu, stage, attribution, first_step, trace_id)
 M_STRAGGLER_ACTIVE: Final = "otel_straggler_active"  # gauge 1 while a straggler verdict holds, else 0
 M_STRAGGLER_DEVIATION: Final = "otel_straggler_deviation_ratio"  # gauge, deviation of the active verdict

@@ -95,6 +95,8 @@ class StragglerProcessor:
         self._seen: OrderedDict[bytes, None] = OrderedDict()
         self._pending: list[Verdict] = []
         self._pending_spans: list[Verdict] = []
+        # (alert or recovery, judged in its window) since the last _finish: recorded with their cover there
+        self._pending_alerts: list[tuple[Verdict, bool]] = []
         self._wall_window_ns = round(config.wall_window_s * 1e9)
         self._evict_flush: dict[str, int] = {}
         self._closed_flush = 0
@@ -576,12 +578,29 @@ class StragglerProcessor:
             self.metrics.record_window(cohort.job, cohort.key, out, now)
             for alert in out.alerts.values():
                 if alert is not None:  # judged slow in this window, or held from an earlier one
-                    self.metrics.record_alert(alert, now, judged=(alert.window_start, alert.window_end)
-                                              == (w.start, w.end))
+                    self._pending_alerts.append((alert, (alert.window_start, alert.window_end) == (w.start, w.end)))
             for v in out.verdicts:
                 if v.verdict == s.VERDICT_RECOVERED:
-                    self.metrics.record_alert(v, now)
+                    self._pending_alerts.append((v, False))
         self._pending.extend(out.verdicts)
+
+    def _record_alerts(self, now: float) -> None:
+        """The alerts judged or held since the last call, each with the verdict that covers it (``node``), into
+        the metrics; and each node verdict holding on a host whose alerts moved, refreshed (its cost judged)."""
+        alerts, self._pending_alerts = self._pending_alerts, []
+        judged: list[Verdict] = []
+        hosts: set[tuple[str, str]] = set()
+        for alert, was_judged in alerts:
+            v = self.nodes.cover(alert)
+            self.metrics.record_alert(v, now, judged=was_judged, covered_by=f"node:{v.node}" if v.node else "")
+            if v.node:
+                hosts.add((v.job, v.node))
+                if was_judged:
+                    judged.append(v)
+        for job, host in sorted(hosts):
+            node = self.nodes.alert(job, host, judged)
+            if node is not None:
+                self.metrics.record_alert(node, now, judged=any(a.job == job and a.host == host for a in judged))
 
     def _finish(self, now: float) -> None:
         """Flush counted telemetry, emit pending verdicts, publish the metrics snapshot."""
@@ -603,6 +622,9 @@ class StragglerProcessor:
                 self.c["verdicts_" + v.verdict] = self.c.get("verdicts_" + v.verdict, 0) + 1
             if self.metrics.registered:
                 self.metrics.count_verdicts(verdicts)
+                for v in verdicts:
+                    if v.stage == s.NODE_STAGE:  # a node verdict opened (its series pages) or ended
+                        self.metrics.record_alert(v, now)
             if self.cfg.emit_verdict_spans:
                 room = _MAX_PENDING_SPANS - len(self._pending_spans)
                 if room < len(verdicts):
@@ -612,6 +634,8 @@ class StragglerProcessor:
                 self._emit(verdicts)
             except Exception:  # fail open: a consumer's fault never stops detection
                 self.c["emit_failures"] += 1
+        if self._pending_alerts:
+            self._record_alerts(now)
         if self.metrics.registered:
             self.metrics.publish(now)
 
