@@ -166,6 +166,11 @@ EV_FIRST_TRACE_ID: Final = "straggler.first_trace_id"  # hex, that step's trace:
 EV_NODE: Final = "straggler.node"  # str, host name
 EV_NODE_RANKS: Final = "straggler.node.ranks"  # int[], on a node verdict: the host's ranks convicted together
 EV_NODE_GPUS: Final = "straggler.node.gpus"  # str[], on a node verdict: their GPUs
+# culprit versus victims (one DP replica's model-parallel ranks slow together): the group's name ("dp3.pp0")
+EV_GROUP: Final = "straggler.group"  # str, on culprit, group and victim verdicts
+EV_GROUP_RANKS: Final = "straggler.group.ranks"  # int[], on a group verdict: the ranks the timers cannot tell apart
+EV_VICTIMS: Final = "straggler.victims"  # int[], on a culprit's verdict: the ranks waiting for it
+EV_VICTIM_OF: Final = "straggler.victim_of"  # str, on a victim's verdict: "rank:<culprit>" or "group:<name>"
 
 VERDICT_STRAGGLER: Final = "straggler"
 VERDICT_RECOVERED: Final = "recovered"
@@ -185,6 +190,7 @@ REASONS: Final = (
     "pair_ambiguous",  # uncertain: a 2-rank cohort differs beyond tolerance and no evidence says which rank is slow
     "collective_wait",  # uncertain: the rank's excess is matched by its reference's excess in another stage (a wait)
     "node_slow",  # straggler (stage NODE_STAGE): most ranks of one host convicted together (a node verdict)
+    "group_slow",  # straggler: a model-parallel group slow together, no member's timers name the culprit
 )
 NODE_STAGE: Final = "node"  # the stage of a node verdict (one host's ranks slow together)
 
@@ -200,8 +206,9 @@ ATTRIBUTIONS: Final = (ATTRIBUTION_GPU, ATTRIBUTION_HOST, ATTRIBUTION_UNKNOWN)
 L_TRAINING_JOB: Final = "training_job"
 L_FIRST_STEP: Final = "first_step"  # the step where the alert was first convicted
 L_TRACE_ID: Final = "trace_id"  # that step's trace id (hex): where its verdict span lives
-# on an alert's series whose verdict another verdict explains: "node:<host>" (a node verdict holds on its host);
-# absent on the series that page (StragglerDetected selects covered_by="")
+# on an alert's series whose verdict another verdict explains: "node:<host>" (a node verdict holds on its host)
+# or "rank:<culprit>" / "group:<name>" (a victim's: culprit.py); absent on the series that page
+# (StragglerDetected selects covered_by="")
 L_COVERED_BY: Final = "covered_by"
 # Straggler state (labels: training_job, cohort, rank, host, gpu, stage, attribution, first_step, trace_id)
 M_STRAGGLER_ACTIVE: Final = "otel_straggler_active"  # gauge 1 while a straggler verdict holds, else 0

@@ -51,6 +51,7 @@ class ResourceIdentity:
     gpu: str = ""
     world_size: int = 0
     dp_size: int = 0
+    dp_rank: int = -1
     service: str = ""
     summary: bool = False
 
@@ -92,6 +93,8 @@ def resource_identity(rs: ResourceSpans) -> ResourceIdentity:
             ident.world_size = _int_of(v)
         elif k == s.RES_DP_SIZE:
             ident.dp_size = _int_of(v)
+        elif k == s.RES_DP_RANK:
+            ident.dp_rank = _int_of(v)
         elif k == s.RES_SERVICE_NAME:
             ident.service = v.string_value
         elif k == s.RES_STEP_SUMMARY:
@@ -182,7 +185,7 @@ def decode_resource_spans(rs: ResourceSpans, out: DecodeResult, skip_service: st
                 ident.job, ident.cohort, ident.rank, ident.host, ident.gpu, ident.world_size,
                 stage, group, step, dev, host, count if count > 0 else 1, tokens,
                 span.start_time_unix_nano, span.end_time_unix_nano, span.trace_id, span.span_id,
-                ident.dp_size, collective,
+                ident.dp_size, collective, ident.dp_rank,
             ))
 
 
@@ -261,7 +264,7 @@ def _decode_summary(span: object, ident: ResourceIdentity, out: DecodeResult) ->
     out.summaries.append(StepSummary(
         ident.job, ident.cohort, ident.rank, ident.host, ident.gpu, ident.world_size, ident.dp_size, step, tokens,
         span.start_time_unix_nano, span.end_time_unix_nano, span.trace_id, span.span_id,  # type: ignore[attr-defined]
-        names, grps, dev_out, host_out, cnt, collective))
+        names, grps, dev_out, host_out, cnt, collective, ident.dp_rank))
 
 
 def _device_entries(devs: Sequence[float], n: int) -> Sequence[float | None] | None:

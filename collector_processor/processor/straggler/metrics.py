@@ -112,16 +112,19 @@ class StragglerMetrics(Collector):
         alert was judged slow in this window, so the window's GPU-seconds lost are added to its cost.
         ``covered_by``: the verdict that explains this one (``L_COVERED_BY``): its series says so, carries no
         cost (the covering verdict's series does) and moves to the new label set when the cover changes.
-        A node verdict's series names its ranks in ``rank`` (comma-separated)."""
+        A node or group verdict's series names its ranks in ``rank`` (comma-separated)."""
         step, trace = convicted_step(v)
-        rank = ",".join(str(r) for r in v.node_ranks) if v.node_ranks else str(v.rank)
+        ranks = v.node_ranks or v.group_ranks
+        rank = ",".join(str(r) for r in ranks) if ranks else str(v.rank)
         base = (v.job, v.cohort, rank, v.host, v.gpu, v.stage, v.attribution)
         alert = (*base, "" if step is None else str(step), trace.hex())
         key = (*alert, covered_by)
-        previous = self._alert_keys.get(alert)
-        if previous is not None and previous != key:
-            self._alerts.pop(previous, None)  # the cover changed: one series per alert
         active = 1.0 if v.verdict == s.VERDICT_STRAGGLER else 0.0
+        previous = self._alert_keys.get(alert)
+        if previous is not None and not active:
+            key = previous  # a recovery ends the series as it was
+        elif previous is not None and previous != key:
+            self._alerts.pop(previous, None)  # the cover changed: one series per alert
         paid = active and not covered_by
         lost = v.step_time_lost_ms / 1000.0 if paid else 0.0
         gpu = v.gpu_seconds_per_hour / 3600.0 if paid else 0.0

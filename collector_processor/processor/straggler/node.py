@@ -51,7 +51,7 @@ class NodeVerdicts:
             return verdicts
         touched: set[tuple[str, str]] = set()
         for v in verdicts:
-            if not v.host or v.stage == s.NODE_STAGE or v.verdict == s.VERDICT_UNCERTAIN:
+            if not v.host or v.stage == s.NODE_STAGE or v.verdict == s.VERDICT_UNCERTAIN or v.derived:
                 continue
             key = (v.job, v.host)
             h = self.hosts.get(key)
