@@ -31,6 +31,7 @@ bound, ``MAX_*`` below) is warned about once (``logging``), replaced by the defa
 | OTEL_STRAGGLER_MAX_TIMERS_PER_STEP | max_timers_per_step | 512 | export side: timers per step; beyond, dropped |
 | OTEL_STRAGGLER_SIDECAR_MAX_RESTARTS | sidecar_max_restarts | 3 | export child restarts after it died; then given up |
 | OTEL_STRAGGLER_SIDECAR_RESTART_BACKOFF_S | sidecar_restart_backoff_s | 0.5 | first restart delay (doubles) |
+| OTEL_STRAGGLER_NVML_INTERVAL_S | nvml_interval_s | 0 | export side: NVML cause hints every N s (0: off) |
 
 Every module takes its defaults from ``DEFAULTS`` (``EmitterConfig()``), the one place they are written.
 
@@ -201,6 +202,9 @@ class EmitterConfig:
     max_timers_per_step: int = 512
     sidecar_max_restarts: int = 3
     sidecar_restart_backoff_s: float = 0.5
+    # export side: sample the rank's GPU through NVML every this many seconds on a thread of its own and attach
+    # the latest sample to the rank-step (nvml.py); 0: off, nothing imported, no thread
+    nvml_interval_s: float = 0.0
     config_errors: tuple[str, ...] = field(default=())  # names of the settings that fell back to default
 
     @classmethod
@@ -293,6 +297,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "max_timers_per_step": _int_in(1, MAX_TIMERS_PER_STEP),
     "sidecar_max_restarts": _int_in(0, MAX_RESTARTS),
     "sidecar_restart_backoff_s": _float_in(600.0),
+    "nvml_interval_s": _float_in(3600.0, allow_zero=True),
 }
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(EmitterConfig) if f.name in _PARSERS}
 DEFAULTS = EmitterConfig()  # the one source of every default

@@ -97,6 +97,15 @@ ATTR_SUMMARY_DEVICE_MS: Final = "straggler.summary.device_ms"  # double[], summe
 ATTR_SUMMARY_HOST_MS: Final = "straggler.summary.host_ms"  # double[], summed host ms
 ATTR_SUMMARY_COUNTS: Final = "straggler.summary.counts"  # int[], intervals aggregated per entry
 # str[], the summary's timer names marked collective (ATTR_STAGE_COLLECTIVE); absent when none is
+# NVML cause hints on a rank-step (otel_straggler/nvml.py; only with OTEL_STRAGGLER_NVML_INTERVAL_S > 0): the latest
+# sample of the rank's GPU
+ATTR_GPU_SM_CLOCK_MHZ: Final = "straggler.gpu.sm_clock_mhz"  # int
+ATTR_GPU_SM_CLOCK_MAX_MHZ: Final = "straggler.gpu.sm_clock_max_mhz"  # int
+ATTR_GPU_CLOCK_REASONS: Final = "straggler.gpu.clocks_event_reasons"  # str[], e.g. sw_thermal_slowdown
+ATTR_GPU_TEMPERATURE_C: Final = "straggler.gpu.temperature_c"  # int
+ATTR_GPU_POWER_W: Final = "straggler.gpu.power_w"  # double
+ATTR_GPU_PCIE_REPLAYS: Final = "straggler.gpu.pcie_replay_errors"  # int, cumulative
+ATTR_GPU_NVLINK_ERRORS: Final = "straggler.gpu.nvlink_errors"  # int, cumulative, summed over links
 ATTR_SUMMARY_COLLECTIVE: Final = "straggler.summary.collective"
 SUMMARY_NOT_MEASURED: Final = -1.0
 
@@ -170,6 +179,7 @@ EV_NODE_GPUS: Final = "straggler.node.gpus"  # str[], on a node verdict: their G
 EV_GROUP: Final = "straggler.group"  # str, on culprit, group and victim verdicts
 EV_GROUP_RANKS: Final = "straggler.group.ranks"  # int[], on a group verdict: the ranks the timers cannot tell apart
 EV_VICTIMS: Final = "straggler.victims"  # int[], on a culprit's verdict: the ranks waiting for it
+EV_HINT: Final = "straggler.hint"  # str, on a straggler verdict: its GPU's NVML sample against its peers'
 EV_VICTIM_OF: Final = "straggler.victim_of"  # str, on a victim's verdict: "rank:<culprit>" or "group:<name>"
 
 VERDICT_STRAGGLER: Final = "straggler"

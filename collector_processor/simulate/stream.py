@@ -92,6 +92,9 @@ class SimConfig:
     token_spread: float = 0.0
     mp_sync: bool = False  # the TP/CP/EP peers of a DP replica and pipeline stage end each compute stage together
     pp_sync: bool = False  # the pipeline stages of a DP replica wait for the slowest in forward-recv (p2p)
+    # every rank-step carries an NVML sample (otel_straggler/nvml.py): SM clock 1,980 MHz at 60 C, a rank under a
+    # device fault its clock divided by the slowdown at 85 C, with sw_thermal_slowdown
+    nvml: bool = False
 
     def __post_init__(self) -> None:
         if self.regime not in REGIMES:
@@ -192,6 +195,7 @@ class JobStream:
             per_rank: dict[int, list[tuple[str, str, int, float, float, int]]] = {}
             arrival: dict[int, float] = {}
             tokens: dict[int, int] = {}
+            slowed: dict[int, float] = {}  # rank -> its device slowdown at this step (nvml)
             for info in self.ranks:
                 rows = []
                 spike_stage = (self.rng.randrange(len(sm.stages))
@@ -231,6 +235,7 @@ class JobStream:
                             continue
                         if f.kind in _DEVICE_FAULTS:
                             dev *= 1.0 + f.slowdown(step)
+                            slowed[info.rank] = max(slowed.get(info.rank, 0.0), f.slowdown(step))
                         elif f.kind == "host":
                             host += f.stall_ms if f.stall_ms is not None else f.size * st.device_ms
                         elif f.kind == "dataloader":
@@ -332,5 +337,12 @@ class JobStream:
                         _kv(s.ATTR_SUMMARY_COUNTS, [k[4] for k in kept])])
                     if marked and any(k[0] == DDP_STAGE for k in kept):
                         rsp.attributes.append(_kv(s.ATTR_SUMMARY_COLLECTIVE, [DDP_STAGE]))
+                    if cfg.nvml:
+                        slow = slowed.get(info.rank, 0.0)
+                        rsp.attributes.extend([
+                            _kv(s.ATTR_GPU_SM_CLOCK_MHZ, round(1980 / (1.0 + slow))),
+                            _kv(s.ATTR_GPU_SM_CLOCK_MAX_MHZ, 1980),
+                            _kv(s.ATTR_GPU_TEMPERATURE_C, 85 if slow else 60),
+                            _kv(s.ATTR_GPU_CLOCK_REASONS, ["sw_thermal_slowdown"] if slow else [])])
             t += int(step_ms * 1e6)
             yield step, request

@@ -24,6 +24,7 @@ class RankInfo:
     claim_index: int = NO_INDEX  # step window index of the rank's latest sample, accepted or quarantined
     in_range: bool = False  # some step sample of the rank was not quarantined (it counts in the cohort's range)
     dp_rank: int = -1  # dl.data_parallel.rank (-1: not published): its model-parallel group (culprit.py)
+    gpu_hints: dict[str, object] | None = None  # its latest NVML sample (hints.py)
 
 
 @dataclass(slots=True)

@@ -22,9 +22,9 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from collector_processor.processor.straggler import collective, pair, sequential
+from collector_processor.processor.straggler import collective, hints, pair, sequential
 from collector_processor.processor.straggler.attribution import attribute, unexplained_host_excess
-from collector_processor.processor.straggler.cohort import Cohort
+from collector_processor.processor.straggler.cohort import Cohort, RankInfo
 from collector_processor.processor.straggler.config import Config
 from collector_processor.processor.straggler.evidence import DEVICE, HOST, RankStat, Tolerances, Views
 from collector_processor.processor.straggler.impact import impact, step_period_ms
@@ -807,4 +807,11 @@ class Judgement:
             collective_evidence=collective.wait_evidence(self.det, ev, self.rank) if straggler else "",
             trace_id=ev.trace_id, emitted_unix_ns=ev.now_ns, first_step=first_step, first_trace_id=first_trace,
             window_gpu_seconds=per_hour / 3600.0 * window_s,
+            hint=self._hint(info, cmp.peers) if straggler and info is not None and info.gpu_hints else "",
         )
+
+    def _hint(self, info: RankInfo, peers: list[int] | None) -> str:
+        """``hints.describe``: the rank's NVML sample against its comparable peers' (evidence only)."""
+        ranks = self.ev.cohort.ranks
+        others = self.se.others(self.rank) if peers is None else peers
+        return hints.describe(info.gpu_hints, (ranks[p].gpu_hints for p in others if p in ranks))

@@ -85,6 +85,8 @@ def event_attributes(v: Verdict) -> list[tuple[str, object]]:
         attrs.append((s.EV_VICTIMS, [int(r) for r in v.victims]))
     if v.victim_of:
         attrs.append((s.EV_VICTIM_OF, v.victim_of))
+    if v.hint:
+        attrs.append((s.EV_HINT, v.hint))
     return attrs
 
 
@@ -112,7 +114,7 @@ def summary(v: Verdict) -> str:
         dev = f"{v.deviation * 100:+.1f}%" if v.deviation is not None else "?"
         return (f"straggler: {where} {dev} vs rank {v.reference_rank} ({v.measurement}, {span}), "
                 f"{v.attribution}, {v.step_time_lost_ms:.1f} ms/step lost, "
-                f"{v.gpu_seconds_per_hour:.0f} GPU-s/h")
+                f"{v.gpu_seconds_per_hour:.0f} GPU-s/h" + (f"; {v.hint}" if v.hint else ""))
     if v.verdict == s.VERDICT_RECOVERED:
         return f"recovered: {where} back within tolerance ({v.measurement}, {span})"
     return f"uncertain: {where} {v.reason} ({span})"

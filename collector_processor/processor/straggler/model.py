@@ -84,6 +84,7 @@ class StepSummary:
     counts: list[int]
     collective: Sequence[str] = ()  # straggler.summary.collective: timers whose interval holds a collective wait
     dp_rank: int = -1  # dl.data_parallel.rank: the rank's DP replica (-1 = not published)
+    gpu_hints: dict[str, object] | None = None  # the rank-step's NVML sample (straggler.gpu.*; hints.py)
 
     def samples(self) -> list[StageSample]:
         """One StageSample per entry (the stage-span path's form), e.g. for tests and tools."""
@@ -133,3 +134,4 @@ class Verdict:
     victims: tuple[int, ...] = ()  # a culprit's verdict: the ranks of its group waiting for it
     victim_of: str = ""  # a victim's verdict: "rank:<culprit>" or "group:<name>"
     derived: bool = False  # made by culprit.py (a group verdict), not by a rank's judgement
+    hint: str = ""  # a straggler verdict: its GPU's NVML sample against its peers' (hints.py); "" when none

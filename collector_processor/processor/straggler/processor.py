@@ -304,6 +304,8 @@ class StragglerProcessor:
         if not stages:
             return 0
         info = self._rank(cohort, summ.rank, summ.host, summ.gpu, summ.world_size, summ.dp_size, now, summ.dp_rank)
+        if info is not None and summ.gpu_hints is not None:
+            info.gpu_hints = summ.gpu_hints
         if info is None:
             return 0
         w = self._window(cohort, info, summ.step, summ.start_unix_ns, now)
