@@ -195,3 +195,25 @@ def test_groups_tracked_are_bounded_and_evictions_counted() -> None:
     corr = Correlator(cfg, counters, _Registry([cohort]))  # type: ignore[arg-type]
     corr.window(cohort, 3, {(r, "forward-compute"): (0.0, False) for r in range(5)})  # type: ignore[arg-type]
     assert len(corr.groups) == 2 and counters["culprit_groups_evicted"] == 3
+
+
+def test_the_bench_scores_culprit_victims_and_group() -> None:
+    """``score_run`` with a group (``simulate/score.py``): a victim without ``victim_of`` is a victim convicted,
+    not a false alarm; with it, explained; a rank outside the replica is a false alarm; the culprit's verdict
+    is the detection, or where the group is the answer the group verdict naming it."""
+    from dataclasses import replace
+
+    from collector_processor.simulate.score import score_run
+
+    fault = Fault("device", 13, GPU_WIDE, 0.15, 45, 100)
+    culprit = replace(_verdict(13, "c"), step=54, window_end=54)
+    waiting = replace(_verdict(12, "c"), step=54)
+    assert score_run(fault, [culprit, waiting], 100, group={12, 13, 14, 15}).victims_convicted == 1
+    res = score_run(fault, [replace(waiting, victim_of="rank:13"), culprit, replace(_verdict(3, "c"), step=60)],
+                    100, group={12, 13, 14, 15})
+    assert (res.detected, res.steps_to_detect, res.victims_convicted, res.false_alarms) == (True, 9, 0, 1)
+    group = replace(culprit, rank=12, group_ranks=(12, 13, 14, 15), derived=True, reason="group_slow")
+    res = score_run(fault, [group, replace(culprit, victim_of="group:dp3.pp0")], 100, group={12, 13, 14, 15},
+                    expect_group=True)
+    assert res.detected and res.victims_convicted == 0 and res.false_alarms == 0
+    assert score_run(fault, [culprit], 100, group={12, 13, 14, 15}, expect_group=True).victims_convicted == 1
