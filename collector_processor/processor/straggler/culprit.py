@@ -103,12 +103,14 @@ class Correlator:
             g.pp[rank] = pp
             judged = g.judged.get(index)
             if judged is None:
+                if len(g.judged) >= self.cfg.culprit_history_windows and index < min(g.judged):
+                    continue  # a cohort closing a window older than every one kept: no longer evidence
                 judged = g.judged[index] = {}
                 g.windows[index] = {}
                 self._trim(g)
             judged.setdefault(rank, set()).add(stage)
             if beyond:
-                g.windows[index].setdefault(rank, set()).add(stage)
+                g.windows.setdefault(index, {}).setdefault(rank, set()).add(stage)
 
     # --- verdicts, per batch ------------------------------------------------------------------------
     def observe(self, verdicts: list[Verdict]) -> list[Verdict]:

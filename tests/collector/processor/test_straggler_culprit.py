@@ -217,3 +217,14 @@ def test_the_bench_scores_culprit_victims_and_group() -> None:
                     expect_group=True)
     assert res.detected and res.victims_convicted == 0 and res.false_alarms == 0
     assert score_run(fault, [culprit], 100, group={12, 13, 14, 15}, expect_group=True).victims_convicted == 1
+
+
+def test_a_cohort_closing_an_old_window_late_is_no_evidence_and_no_fault() -> None:
+    """Cohorts close their windows apart (batched delivery): a window older than every one kept is left out."""
+    cfg = factory.create_default_config().model_copy(update={"culprit_history_windows": 2})
+    cohort = _Cohort("e0/s/tp0.pp0.vpp0.cp0.ep0.etp0.c0", {0: 0})
+    corr = Correlator(cfg, {}, _Registry([cohort]))  # type: ignore[arg-type]
+    for idx in (7, 8, 3):
+        corr.window(cohort, idx, {(0, "forward-compute"): (0.1, True)})  # type: ignore[arg-type]
+    (g,) = corr.groups.values()
+    assert sorted(g.judged) == sorted(g.windows) == [7, 8]
