@@ -15,6 +15,7 @@ Target scenario (the issue's wording): a sustained +5 % device slowdown of one r
   python bench/detection.py --shapes-only            # the shapes below alone (the target's keys then read 0)
   python bench/detection.py --quick --pair-ddp-only  # only the DP = 2 and DDP scenarios
   python bench/detection.py --beyond-only            # only the variable-workload and bad-node scenarios
+  python bench/detection.py --groups-only            # only the model-parallel group (culprit) scenarios
 
 Shapes (``shape_scenarios``, their own random stream so the other scenarios' runs are the same with and
 without them): device faults in the GPU-bound regime (the host blocked on a full launch queue: host time
@@ -29,6 +30,13 @@ forward and backward time proportional (MoE routing, packed sequences; judged pe
 docs/detector.md); ``node:*`` slow every rank of one host (8 GPUs: half of each DP 8 cohort), detected by the
 node verdict naming it (``node.py``); a rank verdict on another host is a false alarm. ``--beyond-reps 0``
 leaves them out.
+
+Model-parallel groups (``group_scenarios``), their own table and line (``groups: ...``) after the ``beyond:``
+line, from their own random stream: TP 4 x DP 8, TP 2 x CP 2 x DP 6 and PP 2 x TP 2 x DP 4 jobs whose TP/CP
+peers end each compute stage together (``mp_sync``) and whose pipeline stages wait in ``p2p`` (``pp_sync``);
+one GPU slowed: ``culprit`` (its whole GPU, found by the verdict naming it), ``group`` (its compute stages
+only: found by the group verdict); ``vict``: victims convicted, a straggler verdict on another rank of the
+replica without ``victim_of``. ``--group-reps 0`` leaves them out, ``--groups-only`` runs them alone.
 
 DP = 2 and DDP scenarios (``pair`` and ``collective_wait`` in docs/detector.md), their own table and line
 (``pair_ddp: ...``) before the last line, drawn from their own random stream so the scenarios above keep their
@@ -94,11 +102,14 @@ class Run:
     ddp: bool = False  # the gradient all-reduce inside backward-compute (SimConfig.ddp)
     marked: bool = False  # that stage marked collective
     token_spread: float = 0.0  # SimConfig.token_spread: tokens per rank-step x U(1 -+ this)
+    mp_sync: bool = False  # SimConfig.mp_sync: TP/CP peers of a replica end each compute stage together
+    pp_sync: bool = False  # SimConfig.pp_sync: pipeline stages wait for the slowest in p2p
+    expect_group: bool | None = None  # scored by culprit (False) or group (True) verdict; None: as before
 
 
 def run_one(cfg: SimConfig, fault: Fault | None, proc_overrides: dict | None = None,
             sink: Callable[[object], None] | None = None, batching: Batching | None = None,
-            stats: dict | None = None) -> tuple[RunScore, list[Verdict]]:
+            stats: dict | None = None, expect_group: bool | None = None) -> tuple[RunScore, list[Verdict]]:
     """One simulated job through a fresh in-process processor; ``sink`` also receives every request. With
     ``batching`` the requests arrive as each rank's SDK batches them (``simulate/arrival.py``), on a simulated
     clock ticked every 0.25 s as the collector's pipeline does; ``stats`` receives the processor's counters."""
@@ -134,7 +145,10 @@ def run_one(cfg: SimConfig, fault: Fault | None, proc_overrides: dict | None = N
     if stats is not None:
         stats.update(proc.stats(), rank_steps_sent=sent)
     node_host = stream.ranks[fault.rank].host if fault is not None and fault.kind == "node" else None
-    return score_run(fault, verdicts, stream.healthy_rank_steps, node_host), verdicts
+    group = None
+    if fault is not None and expect_group is not None:
+        group = set(stream.replicas[stream.ranks[fault.rank].dp_rank])
+    return score_run(fault, verdicts, stream.healthy_rank_steps, node_host, group, bool(expect_group)), verdicts
 
 
 def scenarios(reps: int, target_reps: int, quick: bool, rng: random.Random, layout: Layout) -> list[Run]:
@@ -338,13 +352,89 @@ def _beyond(args: argparse.Namespace, overrides: dict, t0: float) -> str:
     return "beyond: " + " ".join(parts) + f" runs={len(runs)}"
 
 
+GROUP_SEED = 0x6_0C_1D  # the model-parallel group scenarios' random stream: args.seed ^ this
+GPU_WIDE = (*COMPUTE_STAGES, "optimizer-inner-step")  # a slow GPU: its collective-free optimizer step too
+
+
+def group_scenarios(reps: int, rng: random.Random) -> list[Run]:
+    """TP/CP/PP waits with a culprit (``culprit.py``): one GPU of a model-parallel group slowed while its peers
+    wait inside their compute timers (``mp_sync``) or in ``p2p`` (``pp_sync``). ``culprit`` faults slow the
+    rank's whole GPU (its collective-free optimizer step too): scored on the verdict naming it; ``group``
+    faults are confined to the compute stages that hold the group's all-reduces, where no timer tells the
+    members apart: scored on the group verdict naming its group. Victims convicted: straggler verdicts on the
+    replica's other ranks without ``victim_of``."""
+    out: list[Run] = []
+    tp4 = Layout(tp=4, dp=8)
+    tp2cp2 = Layout(tp=2, cp=2, dp=6)
+    pp2 = Layout(tp=2, pp=2, dp=4)
+
+    def onset() -> int:
+        return rng.randint(40, 60)
+
+    def fault(layout: Layout, stages: tuple[str, ...], size: float) -> Fault:
+        on = onset()
+        return Fault("device", rng.randrange(layout.world_size), stages, size, on, on + 60)
+
+    for _ in range(reps):
+        out.append(Run("tp4:culprit:gpu:+15%", fault(tp4, GPU_WIDE, 0.15), layout=tp4, mp_sync=True,
+                       expect_group=False))
+        out.append(Run("tp4:culprit:gpu:+5%", fault(tp4, GPU_WIDE, 0.05), layout=tp4, mp_sync=True,
+                       expect_group=False))
+        out.append(Run("tp4:group:all-compute:+15%", fault(tp4, COMPUTE_STAGES, 0.15), layout=tp4, mp_sync=True,
+                       expect_group=True))
+        out.append(Run("tp2cp2:culprit:gpu:+15%", fault(tp2cp2, GPU_WIDE, 0.15), layout=tp2cp2, mp_sync=True,
+                       expect_group=False))
+        out.append(Run("pp2tp2:culprit:gpu:+15%", fault(pp2, GPU_WIDE, 0.15), layout=pp2, mp_sync=True,
+                       pp_sync=True, expect_group=False))
+        out.append(Run("tp4:healthy", None, layout=tp4, mp_sync=True))
+    return out
+
+
+def _groups(args: argparse.Namespace, overrides: dict, t0: float) -> str:
+    """Run ``group_scenarios`` (their own random stream), print their table, return their ``groups:`` line."""
+    rng = random.Random(args.seed ^ GROUP_SEED)
+    reps = args.group_reps if args.group_reps is not None else (2 if args.quick else 6)
+    runs = group_scenarios(reps, rng)
+    if not runs:
+        return ""
+    seeds = [rng.getrandbits(32) for _ in runs]
+    results: dict[str, list[RunScore]] = defaultdict(list)
+    for i, (run, seed) in enumerate(zip(runs, seeds, strict=True)):
+        score, _ = run_one(sim_config(args, run, seed), run.fault, overrides, expect_group=run.expect_group)
+        results[run.name].append(score)
+        if (i + 1) % 6 == 0 or i + 1 == len(runs):
+            print(f"  model-parallel groups: {i + 1}/{len(runs)} runs, {time.monotonic() - t0:.0f}s",
+                  file=sys.stderr, flush=True)
+    print("\nModel-parallel groups: culprit versus victims (see group_scenarios)")
+    print(f"{'scenario':37} {'runs':>4} {'recall':>6} {'<=15':>6} {'med st':>6} {'p95 st':>6} {'stage':>5} "
+          f"{'attr':>5} {'recov':>5} {'FA':>4} {'vict':>4}")
+    fa = healthy = victims = 0
+    found: list[RunScore] = []
+    for key in sorted(results):
+        rs = results[key]
+        fa += sum(r.false_alarms for r in rs)
+        healthy += sum(r.healthy_rank_steps for r in rs)
+        victims += sum(r.victims_convicted for r in rs)
+        expect = rs[0].fault is not None
+        if expect:
+            found.extend(rs)
+        print(f"{key:37} {_row(rs, expect)} {sum(r.victims_convicted for r in rs):4d}")
+    st = [float(r.steps_to_detect) for r in found if r.detected and r.steps_to_detect is not None]
+    return (f"groups: false_alarms={fa} false_alarms_per_1e5={fa / max(1, healthy) * 1e5:.2f} "
+            f"healthy_rank_steps={healthy} victims_convicted={victims} "
+            f"recall={sum(r.detected for r in found) / max(1, len(found)):.4g} "
+            f"recall_within_15={sum(within(r) for r in found) / max(1, len(found)):.4g} "
+            f"p95_steps_to_detect={percentile(st, 0.95):.1f} runs={len(runs)}")
+
+
 def sim_config(args: argparse.Namespace, run: Run, seed: int, job: str = "sim-job") -> SimConfig:
     return SimConfig(layout=run.layout or Layout(tp=args.tp, dp=args.dp), steps=run.steps or args.steps,
                      step_model=StepModel.with_forward_ms(run.forward_ms),
                      noise=Noise(jitter=args.jitter, host_jitter=args.host_jitter,
                                  step_jitter=args.step_jitter),
                      device_every=args.device_every, seed=seed, job=job, regime=run.regime, ddp=run.ddp,
-                     collective_marked=run.marked, token_spread=run.token_spread)
+                     collective_marked=run.marked, token_spread=run.token_spread, mp_sync=run.mp_sync,
+                     pp_sync=run.pp_sync)
 
 
 def within(r: RunScore) -> bool:
@@ -378,6 +468,9 @@ def main() -> int:
     ap.add_argument("--pair-healthy-steps", type=int, default=600, help="steps of each dp2:healthy run")
     ap.add_argument("--pair-ddp-only", action="store_true", help="only the DP = 2 / DDP scenarios")
     ap.add_argument("--beyond-only", action="store_true", help="only the variable-workload / bad-node scenarios")
+    ap.add_argument("--groups-only", action="store_true", help="only the model-parallel group scenarios")
+    ap.add_argument("--group-reps", type=int, default=None,
+                    help="runs per model-parallel group scenario (default 6, quick 2; 0: none)")
     ap.add_argument("--beyond-reps", type=int, default=None,
                     help="runs per variable-workload / bad-node scenario (default 6, quick 2; 0: none)")
     args = ap.parse_args()
@@ -402,11 +495,15 @@ def main() -> int:
     if args.beyond_only:
         print(_beyond(args, overrides, t0))
         return 0
+    if args.groups_only:
+        print(_groups(args, overrides, t0))
+        return 0
     pair_line = _pair_ddp(args, overrides, t0)
     if args.pair_ddp_only:
         print(pair_line)
         return 0
     beyond_line = _beyond(args, overrides, t0)
+    groups_line = _groups(args, overrides, t0)
     results: dict[str, list[RunScore]] = defaultdict(list)
     late_share: dict[str, list[float]] = defaultdict(list)  # scenario -> per run: late / offered step samples
     for i, (run, seed) in enumerate(zip(runs, seeds, strict=True)):
@@ -493,6 +590,8 @@ def main() -> int:
         print(pair_line)
     if beyond_line:
         print(beyond_line)
+    if groups_line:
+        print(groups_line)
     print(" ".join(f"{k}={v}" for k, v in summary.items()))
     return 0
 

@@ -191,6 +191,9 @@ class EmitterConfig:
     max_timers_per_step: int = 512
     sidecar_max_restarts: int = 3
     sidecar_restart_backoff_s: float = 0.5
+    # export side: sample the rank's GPU through NVML every this many seconds on a thread of its own and attach
+    # the latest sample to the rank-step (nvml.py); 0: off, nothing imported, no thread
+    nvml_interval_s: float = 0.0
     config_errors: tuple[str, ...] = field(default=())  # names of the settings that fell back to default
 
     @classmethod
@@ -283,6 +286,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "max_timers_per_step": _int_in(1, MAX_TIMERS_PER_STEP),
     "sidecar_max_restarts": _int_in(0, MAX_RESTARTS),
     "sidecar_restart_backoff_s": _float_in(600.0),
+    "nvml_interval_s": _float_in(3600.0, allow_zero=True),
 }
 # One line per setting: what it does (docs/configuration.md's table is generated from this, the defaults and
 # the parsers' bounds; tests/test_generated_docs.py fails when the docs differ).
@@ -317,6 +321,9 @@ HELP: dict[str, str] = {
     "max_timers_per_step": "export side: timers per step; beyond, dropped (`dropped{reason=overflow}`)",
     "sidecar_max_restarts": "restarts of a dead export child, then it is given up (`sidecar_restarts`)",
     "sidecar_restart_backoff_s": "first restart delay of the export child (doubles each time)",
+    "nvml_interval_s": "export side: NVML cause hints (SM clock, throttle reasons, temperature, power, PCIe/NVLink "
+                       "errors) sampled every N s and attached to the rank-step (the `nvml` extra); 0: off, nothing "
+                       "imported, no thread",
 }
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(EmitterConfig) if f.name in _PARSERS}
 DEFAULTS = EmitterConfig()  # the one source of every default

@@ -34,6 +34,8 @@ REASON_TEXT = {
                        "as reference), not because it is slow itself",
     "node_slow": "most GPUs of one machine are slower than their peers at the same time: the machine (cooling, "
                  "power, a shared link), not one GPU",
+    "group_slow": "the GPUs of one tensor- or context-parallel group are slower together and no timing says which "
+                  "of them holds the others: check every GPU of the group",
 }
 
 

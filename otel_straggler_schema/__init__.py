@@ -98,6 +98,15 @@ ATTR_SUMMARY_DEVICE_MS: Final = "straggler.summary.device_ms"  # double[], summe
 ATTR_SUMMARY_HOST_MS: Final = "straggler.summary.host_ms"  # double[], summed host ms
 ATTR_SUMMARY_COUNTS: Final = "straggler.summary.counts"  # int[], intervals aggregated per entry
 # str[], the summary's timer names marked collective (ATTR_STAGE_COLLECTIVE); absent when none is
+# NVML cause hints on a rank-step (otel_straggler/nvml.py; only with OTEL_STRAGGLER_NVML_INTERVAL_S > 0): the latest
+# sample of the rank's GPU
+ATTR_GPU_SM_CLOCK_MHZ: Final = "straggler.gpu.sm_clock_mhz"  # int
+ATTR_GPU_SM_CLOCK_MAX_MHZ: Final = "straggler.gpu.sm_clock_max_mhz"  # int
+ATTR_GPU_CLOCK_REASONS: Final = "straggler.gpu.clocks_event_reasons"  # str[], e.g. sw_thermal_slowdown
+ATTR_GPU_TEMPERATURE_C: Final = "straggler.gpu.temperature_c"  # int
+ATTR_GPU_POWER_W: Final = "straggler.gpu.power_w"  # double
+ATTR_GPU_PCIE_REPLAYS: Final = "straggler.gpu.pcie_replay_errors"  # int, cumulative
+ATTR_GPU_NVLINK_ERRORS: Final = "straggler.gpu.nvlink_errors"  # int, cumulative, summed over links
 ATTR_SUMMARY_COLLECTIVE: Final = "straggler.summary.collective"
 SUMMARY_NOT_MEASURED: Final = -1.0
 
@@ -167,6 +176,12 @@ EV_FIRST_TRACE_ID: Final = "straggler.first_trace_id"  # hex, that step's trace:
 EV_NODE: Final = "straggler.node"  # str, host name
 EV_NODE_RANKS: Final = "straggler.node.ranks"  # int[], on a node verdict: the host's ranks convicted together
 EV_NODE_GPUS: Final = "straggler.node.gpus"  # str[], on a node verdict: their GPUs
+# culprit versus victims (one DP replica's model-parallel ranks slow together): the group's name ("dp3.pp0")
+EV_GROUP: Final = "straggler.group"  # str, on culprit, group and victim verdicts
+EV_GROUP_RANKS: Final = "straggler.group.ranks"  # int[], on a group verdict: the ranks the timers cannot tell apart
+EV_VICTIMS: Final = "straggler.victims"  # int[], on a culprit's verdict: the ranks waiting for it
+EV_HINT: Final = "straggler.hint"  # str, on a straggler verdict: its GPU's NVML sample against its peers'
+EV_VICTIM_OF: Final = "straggler.victim_of"  # str, on a victim's verdict: "rank:<culprit>" or "group:<name>"
 
 VERDICT_STRAGGLER: Final = "straggler"
 VERDICT_RECOVERED: Final = "recovered"
@@ -186,6 +201,7 @@ REASONS: Final = (
     "pair_ambiguous",  # uncertain: a 2-rank cohort differs beyond tolerance and no evidence says which rank is slow
     "collective_wait",  # uncertain: the rank's excess is matched by its reference's excess in another stage (a wait)
     "node_slow",  # straggler (stage NODE_STAGE): most ranks of one host convicted together (a node verdict)
+    "group_slow",  # straggler: a model-parallel group slow together, no member's timers name the culprit
 )
 NODE_STAGE: Final = "node"  # the stage of a node verdict (one host's ranks slow together)
 
@@ -201,6 +217,10 @@ ATTRIBUTIONS: Final = (ATTRIBUTION_GPU, ATTRIBUTION_HOST, ATTRIBUTION_UNKNOWN)
 L_TRAINING_JOB: Final = "training_job"
 L_FIRST_STEP: Final = "first_step"  # the step where the alert was first convicted
 L_TRACE_ID: Final = "trace_id"  # that step's trace id (hex): where its verdict span lives
+# on an alert's series whose verdict another verdict explains: "node:<host>" (a node verdict holds on its host)
+# or "rank:<culprit>" / "group:<name>" (a victim's: culprit.py); absent on the series that page
+# (StragglerDetected selects covered_by="")
+L_COVERED_BY: Final = "covered_by"
 # Straggler state (labels: training_job, cohort, rank, host, gpu, stage, attribution, first_step, trace_id)
 M_STRAGGLER_ACTIVE: Final = "otel_straggler_active"  # gauge 1 while a straggler verdict holds, else 0
 M_STRAGGLER_DEVIATION: Final = "otel_straggler_deviation_ratio"  # gauge, deviation of the active verdict
@@ -281,13 +301,14 @@ class Metric(NamedTuple):
 
 
 _STATE_LABELS: Final = ("training_job", "cohort", "rank", "host", "gpu", "stage", "attribution", "first_step",
-                        "trace_id")
+                        "trace_id", "covered_by")
 # Prometheus metrics of the collector (its /metrics), in the order docs/schema.md lists them.
 COLLECTOR_METRICS: Final = (
     Metric(M_STRAGGLER_ACTIVE, "gauge", _STATE_LABELS,
            "1 while a `straggler` verdict holds, 0 after `recovered`; `first_step` and `trace_id`: "
            "the step where the alert was first convicted and its trace (hex), fixed for the alert's "
-           "life"),
+           "life; `covered_by` (empty when none): the verdict that explains this one, `node:<host>`, "
+           "`rank:<culprit>` or `group:<name>`; a covered series carries no cost (the covering verdict's does)"),
     Metric(M_STRAGGLER_DEVIATION, "gauge", _STATE_LABELS,
            "deviation of the latest judged window for that series"),
     Metric(M_STEP_TIME_LOST, "gauge", _STATE_LABELS,

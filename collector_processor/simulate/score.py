@@ -24,15 +24,22 @@ class RunScore:
     flaps: int = 0  # recovered verdicts on the convicted rank and stage while a sustained fault still ran
     false_alarms: int = 0  # straggler verdicts that no label explains
     healthy_rank_steps: int = 0
+    # straggler verdicts on a rank of the fault's group that carry no victim_of (a waiter convicted on its own;
+    # where the group is the answer, also the culprit convicted alone)
+    victims_convicted: int = 0
 
 
 def score_run(fault: Fault | None, verdicts: Iterable[Verdict], healthy_rank_steps: int,
-              node_host: str | None = None) -> RunScore:
+              node_host: str | None = None, group: set[int] | None = None, expect_group: bool = False) -> RunScore:
     """``node_host``: with a ``node`` fault, its host: detected by the node verdict naming it (``node.py``);
-    rank verdicts on the host are explained, on any other host false alarms."""
+    rank verdicts on the host are explained, on any other host false alarms. ``group``: the ranks of the fault
+    rank's DP replica, which wait for it (``culprit.py``): detected by a verdict naming the fault's rank as the
+    culprit (``expect_group``: by the group verdict naming the group, as the timers cannot tell)."""
     res = RunScore(fault=fault, healthy_rank_steps=healthy_rank_steps)
     if fault is not None and fault.kind == "node":
         return _score_node(res, fault, verdicts, node_host)
+    if fault is not None and group is not None:
+        return _score_group(res, fault, verdicts, group, expect_group)
     verdicts = sorted(verdicts, key=lambda v: (v.step if v.step is not None else 0))
     first_hit: Verdict | None = None
     for v in verdicts:
@@ -86,6 +93,36 @@ def _score_node(res: RunScore, fault: Fault, verdicts: Iterable[Verdict], host: 
         res.detected = True
         res.steps_to_detect = max(0, (first.step or fault.due) - fault.due)
         res.stage_correct = True
+        res.attribution_correct = first.attribution == fault.expected_attribution
+    return res
+
+
+def _score_group(res: RunScore, fault: Fault, verdicts: Iterable[Verdict], group: set[int],
+                 expect_group: bool) -> RunScore:
+    first: Verdict | None = None
+    for v in sorted(verdicts, key=lambda v: (v.step if v.step is not None else 0)):
+        if v.verdict != s.VERDICT_STRAGGLER:
+            continue
+        if v.step is not None and v.step < fault.onset:
+            res.false_alarms += 1
+        elif v.group_ranks:  # a group verdict
+            if fault.rank not in v.group_ranks:
+                res.false_alarms += 1
+            elif expect_group and first is None:
+                first = v
+        elif v.rank not in group:
+            res.false_alarms += 1
+        elif v.victim_of:
+            pass  # a victim that says whom it waits for (or a member of the group verdict)
+        elif v.rank == fault.rank and not expect_group:
+            if first is None:
+                first = v
+        else:
+            res.victims_convicted += 1
+    if first is not None:
+        res.detected = True
+        res.steps_to_detect = max(0, (first.step or fault.due) - fault.due)
+        res.stage_correct = first.stage in fault.stages
         res.attribution_correct = first.attribution == fault.expected_attribution
     return res
 

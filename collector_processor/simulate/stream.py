@@ -8,7 +8,12 @@ for the collector's stage-span path). ``ddp``: plain PyTorch DDP instead, the gr
 ``backward-compute`` (no grad-sync stage): the wait for the cohort's slowest rank and the all-reduce itself
 land in each rank's backward device time (the compute stream waits for the all-reduce), and
 ``collective_marked`` marks that stage collective as ``stage("backward-compute", collective=True)`` does.
-Noise: Gaussian jitter,
+``mp_sync``: the ranks of one model-parallel group (same DP replica and pipeline stage: TP/CP/EP peers) run
+the tensor-parallel all-reduces inside ``forward-compute`` and ``backward-compute``, so each member's device
+time there is the group's slowest member's (each with its own small jitter on top): a slow GPU holds its
+peers inside their compute timers; the optimizer's inner step holds no collective of the group. ``pp_sync``:
+the pipeline stages of one DP replica wait for the slowest in ``forward-recv`` (a ``p2p`` stage): each rank's
+wait there is the replica's slowest compute minus its own. Noise: Gaussian jitter,
 heavy-tail spikes on random ranks, slow warmup with per-rank skew, ranks that start late, missing spans;
 device time present only on sampled steps (``device_every``).
 
@@ -85,6 +90,11 @@ class SimConfig:
     # packed sequences); the forward and backward stages' device and launch time follow the tokens. 0: every
     # rank-step the same tokens.
     token_spread: float = 0.0
+    mp_sync: bool = False  # the TP/CP/EP peers of a DP replica and pipeline stage end each compute stage together
+    pp_sync: bool = False  # the pipeline stages of a DP replica wait for the slowest in forward-recv (p2p)
+    # every rank-step carries an NVML sample (otel_straggler/nvml.py): SM clock 1,980 MHz at 60 C, a rank under a
+    # device fault its clock divided by the slowdown at 85 C, with sw_thermal_slowdown
+    nvml: bool = False
 
     def __post_init__(self) -> None:
         if self.regime not in REGIMES:
@@ -92,6 +102,8 @@ class SimConfig:
 
 
 _kv = key_value
+MP_SYNC_STAGES = ("forward-compute", "backward-compute")  # with SimConfig.mp_sync: stages holding TP all-reduces
+PP_WAIT_STAGE = "forward-recv"  # with SimConfig.pp_sync: the p2p stage that holds the wait for the slowest stage
 DDP_STAGE = "backward-compute"  # with SimConfig.ddp: the stage that holds the gradient all-reduce
 
 
@@ -124,6 +136,41 @@ class JobStream:
         # its own stream: the per-rank draws are the same with and without step jitter
         self._step_rng = random.Random(cfg.seed ^ 0x5EED)
         self._token_rng = random.Random(cfg.seed ^ 0x70C5)  # its own stream too (token_spread)
+        self._sync_rng = random.Random(cfg.seed ^ 0x5C)  # its own stream too (mp_sync)
+        self.mp_groups: dict[tuple[int, int], list[int]] = {}  # (DP replica, pipeline stage) -> ranks
+        self.replicas: dict[int, list[int]] = {}  # DP replica -> ranks
+        for r in self.ranks:
+            self.mp_groups.setdefault((r.dp_rank, r.pp_rank), []).append(r.rank)
+            self.replicas.setdefault(r.dp_rank, []).append(r.rank)
+
+    def _sync(self, per_rank: dict[int, list[tuple[str, str, int, float, float, int]]],
+              arrival: dict[int, float]) -> None:
+        """``mp_sync`` and ``pp_sync`` (module docstring): the waits inside one DP replica, in place."""
+        cfg = self.cfg
+        jitter = cfg.noise.jitter / 2
+        if cfg.mp_sync:
+            for members in self.mp_groups.values():
+                for name in MP_SYNC_STAGES:
+                    idx = [next((i for i, row in enumerate(per_rank[r]) if row[0] == name), -1) for r in members]
+                    if any(i < 0 for i in idx):
+                        continue
+                    slowest = max(per_rank[r][i][3] for r, i in zip(members, idx, strict=True))
+                    for r, i in zip(members, idx, strict=True):
+                        n, g, lv, dev, host, cnt = per_rank[r][i]
+                        new = max(dev, slowest * (1.0 + self._sync_rng.gauss(0.0, jitter)))
+                        if cfg.regime == REGIME_GPU_BOUND:
+                            host += new - dev
+                        per_rank[r][i] = (n, g, lv, new, host, cnt)
+        if cfg.pp_sync:
+            for members in self.replicas.values():
+                compute = {r: sum(row[3] for row in per_rank[r] if row[0] in MP_SYNC_STAGES) for r in members}
+                slowest = max(compute.values())
+                for r in members:
+                    wait = slowest - compute[r]
+                    per_rank[r].append((PP_WAIT_STAGE, stage_group(PP_WAIT_STAGE), 2, wait, wait, 1))
+        for r, rows in per_rank.items():
+            arrival[r] = sum(max(dev, host if group == "data" else 0.0) if group in ("data", "forward", "backward")
+                             else (dev if group == "p2p" else 0.0) for _n, group, _lv, dev, host, _c in rows)
 
     def _factor(self, step: int, rank: int, host: bool = False) -> float:
         n = self.cfg.noise
@@ -148,6 +195,7 @@ class JobStream:
             per_rank: dict[int, list[tuple[str, str, int, float, float, int]]] = {}
             arrival: dict[int, float] = {}
             tokens: dict[int, int] = {}
+            slowed: dict[int, float] = {}  # rank -> its device slowdown at this step (nvml)
             for info in self.ranks:
                 rows = []
                 spike_stage = (self.rng.randrange(len(sm.stages))
@@ -187,6 +235,7 @@ class JobStream:
                             continue
                         if f.kind in _DEVICE_FAULTS:
                             dev *= 1.0 + f.slowdown(step)
+                            slowed[info.rank] = max(slowed.get(info.rank, 0.0), f.slowdown(step))
                         elif f.kind == "host":
                             host += f.stall_ms if f.stall_ms is not None else f.size * st.device_ms
                         elif f.kind == "dataloader":
@@ -204,6 +253,8 @@ class JobStream:
                         before_sync += max(dev, host if st.group == "data" else 0.0)
                 per_rank[info.rank] = rows
                 arrival[info.rank] = before_sync
+            if cfg.mp_sync or cfg.pp_sync:
+                self._sync(per_rank, arrival)
             by_cohort: dict[str, float] = {}
             for info in self.ranks:
                 by_cohort[info.cohort] = max(by_cohort.get(info.cohort, 0.0), arrival[info.rank])
@@ -286,5 +337,12 @@ class JobStream:
                         _kv(s.ATTR_SUMMARY_COUNTS, [k[4] for k in kept])])
                     if marked and any(k[0] == DDP_STAGE for k in kept):
                         rsp.attributes.append(_kv(s.ATTR_SUMMARY_COLLECTIVE, [DDP_STAGE]))
+                    if cfg.nvml:
+                        slow = slowed.get(info.rank, 0.0)
+                        rsp.attributes.extend([
+                            _kv(s.ATTR_GPU_SM_CLOCK_MHZ, round(1980 / (1.0 + slow))),
+                            _kv(s.ATTR_GPU_SM_CLOCK_MAX_MHZ, 1980),
+                            _kv(s.ATTR_GPU_TEMPERATURE_C, 85 if slow else 60),
+                            _kv(s.ATTR_GPU_CLOCK_REASONS, ["sw_thermal_slowdown"] if slow else [])])
             t += int(step_ms * 1e6)
             yield step, request

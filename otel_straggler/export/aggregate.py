@@ -20,7 +20,7 @@ interval of an already closed step is dropped and counted (``dropped_late``).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,8 +118,10 @@ class StepAggregator:
     """Aggregates one rank's intervals; ``counters`` is a plain dict of cumulative counts it adds to.
     ``config``: ``detail``, ``step_close_s``, ``step_close_lag``, ``max_open_steps``, ``max_timers_per_step``."""
 
-    def __init__(self, *, rank: int, config: EmitterConfig = DEFAULTS, counters: dict[str, int] | None = None) -> None:
+    def __init__(self, *, rank: int, config: EmitterConfig = DEFAULTS, counters: dict[str, int] | None = None,
+                 hints: Callable[[], Mapping[str, Any]] | None = None) -> None:
         self.rank = int(rank)
+        self.hints = hints  # the latest cause hints (nvml.py) for every rank-step; None: none
         self.detail = schema.DETAIL_INTERVAL if config.detail == schema.DETAIL_INTERVAL else schema.DETAIL_STEP
         self.step_close_ns = int(max(0.0, config.step_close_s) * 1e9)
         self.max_open_steps = max(1, int(config.max_open_steps))
@@ -245,6 +247,8 @@ class StepAggregator:
         collective = [t.name for t in timers if t.collective]
         if collective:
             rs_attrs[schema.ATTR_SUMMARY_COLLECTIVE] = collective
+        if self.hints is not None:
+            rs_attrs.update(self.hints())
         out.append(SpanRecord(KIND_RANK_STEP, schema.SPAN_RANK_STEP, step, agg.start_ns, agg.end_ns, rs_attrs))
         if self.detail == schema.DETAIL_INTERVAL:
             return  # the stage spans went out per interval

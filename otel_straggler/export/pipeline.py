@@ -46,7 +46,14 @@ class ExportPipeline:
         self.counters = counters if counters is not None else Counters()
         self._agg_counts: dict[str, int] = {}
         self.config = config
-        self.aggregator = StepAggregator(rank=rank, config=config, counters=self._agg_counts)
+        self.nvml: Any = None
+        if config.nvml_interval_s > 0:  # cause hints: imported and started only when asked for (nvml.py)
+            from otel_straggler.nvml import NvmlSampler, device_of
+
+            sampler = NvmlSampler(config.nvml_interval_s, device_of(resource_attributes))
+            self.nvml = sampler if sampler.start() else None
+        self.aggregator = StepAggregator(rank=rank, config=config, counters=self._agg_counts,
+                                         hints=self.nvml.latest if self.nvml is not None else None)
         self.ids = PresetIdGenerator()
         self.otel = otel if otel is not None else OtelSettings.from_env()
         # the batch delay follows the step time unless OTEL_BSP_SCHEDULE_DELAY says otherwise (batch_delay.py)
@@ -129,4 +136,6 @@ class ExportPipeline:
 
     def shutdown(self, timeout_s: float) -> bool:
         self.close_steps()
+        if self.nvml is not None:
+            self.nvml.stop()
         return self.providers.shutdown(timeout_s)

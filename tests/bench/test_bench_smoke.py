@@ -25,7 +25,7 @@ def last_line_fields(script: str, *args: str, timeout: float = 600.0, prefix: st
 
 def test_detection_bench_tiny() -> None:
     f = last_line_fields("detection.py", "--quick", "--reps", "1", "--target-reps", "2", "--steps", "80",
-                         "--otlp", "1", "--pair-ddp-reps", "0")
+                         "--otlp", "1", "--pair-ddp-reps", "0", "--group-reps", "0")
     assert {"recall", "recall_within_15", "p95_steps_to_detect", "false_alarms_per_1e5", "attribution_accuracy",
             "otlp_equal"} <= f.keys()
     assert 0.0 <= float(f["recall"]) <= 1.0 and float(f["false_alarms_per_1e5"]) >= 0.0
@@ -40,6 +40,14 @@ def test_detection_bench_pair_ddp_line() -> None:
                          "--steps", "80", prefix="pair_ddp:")
     assert int(f["runs"]) == 15 and int(f["healthy_rank_steps"]) > 0
     assert int(f["false_alarms"]) == 0 and float(f["recall"]) > 0.5
+
+
+def test_detection_bench_groups_line() -> None:
+    """The model-parallel group scenarios alone end with their own line: the culprit (or the group) is found and
+    no victim is convicted on its own."""
+    f = last_line_fields("detection.py", "--groups-only", "--group-reps", "1", "--steps", "100", prefix="groups:")
+    assert int(f["runs"]) == 6 and int(f["healthy_rank_steps"]) > 0
+    assert int(f["false_alarms"]) == 0 and int(f["victims_convicted"]) == 0 and float(f["recall"]) > 0.5
 
 
 def test_processor_throughput_bench_tiny() -> None:

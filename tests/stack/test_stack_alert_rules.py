@@ -42,7 +42,7 @@ def test_the_alerts_exist_in_both_systems() -> None:
 
 def test_straggler_detected_expression_and_labels() -> None:
     rule = _prom_rules()["StragglerDetected"]
-    assert _norm(rule["expr"]) == f"max by ({', '.join(STRAGGLER_LABELS)}) (otel_straggler_active) > 0"
+    assert _norm(rule["expr"]) == f'max by ({", ".join(STRAGGLER_LABELS)}) (otel_straggler_active{{covered_by=""}}) > 0'
     assert "job" not in STRAGGLER_LABELS and "instance" not in STRAGGLER_LABELS  # the scrape's, not the job's
     assert rule["for"] == "1m"
     assert rule["labels"]["severity"]

@@ -10,6 +10,7 @@ import pytest
 from stack_support import CONFIGS, REPO, load_yaml
 
 import otel_straggler_schema as s
+from collector_processor.config.loader import substitute_env
 
 GATEWAYS = ["otelcol-gateway.yaml", "otelcol-gateway-sharded.yaml"]
 # Component types of otelcol-contrib used here; the old names are deprecated aliases since v0.144.
@@ -52,7 +53,7 @@ def test_gateway_sends_spans_to_jaeger_tempo_and_the_straggler_collector(name: s
     for eid in traces:
         exp = cfg["exporters"][eid]
         if "endpoint" in exp:
-            endpoints.append(exp["endpoint"])
+            endpoints.append(substitute_env(exp["endpoint"], env={}))  # ${env:VAR:-default}: the default
             assert exp["tls"]["insecure"] is True  # plain gRPC inside the compose network
         else:
             endpoints.extend(exp["resolver"]["static"]["hostnames"])

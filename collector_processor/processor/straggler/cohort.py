@@ -23,6 +23,8 @@ class RankInfo:
     windows_seen: int = 0  # windows in which the rank had samples (warmup counts these)
     claim_index: int = NO_INDEX  # step window index of the rank's latest sample, accepted or quarantined
     in_range: bool = False  # some step sample of the rank was not quarantined (it counts in the cohort's range)
+    dp_rank: int = -1  # dl.data_parallel.rank (-1: not published): its model-parallel group (culprit.py)
+    gpu_hints: dict[str, object] | None = None  # its latest NVML sample (hints.py)
 
 
 @dataclass(slots=True)
@@ -68,6 +70,10 @@ class CohortRegistry:
             _, evicted = self._cohorts.popitem(last=False)
         c = self._cohorts[k] = Cohort(job, key, now_s)
         return c, evicted
+
+    def find(self, job: str, key: str) -> Cohort | None:
+        """The cohort if held (its recency unchanged)."""
+        return self._cohorts.get((job, key))
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(list(self._cohorts.values()))

@@ -138,6 +138,13 @@ class Config(BaseModel):
     node_min_fraction: float = Field(default=0.5, ge=0, lt=1)
     node_min_ranks: int = Field(default=2, ge=2)
     node_max_hosts: int = Field(default=65_536, ge=1)
+    # culprit (culprit.py): straggler verdicts of one DP replica's model-parallel ranks (TP/CP/EP peers, pipeline
+    # stages) in the same stage together are one verdict: the culprit named by a stage it is slow in alone
+    # (over the latest culprit_history_windows windows) with its victims listed, else one group verdict.
+    # culprit_max_groups bounds the replicas tracked (LRU).
+    culprit: bool = True
+    culprit_history_windows: int = Field(default=4, ge=1, le=64)
+    culprit_max_groups: int = Field(default=65_536, ge=1)
     # Stage groups judged; collective groups are evidence only (a straggler's peers wait there, so judging
     # them would accuse the healthy ranks), and the per-rank step span is synchronised by the collectives.
     judged_groups: list[str] = Field(

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans
 
 import otel_straggler_schema as s
-from collector_processor.processor.straggler import arrays
+from collector_processor.processor.straggler import arrays, hints
 from collector_processor.processor.straggler.model import StageSample, StepSummary
 
 REJECT_MALFORMED = "malformed"
@@ -51,6 +51,7 @@ class ResourceIdentity:
     gpu: str = ""
     world_size: int = 0
     dp_size: int = 0
+    dp_rank: int = -1
     service: str = ""
     summary: bool = False
 
@@ -92,6 +93,8 @@ def resource_identity(rs: ResourceSpans) -> ResourceIdentity:
             ident.world_size = _int_of(v)
         elif k == s.RES_DP_SIZE:
             ident.dp_size = _int_of(v)
+        elif k == s.RES_DP_RANK:
+            ident.dp_rank = _int_of(v)
         elif k == s.RES_SERVICE_NAME:
             ident.service = v.string_value
         elif k == s.RES_STEP_SUMMARY:
@@ -182,7 +185,7 @@ def decode_resource_spans(rs: ResourceSpans, out: DecodeResult, skip_service: st
                 ident.job, ident.cohort, ident.rank, ident.host, ident.gpu, ident.world_size,
                 stage, group, step, dev, host, count if count > 0 else 1, tokens,
                 span.start_time_unix_nano, span.end_time_unix_nano, span.trace_id, span.span_id,
-                ident.dp_size, collective,
+                ident.dp_size, collective, ident.dp_rank,
             ))
 
 
@@ -194,6 +197,7 @@ def _decode_summary(span: object, ident: ResourceIdentity, out: DecodeResult) ->
     tokens = None
     stages = groups = devs = hosts = counts = None
     collective: tuple[str, ...] = ()
+    gpu: dict[str, object] | None = None
     for kv in span.attributes:  # type: ignore[attr-defined]
         k = kv.key
         if k == s.ATTR_SUMMARY_DEVICE_MS:
@@ -215,6 +219,12 @@ def _decode_summary(span: object, ident: ResourceIdentity, out: DecodeResult) ->
             tokens = t if t > 0 else None
         elif k == s.ATTR_SUMMARY_COLLECTIVE:
             collective = arrays.strings(kv.value.array_value)
+        elif k in hints.KEYS:  # NVML cause hints (only where the emitter samples them)
+            if gpu is None:
+                gpu = {}
+            kind = hints.KEYS[k]
+            gpu[k] = (arrays.strings(kv.value.array_value) if kind == "strings"
+                      else kv.value.int_value if kind == "int" else arrays.number(kv.value))
     if stages is None:
         return  # the job-level train-step (or a step span without summary): nothing to judge
     n = len(stages)
@@ -261,7 +271,7 @@ def _decode_summary(span: object, ident: ResourceIdentity, out: DecodeResult) ->
     out.summaries.append(StepSummary(
         ident.job, ident.cohort, ident.rank, ident.host, ident.gpu, ident.world_size, ident.dp_size, step, tokens,
         span.start_time_unix_nano, span.end_time_unix_nano, span.trace_id, span.span_id,  # type: ignore[attr-defined]
-        names, grps, dev_out, host_out, cnt, collective))
+        names, grps, dev_out, host_out, cnt, collective, ident.dp_rank, gpu))
 
 
 def _device_entries(devs: Sequence[float], n: int) -> Sequence[float | None] | None:

@@ -23,9 +23,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import otel_straggler_schema as s
-from collector_processor.processor.straggler import collective, pair, sequential
+from collector_processor.processor.straggler import collective, hints, pair, sequential
 from collector_processor.processor.straggler.attribution import attribute, unexplained_host_excess
-from collector_processor.processor.straggler.cohort import Cohort
+from collector_processor.processor.straggler.cohort import Cohort, RankInfo
 from collector_processor.processor.straggler.config import Config
 from collector_processor.processor.straggler.evidence import DEVICE, HOST, RankStat, Tolerances, Views
 from collector_processor.processor.straggler.impact import impact, step_period_ms
@@ -69,6 +69,9 @@ class WindowOutcome:
     rank_deviation: dict[int, float] = field(default_factory=dict)
     # alerts refreshed or cleared in this window: (rank, stage) -> alert or None
     alerts: dict[tuple[int, str], Verdict | None] = field(default_factory=dict)
+    # (rank, stage) -> the rank's excess over its comparable peers' median, relative, and whether it is beyond
+    # the stage's tolerance and floor (evidence for culprit.py: who is slow in a stage alone)
+    stage_excess: dict[tuple[int, str], tuple[float, bool]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -416,6 +419,7 @@ class Judgement:
             c["collective_wait_windows"] += 1
             return self._unusable(COLLECTIVE_WAIT, cmp)
         self._record_deviation(cmp)
+        self._record_excess(cmp)
         if cmp.slow:
             return self.window_excess(cmp)
         if self.sequential_excess(cmp) or self.hysteresis(cmp):
@@ -694,6 +698,18 @@ class Judgement:
         if dev is not None and math.isfinite(dev) and (prev is None or dev > prev):
             out.rank_deviation[self.rank] = dev
 
+    def _record_excess(self, cmp: Comparison) -> None:
+        """The rank's excess over its comparable peers' median in this stage (``WindowOutcome.stage_excess``):
+        beyond when the window is slow or the per-step excess fires, and the gap clears the floor."""
+        if cmp.measurement is None:
+            return
+        x = self._excess(cmp.measurement, cmp.peers)
+        if x is None or x[1] <= 0:
+            return
+        rel = x[0] / x[1]
+        beyond = (cmp.slow or self._sequential_fires()) and x[0] >= self.det.floor(cmp.measurement, x[1])
+        self.ev.out.stage_excess[(self.rank, self.se.name)] = (rel, beyond)
+
     def _alert(self, v: Verdict, new: bool = False) -> None:
         """``v`` is the rank-stage's active alert (refreshed, or ``new``: emitted as well)."""
         st = self.st
@@ -791,4 +807,11 @@ class Judgement:
             collective_evidence=collective.wait_evidence(self.det, ev, self.rank) if straggler else "",
             trace_id=ev.trace_id, emitted_unix_ns=ev.now_ns, first_step=first_step, first_trace_id=first_trace,
             window_gpu_seconds=per_hour / 3600.0 * window_s,
+            hint=self._hint(info, cmp.peers) if straggler and info is not None and info.gpu_hints else "",
         )
+
+    def _hint(self, info: RankInfo, peers: list[int] | None) -> str:
+        """``hints.describe``: the rank's NVML sample against its comparable peers' (evidence only)."""
+        ranks = self.ev.cohort.ranks
+        others = self.se.others(self.rank) if peers is None else peers
+        return hints.describe(info.gpu_hints, (ranks[p].gpu_hints for p in others if p in ranks))

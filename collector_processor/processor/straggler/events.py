@@ -77,6 +77,16 @@ def event_attributes(v: Verdict) -> list[tuple[str, object]]:
         attrs.append((s.EV_NODE, v.node))
     if v.node_ranks:
         attrs += [(s.EV_NODE_RANKS, [int(r) for r in v.node_ranks]), (s.EV_NODE_GPUS, list(v.node_gpus))]
+    if v.mp_group:
+        attrs.append((s.EV_GROUP, v.mp_group))
+    if v.group_ranks:
+        attrs.append((s.EV_GROUP_RANKS, [int(r) for r in v.group_ranks]))
+    if v.victims:
+        attrs.append((s.EV_VICTIMS, [int(r) for r in v.victims]))
+    if v.victim_of:
+        attrs.append((s.EV_VICTIM_OF, v.victim_of))
+    if v.hint:
+        attrs.append((s.EV_HINT, v.hint))
     return attrs
 
 
@@ -91,12 +101,20 @@ def convicted_step(v: Verdict) -> tuple[int | None, bytes]:
 def summary(v: Verdict) -> str:
     """One-line human summary (the log record's body)."""
     where = f"rank {v.rank} ({v.host}, {v.gpu}) stage {v.stage}"
+    if v.group_ranks:
+        where = f"group {v.mp_group} (ranks {','.join(map(str, v.group_ranks))}) stage {v.stage}"
     span = f"steps {v.window_start}-{v.window_end}"
+    if v.verdict == s.VERDICT_STRAGGLER and (v.victims or v.victim_of):
+        dev = f"{v.deviation * 100:+.1f}%" if v.deviation is not None else "?"
+        role = (f"culprit of group {v.mp_group}, victims ranks {','.join(map(str, v.victims))}" if v.victims
+                else f"victim in group {v.mp_group}, waits for {v.victim_of}")
+        return (f"straggler: {where} {dev} ({v.measurement}, {span}), {role}, {v.attribution}, "
+                f"{v.step_time_lost_ms:.1f} ms/step lost, {v.gpu_seconds_per_hour:.0f} GPU-s/h")
     if v.verdict == s.VERDICT_STRAGGLER:
         dev = f"{v.deviation * 100:+.1f}%" if v.deviation is not None else "?"
         return (f"straggler: {where} {dev} vs rank {v.reference_rank} ({v.measurement}, {span}), "
                 f"{v.attribution}, {v.step_time_lost_ms:.1f} ms/step lost, "
-                f"{v.gpu_seconds_per_hour:.0f} GPU-s/h")
+                f"{v.gpu_seconds_per_hour:.0f} GPU-s/h" + (f"; {v.hint}" if v.hint else ""))
     if v.verdict == s.VERDICT_RECOVERED:
         return f"recovered: {where} back within tolerance ({v.measurement}, {span})"
     return f"uncertain: {where} {v.reason} ({span})"

@@ -29,7 +29,7 @@ from collector_processor.telemetry import Telemetry, add_sample
 
 JOB = s.L_TRAINING_JOB
 COST_LABELS = (JOB, "cohort", "rank", "host", "gpu", "stage", "attribution")
-ALERT_LABELS = (*COST_LABELS, s.L_FIRST_STEP, s.L_TRACE_ID)
+ALERT_LABELS = (*COST_LABELS, s.L_FIRST_STEP, s.L_TRACE_ID, s.L_COVERED_BY)
 VERDICT_LABELS = (JOB, "verdict", "reason")
 RANK_STAGE_LABELS = (JOB, "cohort", "rank", "stage_group", "measurement")
 RANK_DEV_LABELS = (JOB, "cohort", "rank")
@@ -53,6 +53,7 @@ class StragglerMetrics(Collector):
         self._evictions = telemetry.evictions.labels(structure="metric_series")
         self.series_refused = 0
         self._alerts: dict[_Key, list[float]] = {}  # labels -> [active, dev, lost_s, gpu_ratio, t]
+        self._alert_keys: dict[_Key, _Key] = {}  # an alert's labels without covered_by -> its series' labels
         self._rank_stage: dict[_Key, list[float]] = {}  # labels -> [seconds, t]
         self._rank_dev: dict[_Key, list[float]] = {}
         self._verdicts: dict[_Key, list[float | str]] = {}  # labels -> [count, exemplar trace id]
@@ -106,18 +107,32 @@ class StragglerMetrics(Collector):
         self._put(self._seen, (job,), [now_s, now_s], priority=True)
         self._dirty = True
 
-    def record_alert(self, v: Verdict, now_s: float, judged: bool = False) -> None:
+    def record_alert(self, v: Verdict, now_s: float, judged: bool = False, covered_by: str = "") -> None:
         """A straggler alert (new, refreshed or held) or a recovery (active 0) for its series; ``judged``: the
-        alert was judged slow in this window, so the window's GPU-seconds lost are added to its cost."""
+        alert was judged slow in this window, so the window's GPU-seconds lost are added to its cost.
+        ``covered_by``: the verdict that explains this one (``L_COVERED_BY``): its series says so, carries no
+        cost (the covering verdict's series does) and moves to the new label set when the cover changes.
+        A node or group verdict's series names its ranks in ``rank`` (comma-separated)."""
         step, trace = convicted_step(v)
-        base = (v.job, v.cohort, str(v.rank), v.host, v.gpu, v.stage, v.attribution)
-        key = (*base, "" if step is None else str(step), trace.hex())
+        ranks = v.node_ranks or v.group_ranks
+        rank = ",".join(str(r) for r in ranks) if ranks else str(v.rank)
+        base = (v.job, v.cohort, rank, v.host, v.gpu, v.stage, v.attribution)
+        alert = (*base, "" if step is None else str(step), trace.hex())
+        key = (*alert, covered_by)
         active = 1.0 if v.verdict == s.VERDICT_STRAGGLER else 0.0
-        lost = v.step_time_lost_ms / 1000.0 if active else 0.0
-        gpu = v.gpu_seconds_per_hour / 3600.0 if active else 0.0
+        previous = self._alert_keys.get(alert)
+        if previous is not None and not active:
+            key = previous  # a recovery ends the series as it was
+        elif previous is not None and previous != key:
+            self._alerts.pop(previous, None)  # the cover changed: one series per alert
+        paid = active and not covered_by
+        lost = v.step_time_lost_ms / 1000.0 if paid else 0.0
+        gpu = v.gpu_seconds_per_hour / 3600.0 if paid else 0.0
         dev = v.deviation if v.deviation is not None else 0.0
         self._put(self._alerts, key, [active, dev, lost, gpu, now_s], priority=True)
-        if judged and active:
+        if key in self._alerts:
+            self._alert_keys[alert] = key
+        if judged and paid:
             cur = self._cost.get(base)
             if cur is not None:
                 cur[0] = float(cur[0]) + v.window_gpu_seconds
@@ -149,6 +164,8 @@ class StragglerMetrics(Collector):
                 stale = [k for k, v in d.items() if now_s - v[t_idx] > ttl]
                 for k in stale:
                     del d[k]
+                    if d is self._alerts:
+                        self._alert_keys.pop(k[:-1], None)
                 if stale:
                     self._dirty = True
         if not self._dirty:

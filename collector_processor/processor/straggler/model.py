@@ -35,6 +35,7 @@ NON_FINITE_SAMPLE = _reason("non_finite_sample")  # uncertain: non_finite
 PAIR_AMBIGUOUS = _reason("pair_ambiguous")  # uncertain: pair
 COLLECTIVE_WAIT = _reason("collective_wait")  # uncertain: collective_wait
 NODE_SLOW = _reason("node_slow")  # straggler: node (node.py)
+GROUP_SLOW = _reason("group_slow")  # straggler: culprit (culprit.py), no member of the group named
 
 
 @dataclass(slots=True)
@@ -58,6 +59,7 @@ class StageSample:
     span_id: bytes  # 8 bytes
     dp_size: int = 0  # dl.data_parallel.size: the ranks the cohort should have (0 = not published)
     collective: bool = False  # straggler.stage.collective: the stage contains a wait in a collective
+    dp_rank: int = -1  # dl.data_parallel.rank: the rank's DP replica (-1 = not published)
 
 
 @dataclass(slots=True)
@@ -81,13 +83,15 @@ class StepSummary:
     host_ms: list[float | None]  # None: not finite (an entry with neither is present but unusable)
     counts: list[int]
     collective: Sequence[str] = ()  # straggler.summary.collective: timers whose interval holds a collective wait
+    dp_rank: int = -1  # dl.data_parallel.rank: the rank's DP replica (-1 = not published)
+    gpu_hints: dict[str, object] | None = None  # the rank-step's NVML sample (straggler.gpu.*; hints.py)
 
     def samples(self) -> list[StageSample]:
         """One StageSample per entry (the stage-span path's form), e.g. for tests and tools."""
         return [StageSample(self.job, self.cohort, self.rank, self.host, self.gpu, self.world_size, stage,
                             self.groups[i], self.step, self.device_ms[i], self.host_ms[i], self.counts[i],
                             self.tokens, self.start_unix_ns, self.end_unix_ns, self.trace_id,
-                            self.span_id + stage.encode(), self.dp_size, stage in self.collective)
+                            self.span_id + stage.encode(), self.dp_size, stage in self.collective, self.dp_rank)
                 for i, stage in enumerate(self.stages)]
 
 
@@ -125,3 +129,9 @@ class Verdict:
     node: str = ""  # the host of the node verdict covering this verdict (node.py); "" when none
     node_ranks: tuple[int, ...] = ()  # a node verdict: the host's ranks convicted together
     node_gpus: tuple[str, ...] = ()  # a node verdict: their GPUs
+    mp_group: str = ""  # culprit.py: the model-parallel group of a culprit, group or victim verdict ("dp3.pp0")
+    group_ranks: tuple[int, ...] = ()  # a group verdict: the group's ranks slow together, none named
+    victims: tuple[int, ...] = ()  # a culprit's verdict: the ranks of its group waiting for it
+    victim_of: str = ""  # a victim's verdict: "rank:<culprit>" or "group:<name>"
+    derived: bool = False  # made by culprit.py (a group verdict), not by a rank's judgement
+    hint: str = ""  # a straggler verdict: its GPU's NVML sample against its peers' (hints.py); "" when none

@@ -7,8 +7,10 @@ more than ``node_min_fraction`` of the host's ranks known to the job's cohorts, 
 ``node_min_ranks``, hold one together, one node verdict is added: ``straggler``/``node_slow`` on stage
 ``node``, naming the host, its convicted ranks and their GPUs (``node_ranks``, ``node_gpus``), with the cost
 of its worst rank verdict counted once (the job waits for its slowest rank, not for each). Every rank
-verdict of the host while the node verdict holds carries ``node`` (the host). When the host drops below the
-threshold the node verdict ends with ``recovered``/``within_tolerance`` on stage ``node``.
+verdict of the host while the node verdict holds carries ``node`` (the host), and so does every alert of the
+host refreshed meanwhile (``cover``): its Prometheus series says ``covered_by="node:<host>"`` and carries no
+cost, so the node pages once, through the node verdict's own series (``alert``), not once per rank. When the
+host drops below the threshold the node verdict ends with ``recovered``/``within_tolerance`` on stage ``node``.
 
 Bounded: at most ``node_max_hosts`` (job, host) entries, least recently touched first out (counted,
 ``node_hosts_evicted``).
@@ -49,7 +51,7 @@ class NodeVerdicts:
             return verdicts
         touched: set[tuple[str, str]] = set()
         for v in verdicts:
-            if not v.host or v.stage == s.NODE_STAGE or v.verdict == s.VERDICT_UNCERTAIN:
+            if not v.host or v.stage == s.NODE_STAGE or v.verdict == s.VERDICT_UNCERTAIN or v.derived:
                 continue
             key = (v.job, v.host)
             h = self.hosts.get(key)
@@ -103,6 +105,28 @@ class NodeVerdicts:
             out.append(v)
         out.extend(added)
         return out
+
+    def cover(self, v: Verdict) -> Verdict:
+        """``v`` (a rank's alert or verdict) marked with its host's node verdict while one holds."""
+        if v.node or not v.host or v.stage == s.NODE_STAGE or v.verdict == s.VERDICT_UNCERTAIN:
+            return v
+        h = self.hosts.get((v.job, v.host))
+        return replace(v, node=v.host) if h is not None and h.verdict is not None else v
+
+    def alert(self, job: str, host: str, alerts: Iterable[Verdict]) -> Verdict | None:
+        """The node verdict holding on ``host`` as its alert series shows it now: the cost of the worst of
+        the host's rank ``alerts`` judged in this batch (the job waits for its slowest rank, counted once);
+        None when no node verdict holds there."""
+        h = self.hosts.get((job, host))
+        if h is None or h.verdict is None:
+            return None
+        worst = max((a for a in alerts if a.job == job and a.host == host and a.verdict == s.VERDICT_STRAGGLER),
+                    key=lambda a: a.step_time_lost_ms, default=None)
+        if worst is None:
+            return h.verdict
+        return replace(h.verdict, step_time_lost_ms=worst.step_time_lost_ms,
+                       gpu_seconds_per_hour=worst.gpu_seconds_per_hour, window_gpu_seconds=worst.window_gpu_seconds,
+                       deviation=worst.deviation)
 
     @staticmethod
     def _ranks_of(key: tuple[str, str], cohorts: Iterable[Cohort]) -> int:

@@ -16,6 +16,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 import otel_straggler_schema as s
 from collector_processor.processor.straggler.cohort import NO_CEILING, NO_INDEX, Cohort, CohortRegistry, RankInfo
 from collector_processor.processor.straggler.config import Config
+from collector_processor.processor.straggler.culprit import Correlator
 from collector_processor.processor.straggler.decode import (
     REJECT_DUPLICATE,
     REJECT_LATE,
@@ -91,10 +92,13 @@ class StragglerProcessor:
         self.states = StateStore(config.max_states)
         self.detector = Detector(config, self.states, self.c, self.cohorts)
         self.nodes = NodeVerdicts(config, self.c)
+        self.culprits = Correlator(config, self.c, self.cohorts)
         self.metrics = StragglerMetrics(config.metrics, telemetry)
         self._seen: OrderedDict[bytes, None] = OrderedDict()
         self._pending: list[Verdict] = []
         self._pending_spans: list[Verdict] = []
+        # (alert or recovery, judged in its window) since the last _finish: recorded with their cover there
+        self._pending_alerts: list[tuple[Verdict, bool]] = []
         self._wall_window_ns = round(config.wall_window_s * 1e9)
         self._evict_flush: dict[str, int] = {}
         self._closed_flush = 0
@@ -264,7 +268,7 @@ class StragglerProcessor:
 
     def _add(self, cohort: Cohort, smp: StageSample, now: float, non_finite: bool = False) -> str | None:
         """Put one sample in its window. None when accepted, else why not."""
-        info = self._rank(cohort, smp.rank, smp.host, smp.gpu, smp.world_size, smp.dp_size, now)
+        info = self._rank(cohort, smp.rank, smp.host, smp.gpu, smp.world_size, smp.dp_size, now, smp.dp_rank)
         if info is None or not self._stage_ok(cohort, smp.stage, smp.group):
             return "capped"
         w = self._window(cohort, info, smp.step, smp.start_unix_ns, now)
@@ -299,7 +303,9 @@ class StragglerProcessor:
         stages = summ.stages
         if not stages:
             return 0
-        info = self._rank(cohort, summ.rank, summ.host, summ.gpu, summ.world_size, summ.dp_size, now)
+        info = self._rank(cohort, summ.rank, summ.host, summ.gpu, summ.world_size, summ.dp_size, now, summ.dp_rank)
+        if info is not None and summ.gpu_hints is not None:
+            info.gpu_hints = summ.gpu_hints
         if info is None:
             return 0
         w = self._window(cohort, info, summ.step, summ.start_unix_ns, now)
@@ -430,7 +436,7 @@ class StragglerProcessor:
         return False
 
     def _rank(self, cohort: Cohort, rank: int, host: str, gpu: str, world_size: int, dp_size: int,
-              now: float) -> RankInfo | None:
+              now: float, dp_rank: int = -1) -> RankInfo | None:
         """The rank's entry in its cohort (created, within the cap), marked seen now; None when capped."""
         info = cohort.ranks.get(rank)
         if info is None:
@@ -439,7 +445,7 @@ class StragglerProcessor:
                 self.c["evicted_ranks"] += 1
                 self._evicted("cohort_ranks")
                 return None
-            info = cohort.ranks[rank] = RankInfo(host, gpu, world_size, now)
+            info = cohort.ranks[rank] = RankInfo(host, gpu, world_size, now, dp_rank=dp_rank)
             if dp_size > cohort.expected_ranks:
                 cohort.expected_ranks = min(dp_size, cfg.max_ranks_per_cohort)
         else:
@@ -572,16 +578,47 @@ class StragglerProcessor:
         self.c["windows_closed"] += 1
         self._closed_flush += 1
         out = self.detector.judge(cohort, w, self._wall_ns())
+        self.culprits.window(cohort, w.index, out.stage_excess)
         if self.metrics.registered:
             self.metrics.record_window(cohort.job, cohort.key, out, now)
             for alert in out.alerts.values():
                 if alert is not None:  # judged slow in this window, or held from an earlier one
-                    self.metrics.record_alert(alert, now, judged=(alert.window_start, alert.window_end)
-                                              == (w.start, w.end))
+                    self._pending_alerts.append((alert, (alert.window_start, alert.window_end) == (w.start, w.end)))
             for v in out.verdicts:
                 if v.verdict == s.VERDICT_RECOVERED:
-                    self.metrics.record_alert(v, now)
+                    self._pending_alerts.append((v, False))
         self._pending.extend(out.verdicts)
+
+    def _record_alerts(self, now: float) -> None:
+        """The alerts judged or held since the last call, each with the verdict that covers it (``node``), into
+        the metrics; and each node verdict holding on a host whose alerts moved, refreshed (its cost judged)."""
+        alerts, self._pending_alerts = self._pending_alerts, []
+        judged: list[Verdict] = []
+        hosts: set[tuple[str, str]] = set()
+        groups: dict[tuple[str, str, int, str], Verdict] = {}  # a group verdict's alerts moved: refresh it
+        for alert, was_judged in alerts:
+            v = self.nodes.cover(self.culprits.cover(alert))
+            covered = f"node:{v.node}" if v.node else v.victim_of
+            self.metrics.record_alert(v, now, judged=was_judged, covered_by=covered)
+            if v.node:
+                hosts.add((v.job, v.node))
+            if v.victim_of.startswith("group:"):
+                key = self.culprits.key_of(v)
+                if key is not None:
+                    groups[(*key, v.stage)] = v
+            if was_judged and covered:
+                judged.append(alert)  # as judged: its own cost
+        for job, host in sorted(hosts):
+            node = self.nodes.alert(job, host, judged)
+            if node is not None:
+                self.metrics.record_alert(node, now, judged=any(a.job == job and a.host == host for a in judged))
+        for job, run, dp, stage in sorted(groups):
+            group = self.culprits.alert(job, run, dp, stage, judged)
+            if group is not None:
+                group, was_judged = group
+                group = self.nodes.cover(group)
+                self.metrics.record_alert(group, now, judged=was_judged,
+                                          covered_by=f"node:{group.node}" if group.node else "")
 
     def _finish(self, now: float) -> None:
         """Flush counted telemetry, emit pending verdicts, publish the metrics snapshot."""
@@ -598,11 +635,17 @@ class StragglerProcessor:
             self._evict_flush = {}
         if self._pending:
             verdicts, self._pending = self._pending, []
-            verdicts = self.nodes.observe(verdicts, self.cohorts)
+            # node verdicts from the rank verdicts as judged (their own costs), then culprit and victims within
+            # each model-parallel group; a group verdict on a host under a node verdict is covered by it
+            verdicts = [self.nodes.cover(v) if v.derived else v
+                        for v in self.culprits.observe(self.nodes.observe(verdicts, self.cohorts))]
             for v in verdicts:
                 self.c["verdicts_" + v.verdict] = self.c.get("verdicts_" + v.verdict, 0) + 1
             if self.metrics.registered:
                 self.metrics.count_verdicts(verdicts)
+                for v in verdicts:
+                    if v.stage == s.NODE_STAGE or v.derived:  # a node or group verdict opened (pages) or ended
+                        self.metrics.record_alert(v, now, covered_by=f"node:{v.node}" if v.node else "")
             if self.cfg.emit_verdict_spans:
                 room = _MAX_PENDING_SPANS - len(self._pending_spans)
                 if room < len(verdicts):
@@ -612,6 +655,8 @@ class StragglerProcessor:
                 self._emit(verdicts)
             except Exception:  # fail open: a consumer's fault never stops detection
                 self.c["emit_failures"] += 1
+        if self._pending_alerts:
+            self._record_alerts(now)
         if self.metrics.registered:
             self.metrics.publish(now)
 

@@ -95,3 +95,51 @@ def test_hosts_tracked_are_bounded_and_evictions_counted() -> None:
     assert all(v.node == "h3" for v in out)
     out = nodes.observe([replace(_verdict("h3", 14), verdict=s.VERDICT_RECOVERED)], cohorts)  # type: ignore[list-item]
     assert [v.verdict for v in out if v.stage == s.NODE_STAGE] == [s.VERDICT_RECOVERED]
+
+
+def test_a_node_verdict_pages_once_and_its_rank_alerts_are_covered() -> None:
+    """The metrics a Prometheus alert reads: while the node verdict holds, every rank alert series of its host
+    carries ``covered_by="node:<host>"`` and no cost (StragglerDetected selects ``covered_by=""``), and the node
+    verdict has one series of its own (stage ``node``, ``rank`` listing its ranks) with the job's cost once;
+    after the node recovers its series reads 0."""
+    from prometheus_client import CollectorRegistry
+
+    tel = Telemetry(CollectorRegistry())
+    verdicts: list[Verdict] = []
+    proc = factory.create_processor(factory.create_default_config(), tel, verdicts.extend)
+    proc.start()
+    during: list[dict[str, tuple[str, float]]] = []
+    for step, req in JobStream(SimConfig(layout=Layout(tp=2, dp=8), steps=130, seed=1),
+                               [Fault("node", 3, COMPUTE_STAGES, 0.10, 45, 100)]):
+        proc.process_traces(req)
+        proc.tick(0.0)
+        if step == 90:
+            during.append(_active_series(tel))
+    proc.shutdown(5.0)
+    (now,) = during
+    paging = {k: v for k, v in now.items() if v[0] == "" and v[1] > 0}
+    covered = {k: v for k, v in now.items() if v[0] == f"node:{NODE0}"}
+    assert list(paging) == [("node", ",".join(str(r) for r in range(8)), NODE0)], paging
+    assert covered and all(k[2] == NODE0 and k[0] != "node" for k in covered)
+    assert all(v[2] == 0.0 for v in covered.values()) and next(iter(paging.values()))[2] > 0  # cost once
+    after = _active_series(tel)
+    assert all(v[1] == 0.0 for k, v in after.items() if k[0] == "node")
+
+
+def _active_series(tel: Telemetry) -> dict[tuple[str, str, str], tuple[str, float, float]]:
+    """(stage, rank, host) -> (covered_by, otel_straggler_active, otel_straggler_step_time_lost_seconds)."""
+    out: dict[tuple[str, str, str], tuple[str, float, float]] = {}
+    lost: dict[tuple[str, ...], float] = {}
+    fams = list(tel.registry.collect())
+    for fam in fams:
+        if fam.name == s.M_STEP_TIME_LOST:
+            for smp in fam.samples:
+                lost[tuple(sorted(smp.labels.items()))] = smp.value
+    for fam in fams:
+        if fam.name != s.M_STRAGGLER_ACTIVE:
+            continue
+        for smp in fam.samples:
+            lb = smp.labels
+            out[(lb["stage"], lb["rank"], lb.get("host", ""))] = (
+                lb.get(s.L_COVERED_BY, ""), smp.value, lost[tuple(sorted(lb.items()))])
+    return out
