@@ -16,14 +16,15 @@ from fake_cuda import FakeDevice
 
 from otel_straggler.config import EmitterConfig
 from otel_straggler.event_pool import EventPool
-from otel_straggler.interval import Interval
+from otel_straggler.interval import DecodingSink, Interval
 from otel_straggler.timers import Timers
 
 
-class RecordingSink:
+class RecordingSink(DecodingSink):
     """IntervalSink that records what the readout thread hands it (thread-safe for test reads)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._lock = threading.Lock()
         self.intervals: list[Interval] = []
         self.batches = 0
