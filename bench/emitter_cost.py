@@ -82,9 +82,15 @@ class TimedSink:
     def child_pid(self) -> int | None:
         return getattr(self.inner, "child_pid", None)
 
-    def submit(self, intervals: object) -> None:
+    def new_batch(self, capacity: int) -> object:
         t0 = time.thread_time_ns()
-        self.inner.submit(intervals)
+        batch = self.inner.new_batch(capacity)
+        self.cpu_ns += time.thread_time_ns() - t0
+        return batch
+
+    def submit_batch(self, batch: object) -> None:
+        t0 = time.thread_time_ns()
+        self.inner.submit_batch(batch)
         self.cpu_ns += time.thread_time_ns() - t0
 
     def publish_stats(self, stats: dict[str, int]) -> None:

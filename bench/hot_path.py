@@ -25,10 +25,11 @@ if __package__ in (None, "") and str(Path(__file__).resolve().parents[1]) not in
 
 from otel_straggler.config import EmitterConfig
 from otel_straggler.event_pool import EventPool, HostOnlyPool
+from otel_straggler.interval import NullSink
 from otel_straggler.timers import Timers
 
 
-class _NullSink:
+class _NullSink(NullSink):
     def submit(self, intervals: object) -> None:
         pass
 

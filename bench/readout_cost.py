@@ -5,7 +5,7 @@ interval (``bench/results/gpu-h200.md`` section 3). This bench times ``Readout.d
 format over a readout period of steps in Megatron's timer order (``megatron_step``: 21 intervals, 4 microbatches),
 through the real ``Timers`` and ring, without the CUDA driver (CPU machines), two ways side by side:
 
-* ``objects``: the drain makes an ``Interval`` per slot and the sink packs them (``WireEncoder.encode_intervals``):
+* ``objects``: the drain reads each slot into an ``Interval`` that ``RecordBatch.add`` packs (``PyRecordBatch``):
   the path without the C module;
 * ``packed``: the drain packs the slots straight into the frame (``RecordBatch.pack_slots``, the C module), the
   slots it leaves to readout.py through ``RecordBatch.add``.
@@ -39,7 +39,7 @@ from fake_cuda import FakeDevice  # noqa: E402
 from otel_straggler.config import EmitterConfig  # noqa: E402
 from otel_straggler.event_pool import EventPool  # noqa: E402
 from otel_straggler.export.wire import RecordBatch, WireEncoder  # noqa: E402
-from otel_straggler.interval import Interval, NullSink  # noqa: E402
+from otel_straggler.interval import NullSink  # noqa: E402
 from otel_straggler.timers import Timers  # noqa: E402
 
 OPTIMIZER = ("optimizer-copy-to-main-grad", "optimizer-unscale-and-check-inf", "optimizer-clip-main-grad",
@@ -75,20 +75,24 @@ def megatron_step(t: Any, step: int, work: Callable[[], Any], microbatches: int 
 
 
 class ObjectSink(NullSink):
-    """The process sink's packing of ``Interval`` objects, without the pipe."""
+    """The readout's Python drain: each slot read into an ``Interval`` packed by ``RecordBatch.add``, without the
+    pipe."""
 
     def __init__(self) -> None:
         super().__init__()
         self.encoder = WireEncoder()
         self.bytes = 0
 
-    def submit(self, intervals: list[Interval]) -> None:  # type: ignore[override]
-        self.bytes += len(self.encoder.encode_intervals(intervals))
+    def new_batch(self, capacity: int) -> RecordBatch:
+        return self.encoder.batch(capacity, native=False)
+
+    def submit_batch(self, batch: RecordBatch) -> None:
+        self.bytes += len(batch.finish())
         self.encoder.commit()
 
 
 class PackedSink(ObjectSink):
-    """The process sink's packed batches (``new_batch``/``submit_batch``), without the pipe."""
+    """The process sink's packed batches (the C drain where it runs), without the pipe."""
 
     def new_batch(self, capacity: int) -> RecordBatch:
         return self.encoder.batch(capacity)

@@ -18,8 +18,10 @@
  * record is one cuEventRecord through the function pointer the pool resolved (event_pool.py driver_recorder),
  * not a ctypes call.
  *
- * Rules kept from the Python path: no lock, no I/O, no device call other than the record; every exception
- * inside start/stop is cleared and counted (faults_training), never raised into training. Everything runs with
+ * Rules kept from the Python path: no lock, no I/O, no device call other than the record; every Exception
+ * inside start/stop is cleared and counted (faults_training), never raised into training; a KeyboardInterrupt or
+ * SystemExit (a signal handler run by Python code this calls) propagates, and the call lets go of the events it
+ * held (abandon). An object read across a call into Python is held by a strong reference. Everything runs with
  * the GIL held, which is what orders the producer's slot writes before its head store for the readout thread.
  */
 #define PY_SSIZE_T_CLEAN
@@ -47,6 +49,10 @@ static inline long long mono_ns(void) {
 }
 
 static inline int is_set(PyObject *o) { return o != NULL && o != Py_None; }
+
+/* an exception that is not an Exception (KeyboardInterrupt, SystemExit: a signal handler raised it in Python code
+ * this called) is the program's: it propagates, and the caller lets go of what the call took (abandon) */
+static inline int users(void) { return PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception); }
 
 /* ---- small helpers on Python objects (cold paths, pool events and counters) ------------------------------ */
 
@@ -100,7 +106,7 @@ static Py_ssize_t slot_offset(PyTypeObject *tp, PyObject *name) {
 /* Whether a timer's name, group, level and collective flag are TimerCore's own fields: no class between its type
  * and TimerCore defines one of those names (a property over them, say), so reading the C fields reads what Python
  * would. Kept per type and version tag like the offsets. */
-static PyObject *s_name, *s_group_attr, *s_level_attr, *s_collective;
+static PyObject *s_label, *s_group_attr, *s_level_attr, *s_collective;
 #define PLAIN 8
 static struct {
     PyTypeObject *type;
@@ -121,7 +127,7 @@ static int plain_timer(PyObject *o) {
     if (!PyType_IsSubtype(tp, &TimerType)) return 0;
     int plain = 1;
     PyObject *mro = tp->tp_mro;
-    PyObject *names[4] = {s_name, s_group_attr, s_level_attr, s_collective};
+    PyObject *names[4] = {s_label, s_group_attr, s_level_attr, s_collective};
     for (Py_ssize_t k = 0; plain && mro != NULL && k < PyTuple_GET_SIZE(mro); k++) {
         PyTypeObject *base = (PyTypeObject *)PyTuple_GET_ITEM(mro, k);
         if (base == &TimerType) break;
@@ -134,7 +140,7 @@ static int plain_timer(PyObject *o) {
             }
         }
     }
-    (void)_PyType_Lookup(tp, s_name); /* gives the type a version tag */
+    (void)_PyType_Lookup(tp, s_label); /* gives the type a version tag */
     unsigned int tag = (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? tp->tp_version_tag : 0;
     if (tag == 0) return 0;
     if (i < PLAIN) {
@@ -483,11 +489,17 @@ static PyObject *Share_recorded(ShareObject *sh, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Share_release(ShareObject *sh, PyObject *ev) {
+/* SharedEvent.release(ev): 0, or -1 with an exception */
+static int release(ShareObject *sh, PyObject *ev) {
     long long refs;
-    if (add_ll(ev, s_refs, -1, &refs) < 0) return NULL;
-    if (set_obj(ev, s_tainted, Py_True) < 0) return NULL;
-    if (refs <= 0 && ev != sh->ev && orphan(sh, ev) < 0) return NULL;
+    if (add_ll(ev, s_refs, -1, &refs) < 0) return -1;
+    if (set_obj(ev, s_tainted, Py_True) < 0) return -1;
+    if (refs <= 0 && ev != sh->ev && orphan(sh, ev) < 0) return -1;
+    return 0;
+}
+
+static PyObject *Share_release(ShareObject *sh, PyObject *ev) {
+    if (release(sh, ev) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -565,17 +577,20 @@ static PyTypeObject ShareType = {
     .tp_methods = Share_methods,
 };
 
-/* whether the current stream is the one sh->ev was recorded on; 0 when that cannot be told */
+/* whether the current stream is the one sh->ev was recorded on; 0 when that cannot be told; -1 with the program's
+ * exception (users) */
 static int same_stream(ShareObject *sh) {
     if (sh->stream_of == NULL) return 0;
     PyObject *cur = PyObject_CallNoArgs(sh->stream_of);
     if (cur == NULL) {
+        if (users()) return -1;
         PyErr_Clear();
         return 0;
     }
     int eq = PyObject_RichCompareBool(cur, sh->stream ? sh->stream : Py_None, Py_EQ);
     Py_DECREF(cur);
     if (eq < 0) {
+        if (users()) return -1;
         PyErr_Clear();
         return 0;
     }
@@ -640,7 +655,6 @@ typedef struct {
     char started;
     char is_step;
     char collective;
-    int level;
     long long t0;
     long long elapsed_ns;
     long long active_ns;
@@ -654,6 +668,8 @@ typedef struct {
     PyObject *sev;
     PyObject *reason;
     PyObject *name;
+    PyObject *label; /* the wire's name: str, bounded (interval.py bound_name) */
+    PyObject *level; /* Megatron's log level: any number */
     PyObject *group;
     PyObject *c;       /* EmitterCounters */
     PyObject *ctx;     /* StepState */
@@ -721,6 +737,7 @@ static inline int check_wiring(TimerObject *t) {
 }
 
 static PyObject *fault(TimerObject *t) {
+    if (users()) return NULL;
     PyErr_Clear();
     bump(t->c, s_faults_training);
     Py_RETURN_NONE;
@@ -762,7 +779,12 @@ static PyObject *start_impl(TimerObject *t, StepStateObject *ctx, ShareObject *s
         long long now = timer_clock(t);
         if (now == -1 && PyErr_Occurred()) return fault(t);
         PyObject *ev = Py_XNewRef(sh->ev);
-        if (is_set(ev) && now - sh->ns < sh->gap_ns && same_stream(sh)) {
+        int same = is_set(ev) && now - sh->ns < sh->gap_ns ? same_stream(sh) : 0;
+        if (same < 0) {
+            Py_DECREF(ev);
+            return NULL;
+        }
+        if (same) {
             if (add_ll(ev, s_refs, 1, NULL) < 0) { /* the previous boundary's event, reused */
                 Py_DECREF(ev);
                 return fault(t);
@@ -784,6 +806,10 @@ static PyObject *start_impl(TimerObject *t, StepStateObject *ctx, ShareObject *s
             set_reason(t, NULL);
             PyObject *stream = do_record(t, sh, ev);
             if (stream == NULL) {
+                if (users()) {
+                    Py_DECREF(ev);
+                    return NULL;
+                }
                 PyErr_Clear();
                 set_reason(t, r_cuda_error);
                 sh->ns = NO_REUSE;
@@ -810,6 +836,20 @@ static PyObject *start_impl(TimerObject *t, StepStateObject *ctx, ShareObject *s
     Py_RETURN_NONE;
 }
 
+/* a start or stop that raised the program's exception (users): the timer is not running, and the event its start
+ * held is let go as a reset lets go of it; the exception stays set */
+static void abandon(TimerObject *t, ShareObject *sh) {
+    t->started = 0;
+    PyObject *sev = t->sev;
+    t->sev = NULL;
+    if (sev == NULL) return;
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    if (sev != Py_None && release(sh, sev) < 0) PyErr_Clear();
+    Py_DECREF(sev);
+    PyErr_Restore(et, ev, tb);
+}
+
 /* a start of a started timer or a stop of a stopped one: counted, then raised as Megatron's assert raises it */
 static PyObject *misuse(TimerObject *t, const char *msg) {
     bump(t->c, s_unbalanced);
@@ -829,6 +869,7 @@ static PyObject *Timer_start(TimerObject *t, PyObject *const *args, Py_ssize_t n
     if (check_wiring(t) < 0) return fault(t);
     PyObject *ctx = Py_NewRef(t->ctx), *sh = Py_NewRef(t->share);
     PyObject *r = start_impl(t, (StepStateObject *)ctx, (ShareObject *)sh);
+    if (r == NULL) abandon(t, (ShareObject *)sh);
     Py_DECREF(ctx);
     Py_DECREF(sh);
     return r;
@@ -874,9 +915,12 @@ static PyObject *stop_impl(TimerObject *t, StepStateObject *ctx, ShareObject *sh
         PyErr_SetString(PyExc_TypeError, "binding");
         return fault(t);
     }
+    Py_INCREF(b); /* before reading its step, which may run Python code (__index__) that replaces ctx.binding */
     long long bstep = PyLong_AsLongLong(PyTuple_GET_ITEM(b, 0));
-    if (bstep == -1 && PyErr_Occurred()) return fault(t);
-    Py_INCREF(b);
+    if (bstep == -1 && PyErr_Occurred()) {
+        Py_DECREF(b);
+        return fault(t);
+    }
     long long rep;
     if (bstep == t->rep_step) {
         rep = t->rep + 1;
@@ -890,14 +934,22 @@ static PyObject *stop_impl(TimerObject *t, StepStateObject *ctx, ShareObject *sh
     PyObject *reason = is_set(t->reason) ? t->reason : NULL;
     Py_XINCREF(reason);
     PyObject *eev = NULL, *last = NULL;
-    int own = 0;
+    int own = 0, published = 0;
     if (sev != NULL && sev == Py_None) Py_CLEAR(sev);
     if (sev != NULL) {
         if (reason == NULL) {
             PyObject *ev = Py_XNewRef(sh->ev);
-            if (is_set(ev) && sh->at_stop && ev != sev && now - sh->ns < sh->gap_ns && same_stream(sh)) {
+            int same = is_set(ev) && sh->at_stop && ev != sev && now - sh->ns < sh->gap_ns ? same_stream(sh) : 0;
+            if (same < 0) {
+                Py_DECREF(ev);
+                goto fail;
+            }
+            if (same) {
+                if (add_ll(ev, s_refs, 1, NULL) < 0) {
+                    Py_DECREF(ev);
+                    goto fail;
+                }
                 eev = ev; /* an inner timer's stop just before this one's */
-                if (add_ll(ev, s_refs, 1, NULL) < 0) goto fail;
             } else {
                 Py_XDECREF(ev);
                 eev = pop_free(t->free);
@@ -905,6 +957,7 @@ static PyObject *stop_impl(TimerObject *t, StepStateObject *ctx, ShareObject *sh
                     if (set_ll(eev, s_refs, 1) < 0) goto fail;
                     PyObject *stream = do_record(t, sh, eev);
                     if (stream == NULL) {
+                        if (users()) goto fail;
                         PyErr_Clear();
                         Py_XSETREF(reason, Py_NewRef(r_cuda_error));
                         sh->ns = NO_REUSE;
@@ -923,6 +976,7 @@ static PyObject *stop_impl(TimerObject *t, StepStateObject *ctx, ShareObject *sh
         long long srefs, erefs;
         if (add_ll(sev, s_refs, -1, &srefs) < 0) goto fail;
         if (eev != NULL && add_ll(eev, s_refs, -1, &erefs) < 0) goto fail;
+        published = 1;
         last = Py_XNewRef(sh->ev);
         if (eev != NULL && erefs <= 0 && eev != last) own = 2;
         if (sev != eev && srefs <= 0 && sev != last) own |= 1;
@@ -956,6 +1010,13 @@ static PyObject *stop_impl(TimerObject *t, StepStateObject *ctx, ShareObject *sh
     r->head = h + 1;
     Py_RETURN_NONE;
 fail:
+    if (users() && !published) { /* the program's exception: this call's references are let go, as a reset does */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        if (sev != NULL && release(sh, sev) < 0) PyErr_Clear();
+        if (eev != NULL && eev != sev && release(sh, eev) < 0) PyErr_Clear();
+        PyErr_Restore(et, ev, tb);
+    }
     Py_XDECREF(sev);
     Py_XDECREF(eev);
     Py_XDECREF(reason);
@@ -975,6 +1036,7 @@ static PyObject *Timer_stop(TimerObject *t, PyObject *const *args, Py_ssize_t na
     if (check_wiring(t) < 0) return fault(t);
     PyObject *ctx = Py_NewRef(t->ctx), *sh = Py_NewRef(t->share), *ring = Py_NewRef(t->ring);
     PyObject *res = stop_impl(t, (StepStateObject *)ctx, (ShareObject *)sh, (RingObject *)ring);
+    if (res == NULL) abandon(t, (ShareObject *)sh);
     Py_DECREF(ctx);
     Py_DECREF(sh);
     Py_DECREF(ring);
@@ -985,6 +1047,8 @@ static int Timer_traverse(TimerObject *t, visitproc visit, void *arg) {
     Py_VISIT(t->sev);
     Py_VISIT(t->reason);
     Py_VISIT(t->name);
+    Py_VISIT(t->label);
+    Py_VISIT(t->level);
     Py_VISIT(t->group);
     Py_VISIT(t->c);
     Py_VISIT(t->ctx);
@@ -1002,6 +1066,8 @@ static int Timer_clear(TimerObject *t) {
     Py_CLEAR(t->sev);
     Py_CLEAR(t->reason);
     Py_CLEAR(t->name);
+    Py_CLEAR(t->label);
+    Py_CLEAR(t->level);
     Py_CLEAR(t->group);
     Py_CLEAR(t->c);
     Py_CLEAR(t->ctx);
@@ -1044,7 +1110,6 @@ static PyMemberDef Timer_members[] = {
     TM("_started", T_BOOL, started),
     TM("_is_step", T_BOOL, is_step),
     TM("collective", T_BOOL, collective),
-    TM("_level", T_INT, level),
     TM("_t0", T_LONGLONG, t0),
     TM("_elapsed_ns", T_LONGLONG, elapsed_ns),
     TM("_active_ns", T_LONGLONG, active_ns),
@@ -1058,6 +1123,8 @@ static PyMemberDef Timer_members[] = {
     TM("_sev", T_OBJECT, sev),
     TM("_reason", T_OBJECT, reason),
     TM("name", T_OBJECT, name),
+    TM("label", T_OBJECT, label),
+    TM("_level", T_OBJECT, level),
     TM("_group", T_OBJECT, group),
     TM("_c", T_OBJECT, c),
     TM("_orphans", T_OBJECT, orphans),
@@ -1152,10 +1219,10 @@ static PyObject *timers_fast(TimersObject *ts, PyObject *name, PyObject *level) 
         return NULL;
     }
     if (level == NULL || level == Py_None) return Py_NewRef(t);
-    if (PyLong_CheckExact(level) && plain_timer(t)) {
-        int overflow = 0;
-        long lv = PyLong_AsLongAndOverflow(level, &overflow);
-        if (!overflow && lv == ((TimerObject *)t)->level) return Py_NewRef(t);
+    PyObject *own = PyObject_TypeCheck(t, &TimerType) ? ((TimerObject *)t)->level : NULL;
+    if (PyLong_CheckExact(level) && own != NULL && PyLong_CheckExact(own) && plain_timer(t)) {
+        /* two ints: the comparison runs no Python code */
+        if (PyObject_RichCompareBool(level, own, Py_EQ) == 1) return Py_NewRef(t);
         PyErr_Clear();
     }
     return NULL;
@@ -1457,7 +1524,7 @@ static PyObject *pack_slots(PyObject *mod, PyObject *const *args, Py_ssize_t nar
             if (is_set(sl->end_ev) || !is_set(sl->reason)) break;
             reason = sl->reason;
         }
-        long name_id = str_id(ids, t->name), group_id = str_id(ids, t->group);
+        long name_id = str_id(ids, t->label), group_id = str_id(ids, t->group);
         long reason_id = reason != NULL ? str_id(ids, reason) : 0xFFFF;
         if (name_id < 0 || group_id < 0 || reason_id < 0) break;
         long long step = 0, tokens = 0, seqs = 0, mbs = 0;
@@ -1466,11 +1533,18 @@ static PyObject *pack_slots(PyObject *mod, PyObject *const *args, Py_ssize_t nar
         if ((has_tok = opt_ll(PyTuple_GET_ITEM(b, 1), &tokens)) < 0) break;
         if ((has_seq = opt_ll(PyTuple_GET_ITEM(b, 2), &seqs)) < 0) break;
         if ((has_mbs = opt_ll(PyTuple_GET_ITEM(b, 3), &mbs)) < 0) break;
-        if (t->level < -128 || t->level > 127 || sl->repeat < INT32_MIN || sl->repeat > INT32_MAX) break;
+        if (t->level == NULL || !PyLong_CheckExact(t->level) || sl->repeat < INT32_MIN || sl->repeat > INT32_MAX) break;
+        int loverflow = 0;
+        long lv = PyLong_AsLongAndOverflow(t->level, &loverflow); /* the record's byte: clamped (wire_level) */
+        if (lv == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            break;
+        }
+        if (loverflow) lv = loverflow > 0 ? 127 : -128;
         long long start, end;
         if (__builtin_add_overflow(sl->start_ns, off, &start) || __builtin_add_overflow(sl->end_ns, off, &end)) break;
         /* everything the record needs is read before the calls below, which may run Python code */
-        signed char level = (signed char)t->level;
+        signed char level = (signed char)(lv < -128 ? -128 : lv > 127 ? 127 : lv);
         unsigned char flags = (unsigned char)((device ? F_DEVICE : 0) | (has_tok ? F_TOKENS : 0) |
                                               (has_seq ? F_SEQUENCES : 0) | (has_mbs ? F_MICROBATCHES : 0) |
                                               (sl->injected ? F_INJECTED : 0) | (t->collective ? F_COLLECTIVE : 0));
@@ -1542,12 +1616,41 @@ static PyMethodDef module_methods[] = {
     {NULL},
 };
 
+/* multi-phase initialisation: the types are static (one interpreter), the GIL is held throughout (every field is
+ * guarded by it: the readout and the training thread share the ring without a lock) */
+static int module_exec(PyObject *m) {
+    PyTypeObject *types[] = {&SlotType, &RingType, &ShareType, &StepStateType, &TimerType, &TimersType};
+    const char *names[] = {"Slot", "Ring", "SharedEvent", "StepState", "TimerCore", "TimersCore"};
+    for (int i = 0; i < 6; i++)
+        if (PyModule_AddObjectRef(m, names[i], (PyObject *)types[i]) < 0) return -1;
+    PyObject *no_reuse = PyLong_FromLongLong(NO_REUSE);
+    if (no_reuse == NULL) return -1;
+    int rc = PyModule_AddObjectRef(m, "NO_REUSE", no_reuse);
+    Py_DECREF(no_reuse);
+    if (rc < 0) return -1;
+    if (PyModule_AddIntConstant(m, "RECORD_SIZE", REC_SIZE) < 0 || PyModule_AddIntConstant(m, "RECORD_HEADER", REC_HEADER) < 0)
+        return -1;
+    return 0;
+}
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, (void *)module_exec},
+#if PY_VERSION_HEX >= 0x030C0000
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
+#if PY_VERSION_HEX >= 0x030D0000
+    {Py_mod_gil, Py_MOD_GIL_USED},
+#endif
+    {0, NULL},
+};
+
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
     .m_name = "otel_straggler._hotpath",
     .m_doc = "The training thread's hot path in C (see the source's header; hot_path.py chooses it).",
-    .m_size = -1,
+    .m_size = 0,
     .m_methods = module_methods,
+    .m_slots = module_slots,
 };
 
 #define INTERN(var, text)                                                                                         \
@@ -1569,7 +1672,7 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     INTERN(s_dropped_ring_full, "dropped_ring_full");
     INTERN(s_barrier, "barrier");
     INTERN(s_get, "_get");
-    INTERN(s_name, "name");
+    INTERN(s_label, "label");
     INTERN(s_group_attr, "_group");
     INTERN(s_level_attr, "_level");
     INTERN(s_collective, "collective");
@@ -1578,27 +1681,7 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     INTERN(r_cuda_error, "cuda_error");
     INTERN(r_pool_exhausted, "pool_exhausted");
     PyTypeObject *types[] = {&SlotType, &RingType, &ShareType, &StepStateType, &TimerType, &TimersType};
-    const char *names[] = {"Slot", "Ring", "SharedEvent", "StepState", "TimerCore", "TimersCore"};
     for (int i = 0; i < 6; i++)
         if (PyType_Ready(types[i]) < 0) return NULL;
-    PyObject *m = PyModule_Create(&module_def);
-    if (m == NULL) return NULL;
-    for (int i = 0; i < 6; i++) {
-        if (PyModule_AddObjectRef(m, names[i], (PyObject *)types[i]) < 0) {
-            Py_DECREF(m);
-            return NULL;
-        }
-    }
-    PyObject *no_reuse = PyLong_FromLongLong(NO_REUSE);
-    if (no_reuse == NULL || PyModule_AddObjectRef(m, "NO_REUSE", no_reuse) < 0) {
-        Py_XDECREF(no_reuse);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_DECREF(no_reuse);
-    if (PyModule_AddIntConstant(m, "RECORD_SIZE", REC_SIZE) < 0 || PyModule_AddIntConstant(m, "RECORD_HEADER", REC_HEADER) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
+    return PyModuleDef_Init(&module_def);
 }

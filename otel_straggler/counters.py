@@ -1,7 +1,7 @@
 """Emitter counters: plain ints, each field written by exactly ONE thread (no lock needed).
 
 Written by the TRAINING thread (start/stop path): ``dropped_ring_full``, ``barriers_skipped``,
-``unbalanced``, ``faults_training``.
+``unbalanced``, ``faults_training``, ``names_truncated`` (at a new timer's lookup).
 Written by the READOUT thread: ``intervals``, ``degraded`` (per reason; the training thread only
 writes the reason into the ring slot, the readout thread counts it), ``faults_readout``,
 ``readout_lag_ms``, ``quarantined``, ``quarantine_released``, ``sink_errors``, ``pool_high_water``
@@ -28,6 +28,7 @@ class EmitterCounters:
         "faults_readout",
         "faults_training",
         "intervals",
+        "names_truncated",
         "pool_high_water",
         "quarantine_released",
         "quarantined",
@@ -50,6 +51,7 @@ class EmitterCounters:
         self.quarantined = 0
         self.quarantine_released = 0
         self.sink_errors = 0
+        self.names_truncated = 0  # timer names longer than the wire's bound (training thread, at lookup)
 
     @property
     def faults(self) -> int:
@@ -74,5 +76,6 @@ class EmitterCounters:
             readout_lag_ms=self.readout_lag_ms,
             quarantined=self.quarantined,
             quarantine_released=self.quarantine_released,
+            names_truncated=self.names_truncated,
         )
         return out

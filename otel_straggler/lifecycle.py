@@ -94,7 +94,10 @@ def _bounded(call: Any, timeout_s: float, name: str) -> bool:
         finally:
             done.set()
 
-    threading.Thread(target=run, name=f"otel-straggler-{name}", daemon=True).start()
+    try:
+        threading.Thread(target=run, name=f"otel-straggler-{name}", daemon=True).start()
+    except RuntimeError:  # interpreter shutdown: Python 3.12 starts no thread from atexit; the call is bounded itself
+        run()
     ok = done.wait(max(0.0, timeout_s) + 1.0)
     if not ok:
         STATE.shutdown_timeouts += 1

@@ -1,4 +1,4 @@
-"""Readout thread: turns ring slots into ``Interval``s and hands them to the sink in batches.
+"""Readout thread: turns ring slots into the wire's records and hands them to the sink in batches.
 
 The only consumer of the ring (see ``ring.py``). Every ``readout_interval_ms`` (pure polling: the
 training thread never signals it, since setting a ``threading.Event`` takes a lock) it wakes once and drains
@@ -13,11 +13,11 @@ the ring in order:
   ``pool.query`` is True (or at shutdown), so a recorded-but-unfinished event is never re-recorded;
 * device time is that elapsed time; any CUDA exception makes the interval host-only (``cuda_error``) and
   quarantines its events;
-* the batch goes to the sink: where the sink takes packed records (``ProcessSink.new_batch``/``submit_batch``)
-  the intervals go straight into its wire frame (``export/wire.py`` ``RecordBatch``), most of them packed by the C
-  drain (``_hotpath.pack_slots``: every read device-timed slot and host-only slot without events whose strings have
-  an id; it stops at any other slot, which the loop below reads and ``RecordBatch.add`` packs); else
-  they go to ``sink.submit`` as ``Interval`` objects. About once a second ``sink.publish_stats(counters.snapshot())``.
+* the batch goes to the sink by one route (``interval.IntervalSink``): the intervals go straight into the sink's
+  wire frame (``sink.new_batch``, a ``records.RecordBatch``), most of them packed by the C drain
+  (``_hotpath.pack_slots``: every read device-timed slot and host-only slot without events whose strings have an
+  id; it stops at any other slot, which the loop below reads and ``RecordBatch.add`` packs), and the frame goes to
+  ``sink.submit_batch``. About once a second ``sink.publish_stats(counters.snapshot())``.
   Sink exceptions are caught and counted.
 
 A wake holds the GIL except around one batch of driver calls: the pool's per-slot driver calls keep it, and the
@@ -45,6 +45,7 @@ from typing import Any
 from otel_straggler.config import DEFAULTS
 from otel_straggler.counters import CUDA_ERROR, READOUT_TIMEOUT, EmitterCounters
 from otel_straggler.interval import Interval, IntervalSink
+from otel_straggler.records import RecordBatch, WireEncoder
 from otel_straggler.ring import Ring
 
 _clock = time.perf_counter_ns
@@ -85,6 +86,7 @@ class Readout:
         self._flush_result = True
         self._last_pub = _clock()
         self._lag_max_ns = 0
+        self._spare = WireEncoder()  # frames for the slots of a wake whose sink raised in new_batch
 
     # ---- thread --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -181,17 +183,15 @@ class Readout:
         self._collect_orphans()  # after the slots: those published before an orphan's release are read now
         return total
 
-    def _open_batch(self, capacity: int) -> Any:
-        """A frame from a sink that takes packed records (``ProcessSink.new_batch``), else None: the batch then goes
-        to ``sink.submit`` as ``Interval`` objects."""
-        new_batch = getattr(self.sink, "new_batch", None)
-        if new_batch is None:
-            return None
+    def _open_batch(self, capacity: int) -> tuple[RecordBatch, bool]:
+        """The sink's frame for ``capacity`` records (``IntervalSink.new_batch``), and whether it is the sink's;
+        when the sink raised (counted), a spare frame: the slots are read and freed all the same, and it is not
+        submitted."""
         try:
-            return new_batch(capacity)
+            return self.sink.new_batch(capacity), True
         except Exception:
             self.counters.sink_errors += 1
-            return None
+            return self._spare.batch(capacity), False
 
     def _drain_batch(self, force: bool) -> tuple[int, bool]:
         r = self.ring
@@ -211,13 +211,11 @@ class Readout:
         off = self._wall_offset
         slots = r.slots
         degraded = c.degraded
-        # where the sink takes packed records, each interval goes straight into its frame: most of them packed by
-        # the C drain (``RecordBatch.pack_slots``: a read device-timed or host-only slot), the rest by ``add``
-        # below; else ``Interval`` objects, submitted as a list
-        out = self._open_batch(head - tail)
-        batch: list[Interval] = []
-        add = out.add if out is not None else batch.append
-        pack = out.pack_slots if out is not None and out.packs else None
+        # each interval goes straight into the sink's frame: most of them packed by the C drain
+        # (``RecordBatch.pack_slots``: a read device-timed or host-only slot), the rest by ``add`` below
+        out, deliver = self._open_batch(head - tail)
+        add = out.add
+        pack = out.pack_slots if out.packs else None
         first = tail
         many = getattr(self.pool, "elapsed_many", None)
         if many is not None:
@@ -279,7 +277,7 @@ class Readout:
                 b = sl.binding
                 # positional: Interval's field order (name, level, group, step, repeat, host start/end, device
                 # ms, degraded, tokens, sequences, microbatches, injected, collective)
-                add(Interval(timer.name, timer._level, timer._group, b[0], sl.repeat, sl.start_ns + off,
+                add(Interval(timer.label, timer._level, timer._group, b[0], sl.repeat, sl.start_ns + off,
                              sl.end_ns + off, device_ms, None if device_ms is not None else reason, b[1], b[2],
                              b[3], sl.injected, timer.collective))
                 if device_ms is None:
@@ -298,19 +296,19 @@ class Readout:
             sl.pre = None
             tail += 1
             r.tail = tail
-        n = out.count + out.dropped if out is not None else len(batch)
+        n = out.count + out.dropped
         if tail > first:
             c.intervals += n
             lag = now - first_end_ns  # the oldest slot of the batch (slots are in completion order)
             if lag > self._lag_max_ns:
                 self._lag_max_ns = lag
-        try:
-            if out is not None:
+        if deliver:
+            try:
                 self.sink.submit_batch(out)
-            elif batch:
-                self.sink.submit(batch)
-        except Exception:
-            c.sink_errors += 1
+            except Exception:
+                c.sink_errors += 1
+        else:
+            self._spare.rollback()
         return n, more
 
     # ---- quarantine ----------------------------------------------------------------------------
@@ -379,6 +377,7 @@ class Readout:
         self._last_pub = _clock()
         self.counters.readout_lag_ms = int(self._lag_max_ns // 1_000_000)
         self._lag_max_ns = 0
+        self._spare = WireEncoder()  # frames for the slots of a wake whose sink raised in new_batch
         try:
             self.sink.publish_stats(self.counters.snapshot())
         except Exception:

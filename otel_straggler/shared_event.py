@@ -71,13 +71,15 @@ class PySharedEvent:
         self.records += 1
         if self.gap_ns:
             old = self.ev
-            if old is not None and old.refs <= 0:
-                old.tag = self.ring.head
-                self.orphans.append(old)
+            # every field first, the call last: an exception a signal handler raises when the call returns finds
+            # this state whole
             self.ev = ev
             self.ns = ns
             self.stream = stream
             self.at_stop = at_stop
+            if old is not None and old.refs <= 0:
+                old.tag = self.ring.head
+                self.orphans.append(old)
 
     def release(self, ev: Any) -> None:
         """A reference that will not be published (a reset): the event goes back through the readout once nothing

@@ -16,7 +16,12 @@ Megatron's text format. Differences, all deliberate:
   for an existing name) raise the same ``AssertionError`` as Megatron, at lookup: the program is equally
   (in)correct with either timers object, and the error shows at the first call, not mid-run silently.
   ``DummyTimer.elapsed/active_time`` raise like Megatron's too.
-* Every other exception inside start/stop is caught and counted (``faults``); training never sees it.
+* Every other ``Exception`` inside start/stop is caught and counted (``faults``); training never sees it. A
+  ``KeyboardInterrupt`` or ``SystemExit`` (a signal handler that raised inside the call) is the program's: it
+  propagates, the interrupted start or stop did not happen, and the pool events it held go back through the readout.
+* Names and levels are Megatron's: any hashable name (the wire and the spans carry its ``str``, bounded to
+  ``interval.MAX_NAME_BYTES``: a longer one is truncated with a hash suffix and counted, ``names_truncated``), any
+  number as level (the wire's one-byte level is clamped).
 * ``copy.deepcopy(timers)`` returns the same object (Megatron deep-copies configs that carry it);
   ``pickle`` gives an inert copy (host-only, no pool, no thread, no sink) that still works.
 
@@ -43,7 +48,7 @@ from otel_straggler import hot_path
 from otel_straggler.config import DEFAULTS, EmitterConfig
 from otel_straggler.counters import CUDA_ERROR, POOL_EXHAUSTED, SAMPLED_OUT, EmitterCounters
 from otel_straggler.event_pool import EventPool, HostOnlyPool
-from otel_straggler.interval import IntervalSink
+from otel_straggler.interval import IntervalSink, bound_name
 from otel_straggler.ring import Ring
 from otel_straggler.shared_event import NO_REUSE, SharedEvent
 from otel_straggler.stages import stage_group
@@ -133,6 +138,7 @@ class _PyTimerCore:
         "_starts",
         "_t0",
         "collective",
+        "label",
         "name",
     )
 
@@ -174,9 +180,10 @@ class _PyTimerCore:
                     return
                 free = self._free
                 if free:
-                    ev = free.popleft()
+                    ev = free[0]  # held before it leaves the pool: see _abandon
                     ev.refs = 1
                     self._sev = ev
+                    free.popleft()
                     self._reason = None
                     try:
                         stream = self._record(ev)
@@ -194,11 +201,19 @@ class _PyTimerCore:
             self._t0 = _clock()
         except Exception:
             self._c.faults_training += 1
+        except BaseException:  # KeyboardInterrupt, SystemExit: the caller's; the start did not happen
+            self._started = False
+            sev = self._sev
+            self._sev = None
+            _abandon(self, sev, None)
+            raise
 
     def stop(self, barrier: bool = False) -> None:
         if not self._started:
             self._c.unbalanced += 1
             raise AssertionError("timer is not started")
+        sev = eev = None
+        published = False  # this call's event references were handed to the ring (or to the orphans)
         try:
             if barrier:
                 self._c.barriers_skipped += 1
@@ -231,8 +246,9 @@ class _PyTimerCore:
                     else:
                         free = self._free
                         if free:
-                            eev = free.popleft()
+                            eev = free[0]  # held before it leaves the pool: see _abandon
                             eev.refs = 1
+                            free.popleft()
                             try:
                                 stream = self._record(eev)
                             except Exception:
@@ -252,20 +268,25 @@ class _PyTimerCore:
                         own = 2
                 if sev is not eev and sev.refs <= 0 and sev is not last:
                     own |= 1
+            # no call from here to the head's store (the ring-full branch's last line aside): an exception a signal
+            # handler raises (it runs where a call returns) finds this interval published or its events still held
+            published = True
             r = self._ring
             h = r.head
             if h - r.tail >= r.cap:
                 self._c.dropped_ring_full += 1
                 if sev is not None:  # no slot reads them: whoever returns them waits for them to complete
                     sev.tainted = True
+                    lost: tuple = ()
                     if own & 1:
                         sev.tag = h
-                        self._orphans.append(sev)
+                        lost = (sev,)
                     if eev is not None:
                         eev.tainted = True
                         if own & 2:
                             eev.tag = h
-                            self._orphans.append(eev)
+                            lost += (eev,)
+                    self._orphans.extend(lost)
                 return
             sl = r.slots[h & r.mask]
             # start_ev/end_ev/injected are reset by the readout thread before it frees a slot, so
@@ -286,6 +307,33 @@ class _PyTimerCore:
             r.head = h + 1
         except Exception:
             self._c.faults_training += 1
+        except BaseException:  # KeyboardInterrupt, SystemExit: the caller's; the interval is not published
+            if not published:
+                if sev is None:  # raised before the stop took the start's event: it is still the timer's
+                    sev = self._sev
+                self._sev = None
+                self._started = False
+                _abandon(self, sev, eev)
+            raise
+
+
+def _abandon(t: Any, sev: Any, eev: Any) -> None:
+    """The events a start or stop that raised (a signal handler's KeyboardInterrupt, SystemExit) holds go back as a
+    reset lets go of a running start's: each reference released, the event tainted, and once nothing refers to it,
+    through the readout. An event taken but not yet popped (``free[0]``) is simply left in the pool."""
+    free = t._free
+    sh = t._share
+    for ev in (sev, eev) if eev is not sev else (sev,):
+        if ev is None:
+            continue
+        if free and free[0] is ev:
+            ev.refs = 0
+            continue
+        ev.refs -= 1
+        ev.tainted = True
+        if ev.refs <= 0 and ev is not sh.ev:
+            ev.tag = sh.ring.head
+            t._orphans.append(ev)
 
 
 TimerCore: Any = hot_path.core.TimerCore if hot_path.core is not None else _PyTimerCore
@@ -298,8 +346,8 @@ class Timer(TimerCore):
 
     def __init__(
         self,
-        name: str,
-        level: int,
+        name: Any,
+        level: Any,
         *,
         ring: Ring,
         ctx: StepContext,
@@ -309,10 +357,13 @@ class Timer(TimerCore):
         inject: Any = None,
         is_step: bool = False,
         sample_repeats: bool = False,
+        label: str | None = None,
     ) -> None:
-        self.name = name
-        self._level = level
-        self._group = stage_group(name)
+        self.name = name  # Megatron's: any hashable, whole
+        self._level = level  # Megatron's: any number (``timers(name, 1.5)``), whole; the wire clamps it
+        # what the wire and the spans call it: its str, bounded (interval.py ``bound_name``)
+        self.label = label if label is not None else bound_name(name)[0]
+        self._group = stage_group(self.label)
         self._started = False
         self._t0 = 0
         self._elapsed_ns = 0
@@ -348,9 +399,15 @@ class Timer(TimerCore):
     def reset(self) -> None:
         """Megatron: zero the elapsed time (not the active time) and forget a running start."""
         try:
-            if self._sev is not None:
-                self._share.release(self._sev)  # recorded: the readout thread frees it once complete
+            sev = self._sev
+            if sev is not None:  # recorded: the readout thread frees it once complete (``SharedEvent.release``,
+                sev.refs -= 1  # inline: no call before the state is whole, for a signal handler's exception)
+                sev.tainted = True
                 self._sev = None
+                sh = self._share
+                if sev.refs <= 0 and sev is not sh.ev:
+                    sev.tag = sh.ring.head
+                    self._orphans.append(sev)
             self._active_ns += self._elapsed_ns  # active time survives reset (Megatron)
             self._elapsed_ns = 0
             self._elapsed_base = 0.0
@@ -561,7 +618,7 @@ class Timers(TimersCore, metaclass=type if TimersCore is _PyTimersCore else _Tim
         return self.ring.head
 
     # ---- Megatron API ---------------------------------------------------------------------------
-    def _get(self, name: str, log_level: int | None = None) -> Timer | DummyTimer:
+    def _get(self, name: Any, log_level: Any = None) -> Timer | DummyTimer:
         """``timers(name, log_level)``: Megatron's lookup (``TimersCore`` answers an existing timer in C)."""
         t = self._timers.get(name)
         if t is not None:
@@ -580,10 +637,14 @@ class Timers(TimersCore, metaclass=type if TimersCore is _PyTimersCore else _Tim
         if len(self._timers) >= MAX_TIMER_NAMES:
             self.names_dropped += 1
             return self._dummy_timer
+        label, truncated = bound_name(name)
+        if truncated:
+            self.counters.names_truncated += 1
         inj = self.injector if (self.injector is not None and self.injector.stage == name) else None
         timer = Timer(
             name,
             log_level,
+            label=label,
             ring=self.ring,
             ctx=self.ctx,
             pool=self.pool,
@@ -640,7 +701,7 @@ class Timers(TimersCore, metaclass=type if TimersCore is _PyTimersCore else _Tim
             return None
         out = "max time across ranks (ms):" if max_only else "(min, max) time across ranks (ms):"
         for name, (lo, hi) in name_to_min_max_time.items():
-            label = (name + " ").ljust(48, ".")
+            label = (str(name) + " ").ljust(48, ".")
             if max_only:
                 out += f"\n    {label}: {hi:.2f}"
             else:
@@ -655,7 +716,7 @@ class Timers(TimersCore, metaclass=type if TimersCore is _PyTimersCore else _Tim
             return None
         out = "times across ranks (ms):"
         for name, v in times.items():
-            out += f"\n  {name}:"
+            out += f"\n  {name!s}:"
             out += f"\n     rank {self._rank:2d}: {v:.2f}"
         return out
 

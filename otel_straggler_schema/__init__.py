@@ -279,6 +279,7 @@ SM_FAULTS: Final = "otel_straggler.emitter.faults"  # counter, attr where (excep
 SM_REASON_ATTR: Final = "reason"
 SM_STEPS_EVICTED: Final = "otel_straggler.emitter.steps.evicted"  # counter, step aggregates closed early (cap)
 SM_SIDECAR_RESTARTS: Final = "otel_straggler.emitter.sidecar.restarts"  # counter, export child restarted
+SM_NAMES_TRUNCATED: Final = "otel_straggler.emitter.names.truncated"  # counter, timer names cut to the wire's bound
 # Attribute values each counter reports from the start (at 0), so a rate sees its first event.
 SM_DROPPED_REASONS: Final = ("ring_full", "pipe_full", "queue_full", "export_failed", "shutdown", "late", "overflow",
                              "sidecar_down")
@@ -402,6 +403,8 @@ EMITTER_METRICS: Final = (
            "step aggregates closed early because `max_open_steps` were open", UNIT_COUNT),
     Metric(SM_SIDECAR_RESTARTS, "counter", (),
            "export child process restarted after it died", UNIT_COUNT),
+    Metric(SM_NAMES_TRUNCATED, "counter", (),
+           "timer names longer than the wire's bound (256 UTF-8 bytes), cut with a hash suffix", UNIT_COUNT),
 )
 
 

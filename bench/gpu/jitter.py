@@ -26,13 +26,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from otel_straggler.interval import DecodingSink  # noqa: E402
 from otel_straggler_demo.run import free_port  # noqa: E402
 
 
-class CaptureSink:
+class CaptureSink(DecodingSink):
     """An IntervalSink that keeps the device time per (step, stage) in memory (bench only)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.device: dict[tuple[int, str], float] = defaultdict(float)
         self.group: dict[str, str] = {}
         self.host_only = 0

@@ -302,10 +302,10 @@ def boundary_profile(model: Any, steps: int) -> dict:
     the same work)."""
     from otel_straggler.config import DEFAULTS, EmitterConfig
     from otel_straggler.event_pool import EventPool
-    from otel_straggler.interval import NullSink
+    from otel_straggler.interval import DecodingSink
     from otel_straggler.timers import Timers
 
-    class Keep(NullSink):
+    class Keep(DecodingSink):
         def __init__(self) -> None:
             super().__init__()
             self.rows: list[Any] = []

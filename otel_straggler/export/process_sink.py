@@ -283,16 +283,13 @@ class ProcessSink(ForkGuarded):
         self._pending = buf[n:]
         return True
 
-    # --- IntervalSink ----------------------------------------------------------------------------
+    # --- IntervalSink (interval.py) ----------------------------------------------------------------------------
     def submit(self, intervals: Sequence[Interval]) -> None:
         if not intervals or not self._usable():
             return
         for start in range(0, len(intervals), wire.MAX_BATCH):
             chunk = intervals[start : start + wire.MAX_BATCH]
             batch = self.new_batch(len(chunk))
-            if batch is None:
-                self.counters.add("dropped_sidecar_down", len(chunk))
-                continue
             try:
                 for iv in chunk:
                     batch.add(iv)
@@ -304,21 +301,21 @@ class ProcessSink(ForkGuarded):
             self.submit_batch(batch)
 
     # --- packed batches (the readout's C drain fills them: readout.py) ----------------------------
-    def new_batch(self, capacity: int = wire.MAX_BATCH) -> wire.RecordBatch | None:
+    def new_batch(self, capacity: int = wire.MAX_BATCH) -> wire.RecordBatch:
         """An empty frame to pack up to ``capacity`` intervals into, for ``submit_batch`` (a child is started first
-        when none runs and one may); None when closed or in another process's copy. Without a child the batch is
-        still packed (in C, as usual) and ``submit_batch`` drops it, counted."""
+        when none runs and one may). Without a child the batch is still packed (in C, as usual) and
+        ``submit_batch`` drops it, counted; closed or in another process's copy, a frame of a throwaway encoder,
+        which ``submit_batch`` ignores."""
         if not self._usable():
-            return None
+            return wire.WireEncoder().batch(capacity)
         with self._lock:
             if self._closed:
-                return None
+                return wire.WireEncoder().batch(capacity)
             try:
                 self._ensure_child()
-                return self._encoder.batch(capacity)
             except Exception:
                 self.counters.add("faults_process_sink")
-                return None
+            return self._encoder.batch(capacity)
 
     def submit_batch(self, batch: wire.RecordBatch) -> None:
         """Write a batch from ``new_batch`` (with the latest stats); a full pipe, a child gone or restarted since
@@ -326,7 +323,7 @@ class ProcessSink(ForkGuarded):
         n = batch.count
         if batch.dropped:
             self.counters.add("dropped_overflow", batch.dropped)
-        if (n == 0 and not batch.names) or not self._usable():
+        if (n == 0 and not batch.names) or not self._usable() or batch.encoder is not self._encoder:
             return
         with self._lock:
             if self._closed:

@@ -101,6 +101,8 @@ class SelfMetrics:
                                         description="Step aggregates closed early at the open-steps cap")
         meter.create_observable_counter(schema.SM_SIDECAR_RESTARTS, [scalar("sidecar_restarts")], unit=count,
                                         description="Export child process restarts")
+        meter.create_observable_counter(schema.SM_NAMES_TRUNCATED, [scalar("names_truncated")], unit=count,
+                                        description="Timer names cut to the wire's bound (with a hash suffix)")
         meter.create_observable_gauge(schema.SM_POOL_HIGH_WATER, [scalar("pool_high_water")], unit=count,
                                       description="Most CUDA events in flight at once")
         meter.create_observable_gauge(schema.SM_READOUT_LAG, [readout_lag_s], unit=schema.UNIT_SECONDS,

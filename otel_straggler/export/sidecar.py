@@ -14,7 +14,10 @@ closed the pipe, exited, or was SIGKILLed: what already sat in the pipe is still
 SIGINT/SIGTERM, which a Ctrl-C or a scheduler sends to the whole process group, so the parent's own
 shutdown (or its death -> EOF) decides when the child flushes and leaves. Backstop: if the parent pid
 goes away without EOF (a forked descendant still holds the pipe), the child runs the same bounded
-flush and exits. PR_SET_PDEATHSIG is deliberately not used: it fires when the *thread* that spawned
+flush and exits; and whatever it is doing, it exits ``ORPHAN_EXIT_S`` after the parent is gone (a trainer
+killed in its own shutdown, by a second SIGTERM, leaves no child behind for longer). A stream out of frame
+(a frame over ``wire.MAX_FRAME``) ends the child with status 1 and its reason, after what was decoded is
+exported. PR_SET_PDEATHSIG is deliberately not used: it fires when the *thread* that spawned
 the child exits (the readout thread), and it would kill the child before it flushed.
 """
 
@@ -25,6 +28,7 @@ import os
 import select
 import signal
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -35,6 +39,9 @@ from otel_straggler.export.otel_env import OtelSettings
 from otel_straggler.export.pipeline import ExportPipeline
 
 POLL_S = 0.2
+PARENT_POLL_S = 0.1
+# an export child outlives its training process by at most this (then it exits wherever it is), plus teardown
+ORPHAN_EXIT_S = 4.0
 
 
 def _read_header(fd: int, deadline: float) -> dict[str, Any]:
@@ -84,6 +91,7 @@ def run(in_fd: int, ack_fd: int) -> int:
         except OSError:
             pass
     _avoid_cpus(header.get("avoid_cpus") or ())
+    _watch_parent(parent_pid, min(ORPHAN_EXIT_S, shutdown_timeout_s))
     pipeline = ExportPipeline(
         header.get("resource", {}),
         rank=int(header.get("rank", 0)),
@@ -93,6 +101,7 @@ def run(in_fd: int, ack_fd: int) -> int:
     )
     decoder = wire.WireDecoder()
     counters = pipeline.counters
+    out_of_frame: Exception | None = None
     while True:
         ready, _, _ = select.select([in_fd], [], [], POLL_S)
         if ready:
@@ -104,8 +113,9 @@ def run(in_fd: int, ack_fd: int) -> int:
                 break
             try:
                 messages = decoder.feed(data)
-            except Exception:
+            except Exception as exc:
                 counters.add("faults_sidecar_decode")
+                out_of_frame = exc
                 break  # the stream is out of frame: nothing after this can be trusted
             for kind, value in messages:
                 try:
@@ -127,7 +137,26 @@ def run(in_fd: int, ack_fd: int) -> int:
             break
     # Leave a little of the bound for process teardown.
     pipeline.shutdown(max(0.1, shutdown_timeout_s * 0.9 - 0.1))
+    if out_of_frame is not None:  # what was decoded went out; the rest is lost, and the exit says why
+        raise RuntimeError(f"the wire stream from the training process is out of frame ({out_of_frame})")
     return 0
+
+
+def _watch_parent(parent_pid: int, bound_s: float) -> None:
+    """A daemon thread that ends the child ``bound_s`` after the training process is gone, whatever the child is
+    doing then (a flush the training process asked for, blocked on a stalled collector, say): a trainer killed in
+    the middle of its shutdown (a second SIGTERM) leaves no export child behind for longer than that."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        time.sleep(bound_s)
+        try:
+            os.write(2, b"otel-straggler export child: the training process is gone; exiting\n")
+        finally:
+            os._exit(0)
+
+    threading.Thread(target=watch, name="otel-straggler-parent-watch", daemon=True).start()
 
 
 def main() -> None:

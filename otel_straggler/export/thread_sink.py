@@ -14,10 +14,10 @@ from otel_straggler.config import DEFAULTS, EmitterConfig
 from otel_straggler.export.fork_guard import ForkGuarded
 from otel_straggler.export.pipeline import ExportPipeline
 from otel_straggler.export.provider import Counters
-from otel_straggler.interval import Interval
+from otel_straggler.interval import DecodingSink, Interval
 
 
-class ThreadSink(ForkGuarded):
+class ThreadSink(DecodingSink, ForkGuarded):
     def __init__(
         self,
         resource_attributes: Mapping[str, Any],
@@ -29,6 +29,7 @@ class ThreadSink(ForkGuarded):
         **pipeline_opts: Any,
     ) -> None:
         """``pipeline_opts``: the other keyword options of ``ExportPipeline`` (``otel`` settings, exporters)."""
+        DecodingSink.__init__(self)
         self.counters = counters if counters is not None else Counters()
         self.pipeline = ExportPipeline(
             resource_attributes, rank=rank, job_id=job_id, config=config, counters=self.counters, **pipeline_opts
@@ -51,6 +52,9 @@ class ThreadSink(ForkGuarded):
     def submit(self, intervals: Sequence[Interval]) -> None:
         if intervals:
             self._locked(self.pipeline.add, intervals)
+
+    def overflowed(self, n: int) -> None:
+        self.counters.add("dropped_overflow", n)
 
     def publish_stats(self, stats: dict[str, int]) -> None:
         self._locked(self._publish, stats)

@@ -1,302 +1,66 @@
-"""Packed records on the pipe between a training process and its export child.
+"""The wire between a training process and its export child: ``otel_straggler.records`` (the record layout and
+its frames live beside the ring that fills them; this name stays for the export side's imports)."""
 
-Stream of frames ``<type:u8><length:u32>`` + payload:
+from otel_straggler.records import (
+    COUNT,
+    F_COLLECTIVE,
+    F_DEVICE,
+    F_INJECTED,
+    F_MICROBATCHES,
+    F_SEQUENCES,
+    F_TOKENS,
+    FRAME,
+    HEADER,
+    MAX_BATCH,
+    MAX_FRAME,
+    MAX_NAME_BYTES,
+    MAX_NAMES,
+    NAME_ID,
+    NONE_ID,
+    RECORD,
+    SEQ,
+    T_FLUSH,
+    T_INTERVALS,
+    T_NAME,
+    T_STATS,
+    NameTableFull,
+    RecordBatch,
+    WireDecoder,
+    WireEncoder,
+    bound_name,
+    encode_flush,
+    encode_stats,
+    wire_level,
+)
 
-* ``NAME``: ``<id:u16>`` + UTF-8 string. Each distinct string (timer name, group, degraded reason) is sent
-  once; records refer to it by id.
-* ``INTERVALS``: ``<count:u16>`` + ``count`` fixed-size records (``RECORD``, 68 bytes).
-* ``STATS``: JSON object of cumulative counters (small, sent only when it changed).
-* ``FLUSH``: ``<seq:u32><timeout_ms:u32>``; the child closes its open steps, flushes, and answers
-  ``F<seq> <0|1> <json of its export counters>\\n`` on its stdout.
-
-The encoder assigns ids tentatively; the caller commits them only once the bytes were accepted by the
-pipe (a dropped batch must not leave names the child never saw).
-"""
-
-from __future__ import annotations
-
-import json
-import struct
-from collections.abc import Sequence
-from typing import Any
-
-from otel_straggler import hot_path
-from otel_straggler.interval import Interval
-
-T_NAME = 1
-T_INTERVALS = 2
-T_STATS = 3
-T_FLUSH = 4
-
-FRAME = struct.Struct("<BI")
-COUNT = struct.Struct("<H")
-NAME_ID = struct.Struct("<H")
-SEQ = struct.Struct("<II")  # flush: seq, timeout ms
-# name, group, degraded (0xFFFF none), level, flags, step, repeat, start, end, device_ms, tokens, seqs, mbs
-RECORD = struct.Struct("<HHHbBqiqqdqqq")
-NONE_ID = 0xFFFF
-MAX_NAMES = 0xFFFE
-MAX_BATCH = 0xFFFF
-MAX_FRAME = 64 * 1024 * 1024
-
-F_DEVICE = 1
-F_TOKENS = 2
-F_SEQUENCES = 4
-F_MICROBATCHES = 8
-F_INJECTED = 16
-F_COLLECTIVE = 32
-
-
-class NameTableFull(Exception):
-    pass
-
-
-HEADER = FRAME.size + COUNT.size  # an INTERVALS frame's bytes before its first record
-
-
-def _c_packer() -> Any:
-    """The C drain that packs ring slots into a frame (``_hotpath.pack_slots``) where the C module runs and writes
-    this module's layout, else None."""
-    core = hot_path.core
-    fn = getattr(core, "pack_slots", None)
-    if fn is None or getattr(core, "RECORD_SIZE", 0) != RECORD.size or getattr(core, "RECORD_HEADER", 0) != HEADER:
-        return None
-    return fn
-
-
-_PACK_SLOTS = _c_packer()
-
-
-class WireEncoder:
-    def __init__(self) -> None:
-        self._ids: dict[str, int] = {}
-        self._added: list[str] = []  # strings given an id since the last commit (their NAME frames not yet written)
-        self.generation = 0  # bumped by reset: a batch begun before it refers to ids the new child never saw
-
-    @property
-    def ids(self) -> dict[str, int]:
-        """Every string's id: those the child has, and those since the last commit, whose NAME frames go ahead of
-        the batch that uses them (``RecordBatch.names``). What the C drain (``_hotpath.pack_slots``) packs with."""
-        return self._ids
-
-    def reset(self) -> None:
-        """A new child: every name must be sent again."""
-        self._ids.clear()
-        self._added.clear()
-        self.generation += 1
-
-    def commit(self) -> None:
-        """The batch was written: the child has its names."""
-        self._added.clear()
-
-    def rollback(self) -> None:
-        """The batch was dropped: the child never saw the names it gave ids."""
-        for name in self._added:
-            del self._ids[name]
-        self._added.clear()
-
-    def _id(self, name: str, out: bytearray) -> int:
-        nid = self._ids.get(name)
-        if nid is None:
-            nid = len(self._ids)
-            if nid >= MAX_NAMES:
-                raise NameTableFull(name)
-            self._ids[name] = nid
-            self._added.append(name)
-            raw = name.encode("utf-8", "replace")
-            out += FRAME.pack(T_NAME, NAME_ID.size + len(raw))
-            out += NAME_ID.pack(nid)
-            out += raw
-        return nid
-
-    def batch(self, capacity: int = MAX_BATCH) -> RecordBatch:
-        """An empty INTERVALS frame for up to ``capacity`` (at most ``MAX_BATCH``) records."""
-        return RecordBatch(self, min(max(1, int(capacity)), MAX_BATCH))
-
-    def encode_intervals(self, intervals: Sequence[Interval]) -> bytes:
-        """The NAME frames of strings not sent yet and one INTERVALS frame per ``MAX_BATCH`` intervals; raises
-        ``NameTableFull`` when a string does not fit the table."""
-        out = b""
-        for start in range(0, len(intervals), MAX_BATCH):
-            chunk = intervals[start : start + MAX_BATCH]
-            b = self.batch(len(chunk))
-            for iv in chunk:
-                if not b.add(iv):
-                    raise NameTableFull(iv.name)
-            out += b.finish()
-        return out
-
-
-class RecordBatch:
-    """One INTERVALS frame filled in place, on the readout thread with the GIL held: records go into a
-    preallocated frame, packed by ``add`` (one ``struct.pack_into`` and a dict lookup per known string) or, many at
-    a time, by the C drain (``_hotpath.pack_slots``), which writes the same layout at ``HEADER + count *
-    RECORD.size`` and looks strings up in ``ids`` (a string without an id goes through ``add``, which gives it one
-    and puts its NAME frame in ``names``, ahead of the frame). ``finish`` is the bytes to write; the encoder's
-    ``commit`` once they were written, its ``rollback`` when they were dropped."""
-
-    __slots__ = ("count", "dropped", "encoder", "frame", "generation", "ids", "names")
-
-    packs = _PACK_SLOTS is not None  # whether ``pack_slots`` runs (the C module is loaded)
-
-    def __init__(self, encoder: WireEncoder, capacity: int) -> None:
-        self.encoder = encoder
-        self.generation = encoder.generation
-        self.ids = encoder.ids
-        self.names = bytearray()
-        self.frame = bytearray(HEADER + capacity * RECORD.size)
-        self.count = 0
-        self.dropped = 0  # intervals whose strings did not fit the name table (``dropped_overflow``)
-
-    @property
-    def capacity(self) -> int:
-        return (len(self.frame) - HEADER) // RECORD.size
-
-    def add(self, iv: Interval) -> bool:
-        """Pack one interval; False when it was dropped instead (the frame is full, or a string of it does not fit
-        the name table: counted in ``dropped``)."""
-        if self.count >= self.capacity:
-            self.dropped += 1
-            return False
-        enc, known, names = self.encoder, self.ids, self.names
-        name, group, degraded, dev = iv.name, iv.group, iv.degraded, iv.device_ms
-        tokens, sequences, microbatches = iv.tokens, iv.sequences, iv.microbatches
-        try:
-            name_id = known.get(name)
-            if name_id is None:
-                name_id = enc._id(name, names)
-            group_id = known.get(group)
-            if group_id is None:
-                group_id = enc._id(group, names)
-            if degraded:
-                degraded_id = known.get(degraded)
-                if degraded_id is None:
-                    degraded_id = enc._id(degraded, names)
-            else:
-                degraded_id = NONE_ID
-        except NameTableFull:
-            self.dropped += 1
-            return False
-        flags = 0
-        if dev is not None:
-            flags = F_DEVICE
-        else:
-            dev = 0.0
-        if tokens is not None:
-            flags |= F_TOKENS
-        else:
-            tokens = 0
-        if sequences is not None:
-            flags |= F_SEQUENCES
-        else:
-            sequences = 0
-        if microbatches is not None:
-            flags |= F_MICROBATCHES
-        else:
-            microbatches = 0
-        if iv.injected:
-            flags |= F_INJECTED
-        if iv.collective:
-            flags |= F_COLLECTIVE
-        RECORD.pack_into(self.frame, HEADER + self.count * RECORD.size, name_id, group_id, degraded_id, iv.level,
-                         flags, iv.step, iv.repeat, iv.host_start_ns, iv.host_end_ns, dev, tokens, sequences,
-                         microbatches)
-        self.count += 1
-        return True
-
-    def pack_slots(self, ring: Any, head: int, degraded: dict[str, int], free: Any, wall_offset: int) -> int:
-        """The readout's drain in C (``_hotpath.pack_slots``, only where ``packs``): from the ring's tail up to
-        ``head``, each slot that is read device-timed (``pre`` set) or host-only without events, whose strings have
-        an id, becomes a record here, as ``add`` of readout.py's ``Interval`` of it would; its events go back
-        to ``free`` and a host-only one's reason is counted in ``degraded``; the ring's tail moves past it. Stops at
-        the first other slot, for readout.py to read. Returns the slots lost to an error (``faults_readout``)."""
-        assert _PACK_SLOTS is not None
-        self.count, faults = _PACK_SLOTS(ring, head, self.ids, degraded, free, wall_offset, self.frame, self.count)
-        return int(faults)
-
-    def finish(self) -> bytes:
-        """The NAME frames of this batch's new strings, then its INTERVALS frame (nothing when it has no record)."""
-        n = self.count
-        if n == 0:
-            return bytes(self.names)
-        FRAME.pack_into(self.frame, 0, T_INTERVALS, COUNT.size + n * RECORD.size)
-        COUNT.pack_into(self.frame, FRAME.size, n)
-        with memoryview(self.frame) as view:
-            return bytes(self.names) + view[: HEADER + n * RECORD.size]
-
-
-def encode_stats(stats: dict[str, Any]) -> bytes:
-    raw = json.dumps(stats, separators=(",", ":")).encode()
-    return FRAME.pack(T_STATS, len(raw)) + raw
-
-
-def encode_flush(seq: int, timeout_s: float) -> bytes:
-    return FRAME.pack(T_FLUSH, SEQ.size) + SEQ.pack(seq & 0xFFFFFFFF, max(0, min(int(timeout_s * 1000), 0xFFFFFFFF)))
-
-
-class WireDecoder:
-    """Incremental decoder: ``feed`` bytes, get ``(type, value)`` messages."""
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-        self._names: dict[int, str] = {}
-
-    def feed(self, data: bytes) -> list[tuple[int, Any]]:
-        self._buf += data
-        pos = 0
-        buf = self._buf
-        msgs: list[tuple[int, Any]] = []
-        try:
-            while len(buf) - pos >= FRAME.size:
-                ftype, length = FRAME.unpack_from(buf, pos)
-                if length > MAX_FRAME:
-                    raise ValueError(f"frame too large: {length}")
-                if len(buf) - pos - FRAME.size < length:
-                    break
-                start = pos + FRAME.size
-                pos = start + length
-                with memoryview(buf)[start:pos] as payload:
-                    msg = self._decode(ftype, payload)
-                if msg is not None:
-                    msgs.append(msg)
-        finally:
-            del self._buf[:pos]
-        return msgs
-
-    def _decode(self, ftype: int, payload: memoryview) -> tuple[int, Any] | None:
-        if ftype == T_NAME:
-            (nid,) = NAME_ID.unpack_from(payload, 0)
-            self._names[nid] = bytes(payload[NAME_ID.size :]).decode("utf-8", "replace")
-            return None
-        if ftype == T_INTERVALS:
-            (count,) = COUNT.unpack_from(payload, 0)
-            names = self._names
-            out = []
-            for i in range(count):
-                (nid, gid, did, level, flags, step, repeat, start, end, dev, tok, seqs, mbs) = RECORD.unpack_from(
-                    payload, COUNT.size + i * RECORD.size
-                )
-                out.append(
-                    Interval(
-                        name=names.get(nid, "unknown"),
-                        level=level,
-                        group=names.get(gid, "other"),
-                        step=step,
-                        repeat=repeat,
-                        host_start_ns=start,
-                        host_end_ns=end,
-                        device_ms=dev if flags & F_DEVICE else None,
-                        degraded=names.get(did) if did != NONE_ID else None,
-                        tokens=tok if flags & F_TOKENS else None,
-                        sequences=seqs if flags & F_SEQUENCES else None,
-                        microbatches=mbs if flags & F_MICROBATCHES else None,
-                        injected=bool(flags & F_INJECTED),
-                        collective=bool(flags & F_COLLECTIVE),
-                    )
-                )
-            return (T_INTERVALS, out)
-        if ftype == T_STATS:
-            return (T_STATS, json.loads(bytes(payload).decode()))
-        if ftype == T_FLUSH:
-            return (T_FLUSH, SEQ.unpack_from(payload, 0))
-        return None
+__all__ = [
+    "COUNT",
+    "FRAME",
+    "F_COLLECTIVE",
+    "F_DEVICE",
+    "F_INJECTED",
+    "F_MICROBATCHES",
+    "F_SEQUENCES",
+    "F_TOKENS",
+    "HEADER",
+    "MAX_BATCH",
+    "MAX_FRAME",
+    "MAX_NAMES",
+    "MAX_NAME_BYTES",
+    "NAME_ID",
+    "NONE_ID",
+    "RECORD",
+    "SEQ",
+    "T_FLUSH",
+    "T_INTERVALS",
+    "T_NAME",
+    "T_STATS",
+    "NameTableFull",
+    "RecordBatch",
+    "WireDecoder",
+    "WireEncoder",
+    "bound_name",
+    "encode_flush",
+    "encode_stats",
+    "wire_level",
+]

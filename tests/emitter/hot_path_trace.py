@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -21,14 +22,56 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from conftest import RecordingSink
 from fake_cuda import FakeDevice
+from recording_sink import RecordingSink
 
 import otel_straggler.readout as readout_mod
 import otel_straggler.timers as timers_mod
 from otel_straggler import hot_path
 from otel_straggler.config import EmitterConfig
 from otel_straggler.event_pool import EventPool
+
+WALL_OFFSET = 1_700_000_000_000_000_000
+
+
+class FrameSink(RecordingSink):
+    """Keeps the bytes of every frame the readout hands over, before decoding them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frames: list[bytes] = []
+
+    def submit_batch(self, batch: Any) -> None:
+        self.frames.append(bytes(batch.finish()))
+        super().submit_batch(batch)
+
+
+# Deliberate mistakes, one of which a run applies to the Python implementation (``PARITY_MUTANT=<name>``): the
+# parity test must see every one of them (test_hot_path_parity.py). (module, function, text, replacement)
+MUTANTS = {
+    "skipped_counter": ("timers", "_PyTimerCore.stop", "self._c.dropped_ring_full += 1", "pass"),
+    "duration_off_by_one": ("timers", "_PyTimerCore.stop", "sl.end_ns = now", "sl.end_ns = now + 1"),
+    "wrong_flag_bit": ("records", "RecordBatch.add", "flags |= F_INJECTED", "flags |= F_COLLECTIVE"),
+    "repeat_pick": ("timers", "_PyTimerCore.start", "self._pick = pick = nxt >> 1", "self._pick = pick = nxt"),
+    "reuse_gap_inclusive": ("timers", "_PyTimerCore.start", "t - sh.ns < sh.gap_ns", "t - sh.ns <= sh.gap_ns"),
+}
+
+
+def apply_mutant(name: str) -> None:
+    """Replace one function of the Python implementation with its source mutated by ``MUTANTS[name]``."""
+    import importlib
+    import inspect
+    import textwrap
+
+    module_name, qualname, old, new = MUTANTS[name]
+    module = importlib.import_module(f"otel_straggler.{module_name}")
+    owner_name, func_name = qualname.split(".")
+    owner = getattr(module, owner_name)
+    src = textwrap.dedent(inspect.getsource(getattr(owner, func_name)))
+    assert src.count(old) == 1, (name, old)
+    ns: dict[str, Any] = {}
+    exec(compile(src.replace(old, new), f"<mutant {name}>", "exec"), module.__dict__, ns)
+    setattr(owner, func_name, ns[func_name])
 
 
 def misuse(call: Any) -> str | None:
@@ -70,7 +113,7 @@ def trace(seed: int, n_ops: int) -> dict[str, Any]:
             clock.ns += 7
             return step % 3 == 0
 
-    sink = RecordingSink()
+    sink = FrameSink()
     pool_size = rng.choice([2, 3, 5, 8, 32])
     ring_size = rng.choice([1, 2, 4, 16, 64])
     cfg = EmitterConfig(enabled=True, device_every=rng.choice([1, 1, 2, 3]), pool_size=pool_size,
@@ -79,7 +122,12 @@ def trace(seed: int, n_ops: int) -> dict[str, Any]:
     pool = EventPool(pool_size, dev.factory, synchronize=None,
                      stream=stream_of if rng.random() < 0.8 else None)
     t = timers_mod.Timers(2, "minmax", config=cfg, pool=pool, sink=sink, injector=Inj())
-    names = ["forward-backward", "forward-compute", "backward-compute", "optimizer", "all-grads-sync"]
+    t.readout._wall_offset = WALL_OFFSET  # the frames' times: the same on both runs
+    # Megatron's names and levels of any kind: a long name (truncated on the wire), a tuple, a fractional level
+    t("x" * 300, 1)
+    t(("embedding", 0), 1.5)
+    names = ["forward-backward", "forward-compute", "backward-compute", "optimizer", "all-grads-sync", "x" * 300,
+             ("embedding", 0)]
     evid = {id(e): i for i, e in enumerate(dev.events)}
 
     def eid(e: Any) -> Any:
@@ -91,7 +139,7 @@ def trace(seed: int, n_ops: int) -> dict[str, Any]:
         c = t.counters
         tm = {}
         for n, x in t._timers.items():
-            tm[n] = [x._started, x._t0, x._elapsed_ns, x._active_ns, x._rep_step, x._rep, x._pick, x._sstep,
+            tm[str(n)] = [x._started, x._t0, x._elapsed_ns, x._active_ns, x._rep_step, x._rep, x._pick, x._sstep,
                      x._starts, x._reason, eid(x._sev), x._elapsed_base]
         sh = t.share
         evs = [[e.refs, e.tag, e.tainted, e.records, e.recorded_at] for e in dev.events]
@@ -109,7 +157,7 @@ def trace(seed: int, n_ops: int) -> dict[str, Any]:
             "evs": evs,
             "slots": [[eid(s.start_ev), eid(s.end_ev), s.own if s.start_ev is not None else None, s.reason,
                        s.repeat, s.start_ns, s.end_ns, s.injected,
-                       None if s.timer is None else s.timer.name] for s in
+                       None if s.timer is None else s.timer.label] for s in
                       [t.ring.slots[i & t.ring.mask] for i in range(t.ring.tail, t.ring.head)]],
         })
 
@@ -156,7 +204,7 @@ def trace(seed: int, n_ops: int) -> dict[str, Any]:
             t.set_step(step, rng.choice([None, 100]), None, rng.choice([None, 4]))
             op = ("set_step", step)
         elif r < 0.84:
-            d = rng.choice([1, 10, 30, 30, 30, 49_000, 60_000, 2_000_000])
+            d = rng.choice([1, 10, 30, 30, 30, 49_000, 50_000, 60_000, 2_000_000])  # 50_000: the reuse gap exactly
             clock.ns += d
             op = ("clock", d)
         elif r < 0.88:
@@ -192,12 +240,16 @@ def trace(seed: int, n_ops: int) -> dict[str, Any]:
     off = t.readout._wall_offset
     ivs = [[iv.name, iv.step, iv.repeat, iv.host_start_ns - off, iv.host_end_ns - off, iv.device_ms, iv.degraded,
             iv.tokens, iv.microbatches, iv.injected] for iv in sink.intervals]
-    return {"impl": hot_path.NAME, "trace": states, "intervals": ivs,
+    return {"impl": hot_path.NAME, "trace": states, "intervals": ivs, "frames": b"".join(sink.frames).hex(),
+            "counters": t.counters.snapshot(),
             "cfg": [pool_size, ring_size, cfg.device_every, cfg.share_gap_us, cfg.device_repeats]}
 
 
 def main(argv: list[str]) -> int:
     first, seeds, ops = (int(a) for a in argv[:3])
+    mutant = os.environ.get("PARITY_MUTANT")
+    if mutant:
+        apply_mutant(mutant)
     for seed in range(first, first + seeds):
         print(json.dumps(trace(seed, ops), default=str), flush=True)
     return 0

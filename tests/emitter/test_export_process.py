@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 import uuid
@@ -21,8 +22,11 @@ from export_rank_driver import identity, make_intervals
 
 import otel_straggler_schema as schema
 from otel_straggler.config import DEFAULTS
+from otel_straggler.export import wire
 from otel_straggler.export.process_sink import ProcessSink
 from otel_straggler.export.thread_sink import ThreadSink
+from otel_straggler.interval import MAX_NAME_BYTES
+from otel_straggler.timers import Timers
 
 pytestmark = pytest.mark.slow
 
@@ -374,3 +378,41 @@ def test_a_fatal_error_in_the_child_is_logged_and_counted(monkeypatch, capfd, ca
     err = capfd.readouterr().err
     assert err.count("otel-straggler export child: fatal error") == 2 and "Traceback" in err
     sink.shutdown(1.0)
+
+
+def test_a_long_timer_name_does_not_drop_the_batch(monkeypatch, grpc_receiver: GrpcReceiver) -> None:
+    """Real Timers, the real export child and receiver: a 256 KiB timer name goes out bounded (interval.py
+    ``bound_name``), so the batch that carries its spans is small and every span of every step arrives."""
+    use_env(monkeypatch, otlp_env(grpc_receiver.endpoint, OTEL_BSP_SCHEDULE_DELAY="30000"))
+    job = f"longname-{uuid.uuid4().hex[:6]}"
+    sink = process_sink(job)
+    timers = Timers(2, "minmax", config=replace(DEFAULTS, enabled=True), sink=sink)
+    long = "x" * (256 * 1024)
+    for step in range(40):
+        timers.set_step(step)
+        for name in ("forward-compute", long, "optimizer"):
+            timers(name).start()
+            timers(name).stop()
+    assert timers.flush(20.0)
+    timers.shutdown(5.0)
+    spans = [s for s in grpc_receiver.store.spans() if s.r(schema.RES_JOB_ID) == job]
+    stages = {s.name for s in spans if s.name not in (schema.SPAN_RANK_STEP, schema.SPAN_JOB_STEP)}
+    (bounded,) = stages - {"forward-compute", "optimizer"}
+    assert bounded.startswith("x" * 200) and len(bounded.encode()) <= MAX_NAME_BYTES
+    assert {s.a(schema.ATTR_ITERATION) for s in spans if s.name == schema.SPAN_RANK_STEP} == set(range(40))
+    assert timers.counters.names_truncated == 1
+
+
+def test_a_stream_out_of_frame_ends_the_child_with_its_reason() -> None:
+    """A frame longer than the wire allows: the child exports what it decoded, then exits with status 1 and one
+    ``X`` line saying why (the training process logs and counts it), not with status 0 and no word."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update(otlp_env(f"http://127.0.0.1:{closed_port()}"))
+    proc = subprocess.Popen([sys.executable, "-m", "otel_straggler.export.sidecar"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    header = json.dumps({"rank": 0, "job_id": "frame", "config": {"shutdown_timeout_s": 1.0},
+                         "parent_pid": os.getpid()})
+    out, err = proc.communicate(header.encode() + b"\n" + wire.FRAME.pack(wire.T_NAME, wire.MAX_FRAME + 1), 60)
+    assert proc.returncode == 1, err[-2000:]
+    (line,) = [ln for ln in out.decode().splitlines() if ln.startswith("X ")]
+    assert "out of frame" in json.loads(line[2:])["error"]

@@ -43,6 +43,7 @@ def test_training_stats_and_export_counters_map_to_schema_instruments() -> None:
         "pool_high_water": 9,
         "readout_lag_ms": 12,
         "quarantined": 0,
+        "names_truncated": 5,
     }
     snap = normalize(training)
     for key, value in {
@@ -70,6 +71,7 @@ def test_training_stats_and_export_counters_map_to_schema_instruments() -> None:
     assert m[(schema.SM_POOL_HIGH_WATER, ())] == 9
     assert m[(schema.SM_READOUT_LAG, ())] == 0.012  # seconds
     assert m[(schema.SM_STEPS_EVICTED, ())] == 2 and m[(schema.SM_SIDECAR_RESTARTS, ())] == 1
+    assert m[(schema.SM_NAMES_TRUNCATED, ())] == 5
 
 
 def test_faults_total_alone_is_training_faults() -> None:
@@ -83,7 +85,8 @@ def test_every_counter_and_every_reason_exists_at_zero_from_the_start() -> None:
     units: dict[str, str] = {}
     m = collect({}, units)
     scalars = (schema.SM_INTERVALS, schema.SM_SPANS_EXPORTED, schema.SM_BARRIERS_SKIPPED, schema.SM_STEPS_EVICTED,
-               schema.SM_SIDECAR_RESTARTS, schema.SM_POOL_HIGH_WATER, schema.SM_READOUT_LAG)
+               schema.SM_SIDECAR_RESTARTS, schema.SM_POOL_HIGH_WATER, schema.SM_READOUT_LAG,
+               schema.SM_NAMES_TRUNCATED)
     for name in scalars:
         assert m[(name, ())] == 0, name
     r = schema.SM_REASON_ATTR

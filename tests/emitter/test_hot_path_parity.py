@@ -19,16 +19,31 @@ import pytest
 
 from otel_straggler import hot_path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hot_path_trace import MUTANTS
+
 HERE = Path(__file__).resolve().parent
 SEEDS = 24
 OPS = 500
 
 
-def _traces(impl: str) -> list[dict]:
+def _traces(impl: str, mutant: str | None = None, seeds: int = SEEDS) -> list[dict]:
     env = dict(os.environ, OTEL_STRAGGLER_HOT_PATH=impl)
-    out = subprocess.run([sys.executable, str(HERE / "hot_path_trace.py"), "0", str(SEEDS), str(OPS)], env=env,
+    env.pop("PARITY_MUTANT", None)
+    if mutant:
+        env["PARITY_MUTANT"] = mutant
+    out = subprocess.run([sys.executable, str(HERE / "hot_path_trace.py"), "0", str(seeds), str(OPS)], env=env,
                          capture_output=True, text=True, check=True, timeout=600).stdout
     return [json.loads(line) for line in out.splitlines()]
+
+
+_NATIVE: list[dict] = []
+
+
+def _native() -> list[dict]:
+    if not _NATIVE:
+        _NATIVE.extend(_traces("native"))
+    return _NATIVE
 
 
 def _first_difference(a: dict, b: dict) -> str | None:
@@ -40,12 +55,19 @@ def _first_difference(a: dict, b: dict) -> str | None:
                     + "; ".join(f"{k}: C {x[k]} / Python {y[k]}" for k in keys))
     if a["intervals"] != b["intervals"]:
         return "the intervals shipped differ"
+    if a["frames"] != b["frames"]:
+        fa, fb = bytes.fromhex(a["frames"]), bytes.fromhex(b["frames"])
+        at = next((i for i, (x, y) in enumerate(zip(fa, fb)) if x != y), min(len(fa), len(fb)))
+        return f"the wire frames differ from byte {at} ({len(fa)} / {len(fb)} bytes)"
+    if a["counters"] != b["counters"]:
+        return f"the counters differ: C {a['counters']} / Python {b['counters']}"
     return None
 
 
 @pytest.mark.skipif(hot_path.core is None, reason=f"the C hot path is not in use ({hot_path.REASON})")
 def test_both_hot_paths_leave_the_same_state_after_every_operation() -> None:
-    native, python = _traces("native"), _traces("python")
+    """... and hand the sink byte-identical wire frames, and end with the same counters."""
+    native, python = _native(), _traces("python")
     assert [t["impl"] for t in native] == ["native"] * SEEDS
     assert [t["impl"] for t in python] == ["python"] * SEEDS
     # the sequences reach the cases that matter (else equal traces would say little)
@@ -63,3 +85,14 @@ def test_both_hot_paths_leave_the_same_state_after_every_operation() -> None:
     for seed, (a, b) in enumerate(zip(native, python, strict=True)):
         diff = _first_difference(a, b)
         assert diff is None, f"seed {seed}: {diff}"
+
+
+@pytest.mark.skipif(hot_path.core is None, reason=f"the C hot path is not in use ({hot_path.REASON})")
+@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+def test_a_deliberate_mistake_in_one_implementation_is_caught(mutant: str) -> None:
+    """Each mutant (``hot_path_trace.MUTANTS``: a counter skipped, a duration off by one, a wrong flag bit, the
+    wrong repeat picked, the reuse gap's bound moved) applied to the Python implementation alone: the comparison
+    above sees a difference on some seed."""
+    native, python = _native(), _traces("python", mutant)
+    diffs = [d for a, b in zip(native, python, strict=True) if (d := _first_difference(a, b)) is not None]
+    assert diffs, f"mutant {mutant} went unseen"

@@ -450,7 +450,7 @@ def test_the_offset_cache_follows_changes_to_a_type_and_checks_the_descriptor() 
 @native
 def test_a_timer_subclass_overriding_a_field_is_read_through_python() -> None:
     """The C drain and lookup read a timer's C fields only when no class between its type and ``TimerCore`` defines
-    ``name``, ``_group``, ``_level`` or ``collective``; otherwise readout.py and ``_get`` read them as Python does."""
+    ``label``, ``_group``, ``_level`` or ``collective``; otherwise readout.py and ``_get`` read them as Python does."""
     from test_packed_drain import BatchSink, Pool, encoder_with
 
     from otel_straggler.export import wire
@@ -467,6 +467,7 @@ def test_a_timer_subclass_overriding_a_field_is_read_through_python() -> None:
     enc = encoder_with("forward-compute", "compute", "other", "sampled_out")
     t = Remapped()
     t.name, t._level = "forward-compute", 1
+    t.label = t.name
     hot_path.core.TimerCore._group.__set__(t, "other")  # the C field says "other"; Python reads "compute"
     ring = Ring(4)
     sl = ring.slots[0]

@@ -61,16 +61,21 @@ class PyTimer:
 
     def __init__(self, name: str, group: str) -> None:
         self.name, self._group, self._level, self.collective = name, group, 1, False
+        self.label = name
 
 
 class ListSink:
-    """The Interval path: what ``ProcessSink.submit`` wrote before the packed drain (encode, then commit)."""
+    """The slot-by-slot path: the readout reads every slot into an ``Interval`` that ``RecordBatch.add`` packs
+    (``PyRecordBatch``: the C drain never runs on it), as it does without the C module."""
 
     def __init__(self, enc: wire.WireEncoder) -> None:
         self.enc, self.data = enc, b""
 
-    def submit(self, intervals: Any) -> None:
-        self.data += self.enc.encode_intervals(intervals)
+    def new_batch(self, capacity: int) -> wire.RecordBatch:
+        return self.enc.batch(capacity, native=False)
+
+    def submit_batch(self, b: wire.RecordBatch) -> None:
+        self.data += b.finish()
         self.enc.commit()
 
     def publish_stats(self, stats: Any) -> None:
@@ -127,6 +132,7 @@ def scenario(seed: int, sink_of: Any) -> tuple[Readout, Any, Pool]:
     for name, group in NAMES:
         t = hot_path.core.TimerCore()
         t.name, t._group, t._level, t.collective = name, group, rng.choice((0, 1, 2)), rng.random() < 0.3
+        t.label = t.name
         timers.append(t)
     timers.append(PyTimer("forward-compute", "compute"))
     ring = Ring(256)
@@ -229,6 +235,7 @@ def test_the_c_drain_stops_where_readout_must_read_and_at_a_full_frame() -> None
     enc = encoder_with("forward-compute", "compute", "sampled_out")
     t = hot_path.core.TimerCore()
     t.name, t._group, t._level = "forward-compute", "compute", 2
+    t.label = t.name
     ring.tail = ring.head = 0
     for i, reason in enumerate(("sampled_out", "sampled_out", "no_cuda", "sampled_out")):
         sl = ring.slots[i]
@@ -263,6 +270,7 @@ def test_timestamps_that_overflow_are_left_to_readout_which_counts_them() -> Non
             sl.reason = "sampled_out"
             sl.timer = hot_path.core.TimerCore()
             sl.timer.name, sl.timer._group = "forward-compute", "compute"
+            sl.timer.label = sl.timer.name
             sl.binding = (1, None, None, None)
             sl.start_ns = start
             readout._wall_offset = off
@@ -300,6 +308,7 @@ def test_a_string_new_to_the_child_goes_through_add_once_then_through_c_and_a_dr
     enc = wire.WireEncoder()
     t = hot_path.core.TimerCore()
     t.name, t._group, t._level = "forward-compute", "compute", 2
+    t.label = t.name
     ring = Ring(16)
     for i in range(5):
         sl = ring.slots[i]

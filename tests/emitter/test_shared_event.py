@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import RecordingSink
 from fake_cuda import FakeDevice
+from recording_sink import RecordingSink
 
 import otel_straggler.readout as readout_mod
 import otel_straggler.timers as timers_mod

@@ -20,11 +20,13 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 from otel_straggler import hot_path  # noqa: E402
 from otel_straggler.config import EmitterConfig  # noqa: E402
 from otel_straggler.event_pool import create_pool  # noqa: E402
+from otel_straggler.interval import DecodingSink  # noqa: E402
 from otel_straggler.timers import Timers  # noqa: E402
 
 
-class RecordingSink:
+class RecordingSink(DecodingSink):
     def __init__(self) -> None:
+        super().__init__()
         self.intervals: list = []
         self.lock = threading.Lock()
 

@@ -104,6 +104,12 @@ def test_raising_export_factory_and_sink(monkeypatch: pytest.MonkeyPatch) -> Non
     t.shutdown(1.0)
 
     class RaisingSink:
+        def new_batch(self, capacity: int) -> object:
+            raise Boom("new_batch")
+
+        def submit_batch(self, batch: object) -> None:
+            raise Boom("submit_batch")
+
         def submit(self, intervals: object) -> None:
             raise Boom("submit")
 

@@ -74,6 +74,24 @@ def test_exit_is_bounded_when_the_collector_stalls(end: str) -> None:
         stall.stop()
 
 
+def test_a_second_sigterm_leaves_no_export_child_behind() -> None:
+    """SIGTERM twice (a scheduler's, then an impatient user's) while the collector stalls: the first starts the
+    bounded shutdown (the child blocks in the flush it asked for), the second ends the trainer under the default
+    action. The export child is gone within 5 s of the trainer (``sidecar.ORPHAN_EXIT_S``)."""
+    stall = Stalling()
+    try:
+        proc = start(f"http://127.0.0.1:{stall.port}", "stall-double", "wait", shutdown_timeout_s=5.0)
+        info = ready(proc)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)  # the first shutdown is under way: the child is in its flush
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        assert proc.returncode == -signal.SIGTERM
+        assert gone(info["child_pid"], 5.0)
+    finally:
+        stall.stop()
+
+
 def test_sigkill_loses_only_what_was_not_handed_over() -> None:
     rcv = GrpcReceiver()
     try:
