@@ -134,9 +134,9 @@ def spread(items: Iterable[list[StepExcess]], min_ranks: int) -> float | None:
     Within ranks it is a standard deviation (``_pooled_sd``), the robust estimate (every step's distance to
     its rank's median, ``pooled_relative_sigma``) only setting which values are spikes: T sums z, and what
     scales a sum is the standard deviation; and from a window's ~32 degrees of freedom the standard deviation
-    varies less window to window than the median distance (``bench/results/detection-alternatives.md``, "The spread"), so
-    the few windows a cohort has when a fault begins early in a job give a steadier sigma (a high one hides a
-    slow rank, a low one raises healthy T)."""
+    varies less window to window than the median distance (``bench/results/detection-alternatives.md``,
+    "The spread"), so the few windows a cohort has when a fault begins early in a job give a steadier sigma (a
+    high one hides a slow rank, a low one raises healthy T)."""
     ratios = [[x / m for _, x, m in lst] for lst in items]
     within = pooled_relative_sigma(ratios, min_ranks)
     if within is not None:
