@@ -29,7 +29,7 @@ A rank is convicted at the close of a window when, over the lookback of n sample
   still reaches ``rest_z`` on its own. One slow window, or a burst as long however it straddles two windows
   and however large (``cap`` bounds each step), does not convict on its own: the rest of the lookback is at
   par then, and steps at par rarely reach ``rest_z`` (measured at 1 % and 2 % noise:
-  ``docs/detection-defaults.md``, "Window tests").
+  ``bench/results/detection-alternatives.md``, "Window tests").
 
 ``cap`` bounds what one step adds, so a heavy-tail spike is one step's evidence, not a verdict. Stages under
 ``device_min_stage_ms`` are skipped (their floor is the host's 5 ms, ``absolute_floor``: only a slowdown
@@ -134,9 +134,9 @@ def spread(items: Iterable[list[StepExcess]], min_ranks: int) -> float | None:
     Within ranks it is a standard deviation (``_pooled_sd``), the robust estimate (every step's distance to
     its rank's median, ``pooled_relative_sigma``) only setting which values are spikes: T sums z, and what
     scales a sum is the standard deviation; and from a window's ~32 degrees of freedom the standard deviation
-    varies less window to window than the median distance (``docs/detection-defaults.md``, "The spread"), so
-    the few windows a cohort has when a fault begins early in a job give a steadier sigma (a high one hides a
-    slow rank, a low one raises healthy T)."""
+    varies less window to window than the median distance (``bench/results/detection-alternatives.md``,
+    "The spread"), so the few windows a cohort has when a fault begins early in a job give a steadier sigma (a
+    high one hides a slow rank, a low one raises healthy T)."""
     ratios = [[x / m for _, x, m in lst] for lst in items]
     within = pooled_relative_sigma(ratios, min_ranks)
     if within is not None:
