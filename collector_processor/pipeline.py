@@ -131,15 +131,23 @@ class Pipeline:
         self._depth.set(self._q.qsize())
         return True
 
-    def submit(self, msg: Message, nbytes: int, n: int, wait_s: float = 0.0) -> Result:
-        """Queue a request. With ``wait_s`` > 0 wait that long for the worker so that spans the processors
-        rejected can be reported as a partial success; past it the answer is a plain success (queued)."""
+    def _refused(self) -> Result | None:
+        """The answer to a request the pipeline does not take now (shutting down, or an admission gate such as
+        the memory limiter refusing), else None."""
         if self._closing.is_set():
             return Result("throttled", reason="shutting_down", message="collector is shutting down")
         for gate in self.admission:
             refusal = gate.refusal()
             if refusal is not None:
                 return Result("throttled", reason=refusal.reason, message=refusal.message)
+        return None
+
+    def submit(self, msg: Message, nbytes: int, n: int, wait_s: float = 0.0) -> Result:
+        """Queue a request. With ``wait_s`` > 0 wait that long for the worker so that spans the processors
+        rejected can be reported as a partial success; past it the answer is a plain success (queued)."""
+        refused = self._refused()
+        if refused is not None:
+            return refused
         done = threading.Event() if wait_s > 0 else None
         item = _Item("request", msg, nbytes, n, done)
         if not self._offer(item):
@@ -151,12 +159,9 @@ class Pipeline:
     def offer(self, msg: Message, nbytes: int, n: int, done: Any) -> Result | _Item:
         """Queue a request without waiting: the queued item (its ``rejected`` and ``message`` are set once
         ``done.set()`` is called, from the worker, after processing), or the refusal."""
-        if self._closing.is_set():
-            return Result("throttled", reason="shutting_down", message="collector is shutting down")
-        for gate in self.admission:
-            refusal = gate.refusal()
-            if refusal is not None:
-                return Result("throttled", reason=refusal.reason, message=refusal.message)
+        refused = self._refused()
+        if refused is not None:
+            return refused
         item = _Item("request", msg, nbytes, n, done)
         if not self._offer(item):
             return Result("throttled", reason="queue_full", message=f"pipeline {self.id} queue is full")
@@ -166,12 +171,9 @@ class Pipeline:
         """Process a request on the calling thread if the pipeline is idle and its recent items were quick: the
         processed item (``rejected``, ``message`` set), the refusal (as ``offer`` refuses), or None when it must
         be queued instead (``offer``)."""
-        if self._closing.is_set():
-            return Result("throttled", reason="shutting_down", message="collector is shutting down")
-        for gate in self.admission:
-            refusal = gate.refusal()
-            if refusal is not None:
-                return Result("throttled", reason=refusal.reason, message=refusal.message)
+        refused = self._refused()
+        if refused is not None:
+            return refused
         if self._q.qsize() or time.monotonic() < self._inline_off_until:
             return None
         if not self._handling.acquire(blocking=False):
