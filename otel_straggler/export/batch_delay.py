@@ -16,7 +16,7 @@ period, the delivery spread between ranks (at most delay + ``r``) may use half o
   first step of the next window (A's step ended one period later), so delay + r <= ``grace_s`` / 2 + s;
 * open windows: delay + r <= (``max_open_windows`` / 2) x ``window_steps`` x s (20 steps);
 
-    delay = clamp(min(2.5 s + s, 20 s) - r, 200 ms, 5000 ms)
+    delay = clamp(min(2.5 seconds + s, 20 x s) - r, 200 ms, 5000 ms)
 
 With the default 500 ms readout period: 70 ms steps 0.9 s; 125 ms: 2.0 s; 1 s: 3.0 s; 3 s and longer: the SDK's
 5 s. Below 35 ms steps the delay is at its 200 ms minimum and the spread (0.7 s) takes more than half of the
