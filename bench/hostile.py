@@ -190,32 +190,14 @@ class ValidClients:
         return self
 
     def _run(self, i: int, exporter) -> None:  # type: ignore[no-untyped-def]
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
-        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        from valid_client import export_valid_spans
 
-        import otel_straggler_schema as s
-
-        mem = InMemorySpanExporter()
-        tp = TracerProvider(resource=Resource.create({s.RES_RANK: i, s.RES_JOB_ID: "valid-job",
-                                                      s.RES_COHORT_KEY: "valid"}), shutdown_on_exit=False)
-        tp.add_span_processor(SimpleSpanProcessor(mem))
-        tracer = tp.get_tracer(s.SCOPE_NAME)
-        step = 0
-        while not self._stop.is_set():
-            for _ in range(20):
-                with tracer.start_as_current_span("forward-compute", attributes={
-                        s.ATTR_STAGE: "forward-compute", s.ATTR_ITERATION: step, s.ATTR_HOST_MS: 10.0}):
-                    pass
-            step += 1
-            spans = list(mem.get_finished_spans())
-            mem.clear()
-            ok = exporter.export(spans) == SpanExportResult.SUCCESS
+        def record(_started: float, _ended: float, ok: bool) -> None:
             with self._lock:
                 self.sent += 1
                 self.ok += ok
-            self._stop.wait(0.25)
+
+        export_valid_spans(i, exporter, self._stop, record)
 
     def stop(self) -> tuple[int, int]:
         self._stop.set()
