@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         # two warm events of the pool (the driver's record needs their handle), recorded by torch and by the pool
-        e1, e2 = pool.free.popleft(), pool.free.popleft()
+        i1, i2 = pool.free.popleft(), pool.free.popleft()
+        e1, e2 = pool.events[i1], pool.events[i2]
         torch.cuda.synchronize()
 
         floor = _pairs(e1.record, e2.record)
@@ -193,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
 
         def floor_driver(n: int) -> None:
             for _ in range(n):
-                drec(e1)
-                drec(e2)
+                drec(i1)
+                drec(i2)
 
         # the same start/stop with torch's Event.record (record_api=torch), for reference
         tpool = EventPool(cfg.pool_size, record_api="torch")

@@ -5,14 +5,14 @@ interval (``bench/results/gpu-h200.md`` section 3). This bench times ``Readout.d
 format over a readout period of steps in Megatron's timer order (``megatron_step``: 21 intervals, 4 microbatches),
 through the real ``Timers`` and ring, without the CUDA driver (CPU machines), two ways side by side:
 
-* ``objects``: the drain reads each slot into an ``Interval`` that ``RecordBatch.add`` packs (``PyRecordBatch``):
-  the path without the C module;
-* ``packed``: the drain packs the slots straight into the frame (``RecordBatch.pack_slots``, the C module), the
-  slots it leaves to readout.py through ``RecordBatch.add``.
+* ``objects``: the drain reads each record in Python and ``RecordBatch.put`` packs it (``PyRecordBatch``): the path
+  without the C module;
+* ``packed``: the drain packs the records straight into the frame (``RecordBatch.pack_records``, the C module),
+  the records it leaves to readout.py through ``RecordBatch.put``.
 
 Two samplings: ``device`` (device time on every step, the default repeat sampling) and ``host`` (host-only steps,
 what most steps are with the default ``device_every``). The events are ``tests/emitter/fake_cuda.py``'s; their
-device times are read into the slots before each timed drain (what ``elapsed_many``, the batch driver read with
+device times are read into the ring's ``pre`` before each timed drain (what ``elapsed_many``, the batch driver read with
 the GIL released, does on CUDA), so neither arm pays the fake ``elapsed_time``. Arms alternate drain by drain;
 medians and means over ``--reps`` drains of ``--steps`` steps each.
 
@@ -40,6 +40,7 @@ from otel_straggler.config import EmitterConfig  # noqa: E402
 from otel_straggler.event_pool import EventPool  # noqa: E402
 from otel_straggler.export.wire import RecordBatch, WireEncoder  # noqa: E402
 from otel_straggler.interval import NullSink  # noqa: E402
+from otel_straggler.ring import NO_EVENT, record_at  # noqa: E402
 from otel_straggler.timers import Timers  # noqa: E402
 
 OPTIMIZER = ("optimizer-copy-to-main-grad", "optimizer-unscale-and-check-inf", "optimizer-clip-main-grad",
@@ -105,10 +106,11 @@ class PackedSink(ObjectSink):
 def read_device_times(t: Timers) -> None:
     """What ``elapsed_many`` does before a drain on CUDA: each pending device-timed slot's ms into its ``pre``."""
     r = t.ring
+    events = t.pool.events
     for i in range(r.tail, r.head):
-        sl = r.slots[i & r.mask]
-        if sl.start_ev is not None and sl.end_ev is not None and sl.reason is None:
-            sl.pre = sl.start_ev.elapsed_time(sl.end_ev)
+        rec = record_at(r, i)
+        if rec.start_ev != NO_EVENT and rec.end_ev != NO_EVENT and rec.reason == 0:
+            r.pre[i & r.mask] = events[rec.start_ev].elapsed_time(events[rec.end_ev])
 
 
 def build(sink: ObjectSink, device_every: int) -> tuple[Timers, FakeDevice]:

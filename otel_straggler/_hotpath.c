@@ -1,44 +1,52 @@
-/* The training thread's hot path in C: Timer.start / Timer.stop and the state they touch.
+/* The training thread's hot path in C: Timer.start / Timer.stop over the ring's byte records, and the readout's
+ * drain of those records into the wire's.
  *
  * Why: between a step's kernel launches a start+stop of the Python timers finds its bytecode, inline caches and
  * objects evicted, and pays for the cache lines it touches, several times its tight-loop cost
- * (bench/results/cpu-native-floor.md, bench/results/cpu-hot-path-ab.md, bench/results/gpu-h200.md runs 11-13).
- * Here the same logic reads and writes C struct fields.
+ * (bench/results/cpu-native-floor.md, bench/results/cpu-hot-path-ab.md, bench/results/gpu-h200.md). Here the same
+ * logic reads and writes C fields and one 64-byte record.
  *
- * What: five types with the attribute names of their Python counterparts, so every other part of the package
- * (the readout thread, StepContext's sampling logic, Timer's Megatron API, the tests) reads and writes them
- * unchanged:
- *   Slot, Ring          ring.py          (one interval's fields; the single-producer single-consumer ring)
- *   SharedEvent         shared_event.py  (the latest boundary's event, reused by adjacent boundaries)
- *   StepState           step_context.py  (the four fields the hot path reads; StepContext derives from it)
- *   TimerCore           timers.py        (a timer's state and start/stop; Timer derives from it)
- * The logic is the Python path's, line for line (timers.py _PyTimerCore, shared_event.py PySharedEvent); the
- * emitter tests run against both (scripts/test). Pool events stay Python objects (their refs/tag/tainted
- * attributes are touched only on a boundary that records or reuses one). With the driver's record API the
- * record is one cuEventRecord through the function pointer the pool resolved (event_pool.py driver_recorder),
- * not a ctypes call.
+ * What: types with the attribute names of their Python counterparts, so every other part of the package (the
+ * readout thread, StepContext's sampling logic, Timer's Megatron API, the tests) reads and writes them unchanged:
+ *   HotCounters   counters.py      (the training thread's four counters, C fields)
+ *   EventTable    event_pool.py    (the pool's events by id; refs, tag, tainted, handle: Python arrays read and
+ *                                   written here through their buffers)
+ *   Ring          ring.py          (the single-producer single-consumer ring: a bytearray of records)
+ *   SharedEvent   shared_event.py  (the latest boundary's event, reused by adjacent boundaries)
+ *   StepState     step_context.py  (the fields the hot path reads; StepContext derives from it)
+ *   TimerCore     timers.py        (a timer's state and start/stop; Timer derives from it)
+ *   TimersCore    timers.py        (timers(name, log_level): an existing timer found in C)
+ * No Python object lives in a record: the timer, the events and the degraded reason are integer ids into
+ * Python-owned tables. The logic is the Python path's, line for line (timers.py _PyTimerCore, shared_event.py
+ * PySharedEvent, readout.py); the emitter tests run against both, and a seeded differential test compares their
+ * records and frames byte for byte (tests/emitter/test_hot_path_parity.py). Only CPython's public C API is used.
  *
  * Rules kept from the Python path: no lock, no I/O, no device call other than the record; every Exception
  * inside start/stop is cleared and counted (faults_training), never raised into training; a KeyboardInterrupt or
  * SystemExit (a signal handler run by Python code this calls) propagates, and the call lets go of the events it
- * held (abandon). An object read across a call into Python is held by a strong reference. Everything runs with
- * the GIL held, which is what orders the producer's slot writes before its head store for the readout thread.
+ * held (abandon). An object used across a call into Python is held by a strong reference. Everything runs with
+ * the GIL held (Py_mod_gil), which is what orders the producer's record writes before its head store for the
+ * readout thread.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
 
-#define NO_REUSE (-(1LL << 62))
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the ring's and the wire's records are little-endian (ring.py, records.py)"
+#endif
 
-static PyTypeObject TimerType; /* defined below */
+#define NO_REUSE (-(1LL << 62))
+#define NO_EVENT 0xFFFF
 
 /* interned attribute and method names */
-static PyObject *s_refs, *s_tag, *s_tainted, *s_handle, *s_record, *s_apply, *s_step_timer_started, *s_append,
-    *s_popleft, *s_unbalanced, *s_barriers_skipped, *s_faults_training, *s_dropped_ring_full, *s_barrier;
-/* degraded reasons (counters.py), set once by set_reasons() */
-static PyObject *r_sampled_out, *r_cuda_error, *r_pool_exhausted;
+static PyObject *s_apply, *s_step_timer_started, *s_append, *s_popleft, *s_barrier, *s_get, *s_log_level;
+/* the degraded reasons' codes and names (counters.REASONS: code -> name), set once by set_reasons() */
+static int r_sampled_out = 2, r_cuda_error = 5, r_pool_exhausted = 3;
+static PyObject *reason_names;
 
 typedef int (*cu_event_record_fn)(void *event, void *stream);
 
@@ -54,183 +62,15 @@ static inline int is_set(PyObject *o) { return o != NULL && o != Py_None; }
  * this called) is the program's: it propagates, and the caller lets go of what the call took (abandon) */
 static inline int users(void) { return PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception); }
 
-/* ---- small helpers on Python objects (cold paths, pool events and counters) ------------------------------ */
-
-/* Where an attribute lives in its object: the offset of a writable __slots__ member (EmitterCounters, the pool's
- * events: event_pool.py), else 0. A generic getattr/setattr looks the descriptor up in the type's MRO every time,
- * and between a step's launches that lookup is cold: it cost a barrier=True start more than the rest of the start,
- * and a device-sampled boundary touches an event's refs, tag or handle several times
- * (bench/results/cpu-cold-calls.md). Only a member of the object's own type or a base (the check the descriptor
- * makes) on a type with the generic getattr and setattr qualifies (no hook is bypassed). A few (type, name) pairs
- * are kept, each with the type's version tag: a change to the type (a new __setattr__, a property over the slot)
- * retires the tag and the entry is looked up again. The types are held, so an address is never another type's. */
-#define OFFSETS 16
-static struct {
-    PyTypeObject *type;
-    PyObject *name;
-    unsigned int tag;
-    Py_ssize_t offset;
-} offsets[OFFSETS];
-
-static inline int tag_valid(PyTypeObject *tp, unsigned int tag) {
-    return (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && tp->tp_version_tag == tag && tag != 0;
-}
-
-static Py_ssize_t slot_offset(PyTypeObject *tp, PyObject *name) {
-    int i = 0;
-    for (; i < OFFSETS && offsets[i].type != NULL; i++) {
-        if (offsets[i].type == tp && offsets[i].name == name) {
-            if (tag_valid(tp, offsets[i].tag)) return offsets[i].offset;
-            break; /* the type changed since: look again, in this entry */
-        }
-    }
-    Py_ssize_t off = 0;
-    PyObject *d = _PyType_Lookup(tp, name); /* borrowed; gives the type a version tag */
-    if (d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type) && tp->tp_getattro == PyObject_GenericGetAttr &&
-        tp->tp_setattro == PyObject_GenericSetAttr && PyType_IsSubtype(tp, PyDescr_TYPE(d))) {
-        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-        if (m->type == T_OBJECT_EX && !(m->flags & READONLY)) off = m->offset;
-    }
-    unsigned int tag = (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? tp->tp_version_tag : 0;
-    if (i < OFFSETS) {
-        if (offsets[i].type == NULL) {
-            offsets[i].type = (PyTypeObject *)Py_NewRef((PyObject *)tp);
-            offsets[i].name = Py_NewRef(name);
-        }
-        offsets[i].tag = tag;
-        offsets[i].offset = off;
-    }
-    return tag != 0 ? off : 0; /* no tag: nothing tells a later change, so the generic path answers */
-}
-
-/* Whether a timer's name, group, level and collective flag are TimerCore's own fields: no class between its type
- * and TimerCore defines one of those names (a property over them, say), so reading the C fields reads what Python
- * would. Kept per type and version tag like the offsets. */
-static PyObject *s_label, *s_group_attr, *s_level_attr, *s_collective;
-#define PLAIN 8
-static struct {
-    PyTypeObject *type;
-    unsigned int tag;
-    int plain;
-} plain_types[PLAIN];
-
-static int plain_timer(PyObject *o) {
-    PyTypeObject *tp = Py_TYPE(o);
-    if (tp == &TimerType) return 1;
-    int i = 0;
-    for (; i < PLAIN && plain_types[i].type != NULL; i++) {
-        if (plain_types[i].type == tp) {
-            if (tag_valid(tp, plain_types[i].tag)) return plain_types[i].plain;
-            break;
-        }
-    }
-    if (!PyType_IsSubtype(tp, &TimerType)) return 0;
-    int plain = 1;
-    PyObject *mro = tp->tp_mro;
-    PyObject *names[4] = {s_label, s_group_attr, s_level_attr, s_collective};
-    for (Py_ssize_t k = 0; plain && mro != NULL && k < PyTuple_GET_SIZE(mro); k++) {
-        PyTypeObject *base = (PyTypeObject *)PyTuple_GET_ITEM(mro, k);
-        if (base == &TimerType) break;
-        PyObject *dict = base->tp_dict;
-        for (int n = 0; plain && dict != NULL && n < 4; n++) {
-            if (PyDict_GetItemWithError(dict, names[n]) != NULL) plain = 0;
-            else if (PyErr_Occurred()) {
-                PyErr_Clear();
-                plain = 0;
-            }
-        }
-    }
-    (void)_PyType_Lookup(tp, s_label); /* gives the type a version tag */
-    unsigned int tag = (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? tp->tp_version_tag : 0;
-    if (tag == 0) return 0;
-    if (i < PLAIN) {
-        if (plain_types[i].type == NULL) plain_types[i].type = (PyTypeObject *)Py_NewRef((PyObject *)tp);
-        plain_types[i].tag = tag;
-        plain_types[i].plain = plain;
-    }
-    return plain;
-}
-
-static inline PyObject **slot_of(PyObject *o, PyObject *name) {
-    Py_ssize_t off = slot_offset(Py_TYPE(o), name);
-    return off > 0 ? (PyObject **)((char *)o + off) : NULL;
-}
-
-/* o.<name>, a new reference (AttributeError when unset, like getattr) */
-static PyObject *get_obj(PyObject *o, PyObject *name) {
-    PyObject **s = slot_of(o, name);
-    if (s != NULL && *s != NULL) return Py_NewRef(*s);
-    return PyObject_GetAttr(o, name);
-}
-
-/* o.<name> = v */
-static int set_obj(PyObject *o, PyObject *name, PyObject *v) {
-    PyObject **s = slot_of(o, name);
-    if (s == NULL) return PyObject_SetAttr(o, name, v);
-    PyObject *old = *s;
-    *s = Py_NewRef(v);
-    Py_XDECREF(old);
-    return 0;
-}
-
-static int get_ll(PyObject *o, PyObject *name, long long *out) {
-    PyObject *v = get_obj(o, name);
-    if (v == NULL) return -1;
-    *out = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
-}
-
-static int set_ll(PyObject *o, PyObject *name, long long x) {
-    PyObject *v = PyLong_FromLongLong(x);
-    if (v == NULL) return -1;
-    int rc = set_obj(o, name, v);
-    Py_DECREF(v);
-    return rc;
-}
-
-static int add_ll(PyObject *o, PyObject *name, long long d, long long *after) {
-    long long v;
-    PyObject **s = slot_of(o, name); /* one lookup for the read and the write */
-    if (s == NULL || *s == NULL) {
-        if (get_ll(o, name, &v) < 0) return -1;
-        v += d;
-        if (after != NULL) *after = v;
-        return set_ll(o, name, v);
-    }
-    v = PyLong_AsLongLong(*s);
-    if (v == -1 && PyErr_Occurred()) return -1;
-    v += d;
-    PyObject *nv = PyLong_FromLongLong(v);
-    if (nv == NULL) return -1;
-    Py_SETREF(*s, nv);
-    if (after != NULL) *after = v;
-    return 0;
-}
-
-/* counters.<name> += 1; an error here is swallowed (the counter is best effort, training goes on) */
-static void bump(PyObject *counters, PyObject *name) {
-    if (counters == NULL || add_ll(counters, name, 1, NULL) < 0) PyErr_Clear();
-}
-
-static int call_append(PyObject *dq, PyObject *item) {
+static int call_append(PyObject *dq, long id) {
+    PyObject *item = PyLong_FromLong(id);
+    if (item == NULL) return -1;
     PyObject *args[3] = {NULL, dq, item}; /* args[0]: the slot PY_VECTORCALL_ARGUMENTS_OFFSET lets the callee use */
     PyObject *r = PyObject_VectorcallMethod(s_append, args + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_DECREF(item);
     if (r == NULL) return -1;
     Py_DECREF(r);
     return 0;
-}
-
-/* free.popleft(): a new reference, or NULL with no exception set when the deque is empty */
-static PyObject *pop_free(PyObject *dq) {
-    if (PyObject_Length(dq) <= 0) {
-        PyErr_Clear();
-        return NULL;
-    }
-    PyObject *args[2] = {NULL, dq};
-    PyObject *ev = PyObject_VectorcallMethod(s_popleft, args + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-    if (ev == NULL) PyErr_Clear();
-    return ev;
 }
 
 /* start(barrier=False) / stop(barrier=False): 1 or 0; -1 with TypeError on other arguments (raised to the caller, as
@@ -257,78 +97,185 @@ static int parse_barrier(PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
     return v < 0 ? -2 : v; /* -2: its truth value raised (counted as a fault, like any error inside the call) */
 }
 
-/* ---- Slot --------------------------------------------------------------------------------------------- */
+/* a writable buffer of at least n items of `size` bytes, held until release */
+static int take_buffer(PyObject *o, Py_buffer *view, Py_ssize_t n, Py_ssize_t size, const char *what) {
+    if (PyObject_GetBuffer(o, view, PyBUF_WRITABLE | PyBUF_ND) < 0) return -1;
+    if (view->itemsize != size || view->len < n * size) {
+        PyBuffer_Release(view);
+        view->obj = NULL;
+        PyErr_Format(PyExc_TypeError, "%s: %zd items of %zd bytes expected", what, n, size);
+        return -1;
+    }
+    return 0;
+}
+
+static void drop_buffer(Py_buffer *view) {
+    if (view->obj != NULL) PyBuffer_Release(view);
+    view->obj = NULL;
+}
+
+/* ---- HotCounters -------------------------------------------------------------------------------------- */
 
 typedef struct {
     PyObject_HEAD
-    PyObject *timer;
-    long long start_ns;
-    long long end_ns;
-    PyObject *start_ev;
-    PyObject *end_ev;
-    int own;
-    PyObject *binding;
-    long long repeat;
-    PyObject *reason;
-    char injected;
-    PyObject *pre; /* the device ms elapsed_batch read for it (readout thread only), else NULL/None */
-} SlotObject;
+    long long barriers_skipped;
+    long long dropped_ring_full;
+    long long faults_training;
+    long long unbalanced;
+} HotCountersObject;
 
-static int Slot_traverse(SlotObject *s, visitproc visit, void *arg) {
-    Py_VISIT(s->timer);
-    Py_VISIT(s->start_ev);
-    Py_VISIT(s->end_ev);
-    Py_VISIT(s->binding);
-    Py_VISIT(s->reason);
-    Py_VISIT(s->pre);
-    return 0;
-}
-
-static int Slot_clear(SlotObject *s) {
-    Py_CLEAR(s->timer);
-    Py_CLEAR(s->start_ev);
-    Py_CLEAR(s->end_ev);
-    Py_CLEAR(s->binding);
-    Py_CLEAR(s->reason);
-    Py_CLEAR(s->pre);
-    return 0;
-}
-
-static void Slot_dealloc(SlotObject *s) {
-    PyObject_GC_UnTrack(s);
-    Slot_clear(s);
-    Py_TYPE(s)->tp_free((PyObject *)s);
-}
-
-static PyMemberDef Slot_members[] = {
-    {"timer", T_OBJECT, offsetof(SlotObject, timer), 0, NULL},
-    {"start_ns", T_LONGLONG, offsetof(SlotObject, start_ns), 0, NULL},
-    {"end_ns", T_LONGLONG, offsetof(SlotObject, end_ns), 0, NULL},
-    {"start_ev", T_OBJECT, offsetof(SlotObject, start_ev), 0, NULL},
-    {"end_ev", T_OBJECT, offsetof(SlotObject, end_ev), 0, NULL},
-    {"own", T_INT, offsetof(SlotObject, own), 0, NULL},
-    {"binding", T_OBJECT, offsetof(SlotObject, binding), 0, NULL},
-    {"repeat", T_LONGLONG, offsetof(SlotObject, repeat), 0, NULL},
-    {"reason", T_OBJECT, offsetof(SlotObject, reason), 0, NULL},
-    {"injected", T_BOOL, offsetof(SlotObject, injected), 0, NULL},
-    {"pre", T_OBJECT, offsetof(SlotObject, pre), 0, NULL},
+static PyMemberDef HotCounters_members[] = {
+    {"barriers_skipped", T_LONGLONG, offsetof(HotCountersObject, barriers_skipped), 0, NULL},
+    {"dropped_ring_full", T_LONGLONG, offsetof(HotCountersObject, dropped_ring_full), 0, NULL},
+    {"faults_training", T_LONGLONG, offsetof(HotCountersObject, faults_training), 0, NULL},
+    {"unbalanced", T_LONGLONG, offsetof(HotCountersObject, unbalanced), 0, NULL},
     {NULL},
 };
 
-static PyTypeObject SlotType = {
+static PyTypeObject HotCountersType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "otel_straggler._hotpath.Slot",
-    .tp_doc = "One interval's fields (ring.py PySlot).",
-    .tp_basicsize = sizeof(SlotObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_name = "otel_straggler._hotpath.HotCounters",
+    .tp_doc = "The training thread's counters (counters.py PyHotCounters).",
+    .tp_basicsize = sizeof(HotCountersObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .tp_new = PyType_GenericNew,
-    .tp_dealloc = (destructor)Slot_dealloc,
-    .tp_traverse = (traverseproc)Slot_traverse,
-    .tp_clear = (inquiry)Slot_clear,
-    .tp_members = Slot_members,
+    .tp_members = HotCounters_members,
 };
 
+/* ---- EventTable --------------------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *events;  /* list: id -> event object */
+    PyObject *refs, *tag, *tainted, *handle; /* array('i'), array('q'), bytearray, array('Q') */
+    PyObject *free;    /* deque of ids */
+    PyObject *orphans; /* deque of ids */
+    Py_ssize_t n;
+    Py_buffer vrefs, vtag, vtainted, vhandle;
+} TableObject;
+
+#define T_REFS(tb) ((int32_t *)(tb)->vrefs.buf)
+#define T_TAG(tb) ((int64_t *)(tb)->vtag.buf)
+#define T_TAINTED(tb) ((uint8_t *)(tb)->vtainted.buf)
+#define T_HANDLE(tb) ((uint64_t *)(tb)->vhandle.buf)
+
+static int Table_clear(TableObject *tb) {
+    drop_buffer(&tb->vrefs);
+    drop_buffer(&tb->vtag);
+    drop_buffer(&tb->vtainted);
+    drop_buffer(&tb->vhandle);
+    tb->n = 0;
+    Py_CLEAR(tb->events);
+    Py_CLEAR(tb->refs);
+    Py_CLEAR(tb->tag);
+    Py_CLEAR(tb->tainted);
+    Py_CLEAR(tb->handle);
+    Py_CLEAR(tb->free);
+    Py_CLEAR(tb->orphans);
+    return 0;
+}
+
+static int Table_init(TableObject *tb, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"events", "refs", "tag", "tainted", "handle", "free", "orphans", NULL};
+    PyObject *events, *refs, *tag, *tainted, *handle, *free_dq, *orphans;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOOOO", kwlist, &PyList_Type, &events, &refs, &tag, &tainted,
+                                     &handle, &free_dq, &orphans))
+        return -1;
+    Table_clear(tb);
+    Py_ssize_t n = PyList_GET_SIZE(events);
+    if (n > NO_EVENT - 1) {
+        PyErr_SetString(PyExc_ValueError, "too many events for the records' 16-bit ids");
+        return -1;
+    }
+    if (take_buffer(refs, &tb->vrefs, n, 4, "refs") < 0 || take_buffer(tag, &tb->vtag, n, 8, "tag") < 0 ||
+        take_buffer(tainted, &tb->vtainted, n, 1, "tainted") < 0 || take_buffer(handle, &tb->vhandle, n, 8, "handle") < 0) {
+        Table_clear(tb);
+        return -1;
+    }
+    tb->n = n;
+    tb->events = Py_NewRef(events);
+    tb->refs = Py_NewRef(refs);
+    tb->tag = Py_NewRef(tag);
+    tb->tainted = Py_NewRef(tainted);
+    tb->handle = Py_NewRef(handle);
+    tb->free = Py_NewRef(free_dq);
+    tb->orphans = Py_NewRef(orphans);
+    return 0;
+}
+
+static int Table_traverse(TableObject *tb, visitproc visit, void *arg) {
+    Py_VISIT(tb->events);
+    Py_VISIT(tb->refs);
+    Py_VISIT(tb->tag);
+    Py_VISIT(tb->tainted);
+    Py_VISIT(tb->handle);
+    Py_VISIT(tb->free);
+    Py_VISIT(tb->orphans);
+    return 0;
+}
+
+static void Table_dealloc(TableObject *tb) {
+    PyObject_GC_UnTrack(tb);
+    Table_clear(tb);
+    Py_TYPE(tb)->tp_free((PyObject *)tb);
+}
+
+static PyMemberDef Table_members[] = {
+    {"events", T_OBJECT, offsetof(TableObject, events), READONLY, NULL},
+    {"refs", T_OBJECT, offsetof(TableObject, refs), READONLY, NULL},
+    {"tag", T_OBJECT, offsetof(TableObject, tag), READONLY, NULL},
+    {"tainted", T_OBJECT, offsetof(TableObject, tainted), READONLY, NULL},
+    {"handle", T_OBJECT, offsetof(TableObject, handle), READONLY, NULL},
+    {"free", T_OBJECT, offsetof(TableObject, free), READONLY, NULL},
+    {"orphans", T_OBJECT, offsetof(TableObject, orphans), READONLY, NULL},
+    {NULL},
+};
+
+static PyTypeObject TableType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otel_straggler._hotpath.EventTable",
+    .tp_doc = "EventTable(events, refs, tag, tainted, handle, free, orphans) (event_pool.py PyEventTable).",
+    .tp_basicsize = sizeof(TableObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Table_init,
+    .tp_dealloc = (destructor)Table_dealloc,
+    .tp_traverse = (traverseproc)Table_traverse,
+    .tp_clear = (inquiry)Table_clear,
+    .tp_members = Table_members,
+};
+
+/* free.popleft(): the id, or -1 with no exception set when the deque is empty or holds no valid id */
+static long pop_free(TableObject *tb) {
+    if (PyObject_Length(tb->free) <= 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    PyObject *args[2] = {NULL, tb->free};
+    PyObject *v = PyObject_VectorcallMethod(s_popleft, args + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (v == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    long id = PyLong_AsLong(v);
+    Py_DECREF(v);
+    if (id < 0 || id >= tb->n) {
+        PyErr_Clear();
+        return -1;
+    }
+    return id;
+}
+
 /* ---- Ring --------------------------------------------------------------------------------------------- */
+
+/* ring.py RECORD, "<qqqqqqiHHHBBB3x": the natural layout of this struct on a little-endian machine */
+typedef struct {
+    int64_t start_ns, end_ns, step, tokens, sequences, microbatches;
+    int32_t repeat;
+    uint16_t timer, sev, eev;
+    uint8_t flags, own, reason, pad[3];
+} Rec;
+_Static_assert(sizeof(Rec) == 64, "ring.py RECORD is 64 bytes");
 
 typedef struct {
     PyObject_HEAD
@@ -336,8 +283,23 @@ typedef struct {
     long long mask;
     long long head; /* written by the training thread only */
     long long tail; /* written by the readout thread only */
-    PyObject *slots; /* tuple of Slot, max(cap, 1) long; never replaced */
+    PyObject *buf;    /* bytearray of max(cap, 1) records; never replaced */
+    PyObject *pre;    /* array('d'): device ms read ahead per record, NaN unread (readout thread) */
+    PyObject *timers; /* list: timer id -> (name, level, group, collective) */
+    Py_buffer vbuf, vpre;
 } RingObject;
+
+#define R_REC(r, i) (((Rec *)(r)->vbuf.buf) + ((i) & (r)->mask))
+#define R_PRE(r, i) (((double *)(r)->vpre.buf) + ((i) & (r)->mask))
+
+static int Ring_clear(RingObject *r) {
+    drop_buffer(&r->vbuf);
+    drop_buffer(&r->vpre);
+    Py_CLEAR(r->buf);
+    Py_CLEAR(r->pre);
+    Py_CLEAR(r->timers);
+    return 0;
+}
 
 static int Ring_init(RingObject *r, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"capacity", NULL};
@@ -345,7 +307,7 @@ static int Ring_init(RingObject *r, PyObject *args, PyObject *kwds) {
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "L", kwlist, &capacity)) return -1;
     long long cap = 0;
     if (capacity > 0) {
-        if (capacity > (1LL << 40)) {
+        if (capacity > (1LL << 32)) {
             PyErr_SetString(PyExc_ValueError, "ring capacity too large");
             return -1;
         }
@@ -353,17 +315,29 @@ static int Ring_init(RingObject *r, PyObject *args, PyObject *kwds) {
         while (cap < capacity) cap <<= 1;
     }
     long long n = cap > 0 ? cap : 1;
-    PyObject *slots = PyTuple_New((Py_ssize_t)n); /* a tuple: nothing can put another object in a slot's place */
-    if (slots == NULL) return -1;
-    for (long long i = 0; i < n; i++) {
-        PyObject *s = PyType_GenericNew(&SlotType, NULL, NULL);
-        if (s == NULL) {
-            Py_DECREF(slots);
-            return -1;
-        }
-        PyTuple_SET_ITEM(slots, (Py_ssize_t)i, s);
+    Ring_clear(r);
+    PyObject *mod = PyImport_ImportModule("otel_straggler.ring");
+    if (mod == NULL) return -1;
+    PyObject *make = PyObject_GetAttrString(mod, "_storage");
+    Py_DECREF(mod);
+    if (make == NULL) return -1;
+    PyObject *pair = PyObject_CallFunction(make, "L", n);
+    Py_DECREF(make);
+    if (pair == NULL) return -1;
+    if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 3) {
+        Py_DECREF(pair);
+        PyErr_SetString(PyExc_TypeError, "ring._storage: (buf, pre, timers)");
+        return -1;
     }
-    Py_XSETREF(r->slots, slots);
+    r->buf = Py_NewRef(PyTuple_GET_ITEM(pair, 0));
+    r->pre = Py_NewRef(PyTuple_GET_ITEM(pair, 1));
+    r->timers = Py_NewRef(PyTuple_GET_ITEM(pair, 2));
+    Py_DECREF(pair);
+    if (take_buffer(r->buf, &r->vbuf, (Py_ssize_t)n * (Py_ssize_t)sizeof(Rec), 1, "buf") < 0 ||
+        take_buffer(r->pre, &r->vpre, (Py_ssize_t)n, 8, "pre") < 0) {
+        Ring_clear(r);
+        return -1;
+    }
     r->cap = cap;
     r->mask = cap ? cap - 1 : 0;
     r->head = 0;
@@ -372,12 +346,9 @@ static int Ring_init(RingObject *r, PyObject *args, PyObject *kwds) {
 }
 
 static int Ring_traverse(RingObject *r, visitproc visit, void *arg) {
-    Py_VISIT(r->slots);
-    return 0;
-}
-
-static int Ring_clear(RingObject *r) {
-    Py_CLEAR(r->slots);
+    Py_VISIT(r->buf);
+    Py_VISIT(r->pre);
+    Py_VISIT(r->timers);
     return 0;
 }
 
@@ -396,14 +367,16 @@ static PyMemberDef Ring_members[] = {
     {"mask", T_LONGLONG, offsetof(RingObject, mask), READONLY, NULL},
     {"head", T_LONGLONG, offsetof(RingObject, head), 0, NULL},
     {"tail", T_LONGLONG, offsetof(RingObject, tail), 0, NULL},
-    {"slots", T_OBJECT, offsetof(RingObject, slots), READONLY, NULL},
+    {"buf", T_OBJECT, offsetof(RingObject, buf), READONLY, NULL},
+    {"pre", T_OBJECT, offsetof(RingObject, pre), READONLY, NULL},
+    {"timers", T_OBJECT, offsetof(RingObject, timers), READONLY, NULL},
     {NULL},
 };
 
 static PyTypeObject RingType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "otel_straggler._hotpath.Ring",
-    .tp_doc = "Ring(capacity): the fixed single-producer single-consumer ring of intervals (ring.py PyRing).",
+    .tp_doc = "Ring(capacity): the fixed single-producer single-consumer ring of records (ring.py PyRing).",
     .tp_basicsize = sizeof(RingObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,
@@ -420,116 +393,122 @@ static PyTypeObject RingType = {
 typedef struct {
     PyObject_HEAD
     char at_stop;
-    PyObject *ev;
+    int ev; /* an event id, NO_EVENT: none */
     long long gap_ns;
     long long ns;
-    PyObject *orphans;
     long long records;
-    PyObject *ring; /* a Ring */
+    PyObject *ring;  /* a Ring */
+    PyObject *table; /* an EventTable */
     PyObject *stream;
     PyObject *stream_of;
 } ShareObject;
 
+#define SH_TABLE(sh) ((TableObject *)(sh)->table)
+
 static int Share_init(ShareObject *sh, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"gap_us", "stream_of", "orphans", "ring", NULL};
+    static char *kwlist[] = {"gap_us", "stream_of", "table", "ring", NULL};
     double gap_us;
-    PyObject *stream_of, *orphans, *ring;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "$dOOO", kwlist, &gap_us, &stream_of, &orphans, &ring)) return -1;
-    if (!Py_IS_TYPE(ring, &RingType)) {
-        PyErr_SetString(PyExc_TypeError, "ring must be an otel_straggler._hotpath.Ring");
+    PyObject *stream_of, *table, *ring;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "$dOO!O!", kwlist, &gap_us, &stream_of, &TableType, &table,
+                                     &RingType, &ring))
         return -1;
-    }
     sh->gap_ns = stream_of != Py_None ? (long long)(gap_us * 1000.0) : 0;
     Py_XSETREF(sh->stream_of, Py_NewRef(stream_of));
-    Py_XSETREF(sh->orphans, Py_NewRef(orphans));
+    Py_XSETREF(sh->table, Py_NewRef(table));
     Py_XSETREF(sh->ring, Py_NewRef(ring));
-    Py_CLEAR(sh->ev);
     Py_CLEAR(sh->stream);
+    sh->ev = NO_EVENT;
     sh->ns = 0;
     sh->at_stop = 0;
     sh->records = 0;
     return 0;
 }
 
-/* an event nothing refers to any more goes back through the readout once every slot before the ring's head was
+static inline int valid(TableObject *tb, long ev) { return ev >= 0 && ev < tb->n; }
+
+static int bad_id(void) {
+    PyErr_SetString(PyExc_ValueError, "event id out of range");
+    return -1;
+}
+
+/* an event nothing refers to any more goes back through the readout once every record before the ring's head was
  * read: tag = head, then onto the orphans */
-static int orphan(ShareObject *sh, PyObject *ev) {
-    if (sh->ring == NULL || sh->orphans == NULL) {
-        PyErr_SetString(PyExc_TypeError, "SharedEvent not initialised");
-        return -1;
-    }
-    if (set_ll(ev, s_tag, ((RingObject *)sh->ring)->head) < 0) return -1;
-    return call_append(sh->orphans, ev);
+static int orphan(ShareObject *sh, long ev) {
+    T_TAG(SH_TABLE(sh))[ev] = ((RingObject *)sh->ring)->head;
+    return call_append(SH_TABLE(sh)->orphans, ev);
 }
 
 /* SharedEvent.recorded(ev, ns, stream, at_stop) */
-static int share_recorded(ShareObject *sh, PyObject *ev, long long ns, PyObject *stream, int at_stop) {
+static int share_recorded(ShareObject *sh, long ev, long long ns, PyObject *stream, int at_stop) {
     sh->records++;
     if (sh->gap_ns) {
-        PyObject *old = sh->ev;
-        if (is_set(old)) {
-            long long refs;
-            if (get_ll(old, s_refs, &refs) < 0) return -1;
-            if (refs <= 0 && orphan(sh, old) < 0) return -1;
-        }
-        Py_XSETREF(sh->ev, Py_NewRef(ev));
+        int old = sh->ev;
+        sh->ev = (int)ev;
         sh->ns = ns;
         Py_XSETREF(sh->stream, Py_NewRef(stream));
         sh->at_stop = (char)at_stop;
+        if (old != NO_EVENT && T_REFS(SH_TABLE(sh))[old] <= 0 && orphan(sh, old) < 0) return -1;
+    }
+    return 0;
+}
+
+static int check_share(ShareObject *sh) {
+    if (sh->table == NULL || sh->ring == NULL) {
+        PyErr_SetString(PyExc_TypeError, "SharedEvent not initialised");
+        return -1;
     }
     return 0;
 }
 
 static PyObject *Share_recorded(ShareObject *sh, PyObject *args) {
-    PyObject *ev, *stream;
+    PyObject *stream;
+    long ev;
     long long ns;
     int at_stop;
-    if (!PyArg_ParseTuple(args, "OLOp", &ev, &ns, &stream, &at_stop)) return NULL;
+    if (!PyArg_ParseTuple(args, "lLOp", &ev, &ns, &stream, &at_stop)) return NULL;
+    if (check_share(sh) < 0) return NULL;
+    if (!valid(SH_TABLE(sh), ev)) return bad_id(), NULL;
     if (share_recorded(sh, ev, ns, stream, at_stop) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
 /* SharedEvent.release(ev): 0, or -1 with an exception */
-static int release(ShareObject *sh, PyObject *ev) {
-    long long refs;
-    if (add_ll(ev, s_refs, -1, &refs) < 0) return -1;
-    if (set_obj(ev, s_tainted, Py_True) < 0) return -1;
+static int release(ShareObject *sh, long ev) {
+    TableObject *tb = SH_TABLE(sh);
+    int32_t refs = --T_REFS(tb)[ev];
+    T_TAINTED(tb)[ev] = 1;
     if (refs <= 0 && ev != sh->ev && orphan(sh, ev) < 0) return -1;
     return 0;
 }
 
-static PyObject *Share_release(ShareObject *sh, PyObject *ev) {
+static PyObject *Share_release(ShareObject *sh, PyObject *arg) {
+    long ev = PyLong_AsLong(arg);
+    if (ev == -1 && PyErr_Occurred()) return NULL;
+    if (check_share(sh) < 0) return NULL;
+    if (!valid(SH_TABLE(sh), ev)) return bad_id(), NULL;
     if (release(sh, ev) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
 static PyObject *Share_retire(ShareObject *sh, PyObject *Py_UNUSED(ignored)) {
-    PyObject *ev = sh->ev;
-    sh->ev = NULL;
-    if (is_set(ev)) {
-        long long refs;
-        if (get_ll(ev, s_refs, &refs) < 0 || (refs <= 0 && orphan(sh, ev) < 0)) {
-            Py_DECREF(ev);
-            return NULL;
-        }
-    }
-    Py_XDECREF(ev);
+    if (check_share(sh) < 0) return NULL;
+    int ev = sh->ev;
+    sh->ev = NO_EVENT;
+    if (ev != NO_EVENT && T_REFS(SH_TABLE(sh))[ev] <= 0 && orphan(sh, ev) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
 static int Share_traverse(ShareObject *sh, visitproc visit, void *arg) {
-    Py_VISIT(sh->ev);
-    Py_VISIT(sh->orphans);
     Py_VISIT(sh->ring);
+    Py_VISIT(sh->table);
     Py_VISIT(sh->stream);
     Py_VISIT(sh->stream_of);
     return 0;
 }
 
 static int Share_clear(ShareObject *sh) {
-    Py_CLEAR(sh->ev);
-    Py_CLEAR(sh->orphans);
     Py_CLEAR(sh->ring);
+    Py_CLEAR(sh->table);
     Py_CLEAR(sh->stream);
     Py_CLEAR(sh->stream_of);
     return 0;
@@ -551,12 +530,12 @@ static PyMethodDef Share_methods[] = {
 
 static PyMemberDef Share_members[] = {
     {"at_stop", T_BOOL, offsetof(ShareObject, at_stop), 0, NULL},
-    {"ev", T_OBJECT, offsetof(ShareObject, ev), 0, NULL},
+    {"ev", T_INT, offsetof(ShareObject, ev), READONLY, NULL},
     {"gap_ns", T_LONGLONG, offsetof(ShareObject, gap_ns), 0, NULL},
     {"ns", T_LONGLONG, offsetof(ShareObject, ns), 0, NULL},
-    {"orphans", T_OBJECT, offsetof(ShareObject, orphans), READONLY, NULL},
     {"records", T_LONGLONG, offsetof(ShareObject, records), 0, NULL},
     {"ring", T_OBJECT, offsetof(ShareObject, ring), READONLY, NULL},
+    {"table", T_OBJECT, offsetof(ShareObject, table), READONLY, NULL},
     {"stream", T_OBJECT, offsetof(ShareObject, stream), 0, NULL},
     {"stream_of", T_OBJECT, offsetof(ShareObject, stream_of), READONLY, NULL},
     {NULL},
@@ -565,7 +544,7 @@ static PyMemberDef Share_members[] = {
 static PyTypeObject ShareType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "otel_straggler._hotpath.SharedEvent",
-    .tp_doc = "SharedEvent(*, gap_us, stream_of, orphans, ring) (shared_event.py PySharedEvent).",
+    .tp_doc = "SharedEvent(*, gap_us, stream_of, table, ring) (shared_event.py PySharedEvent).",
     .tp_basicsize = sizeof(ShareObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,
@@ -587,7 +566,9 @@ static int same_stream(ShareObject *sh) {
         PyErr_Clear();
         return 0;
     }
-    int eq = PyObject_RichCompareBool(cur, sh->stream ? sh->stream : Py_None, Py_EQ);
+    PyObject *was = Py_NewRef(sh->stream ? sh->stream : Py_None);
+    int eq = PyObject_RichCompareBool(cur, was, Py_EQ);
+    Py_DECREF(was);
     Py_DECREF(cur);
     if (eq < 0) {
         if (users()) return -1;
@@ -602,22 +583,23 @@ static int same_stream(ShareObject *sh) {
 typedef struct {
     PyObject_HEAD
     long long step;
-    PyObject *binding; /* (step, tokens, sequences, microbatches) */
+    int host_code;
+    PyObject *binding; /* (step, tokens, sequences, microbatches): for Python readers */
     PyObject *device_on;
-    PyObject *host_reason;
+    /* ``wire``: (step, tokens, sequences, microbatches, flags) as the record carries them */
+    int64_t w_step, w_tokens, w_sequences, w_microbatches;
+    uint8_t w_flags;
 } StepStateObject;
 
 static int StepState_traverse(StepStateObject *s, visitproc visit, void *arg) {
     Py_VISIT(s->binding);
     Py_VISIT(s->device_on);
-    Py_VISIT(s->host_reason);
     return 0;
 }
 
 static int StepState_clear(StepStateObject *s) {
     Py_CLEAR(s->binding);
     Py_CLEAR(s->device_on);
-    Py_CLEAR(s->host_reason);
     return 0;
 }
 
@@ -627,11 +609,49 @@ static void StepState_dealloc(StepStateObject *s) {
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
+static PyObject *StepState_get_wire(StepStateObject *s, void *closure) {
+    return Py_BuildValue("(LLLLi)", (long long)s->w_step, (long long)s->w_tokens, (long long)s->w_sequences,
+                         (long long)s->w_microbatches, (int)s->w_flags);
+}
+
+/* set at a step change (cold): five exact ints, converted here once, so a stop copies C integers */
+static int StepState_set_wire(StepStateObject *s, PyObject *v, void *closure) {
+    if (v == NULL || !PyTuple_CheckExact(v) || PyTuple_GET_SIZE(v) != 5) {
+        PyErr_SetString(PyExc_TypeError, "wire: (step, tokens, sequences, microbatches, flags)");
+        return -1;
+    }
+    long long x[5];
+    for (int i = 0; i < 5; i++) {
+        PyObject *o = PyTuple_GET_ITEM(v, i);
+        if (!PyLong_CheckExact(o)) {
+            PyErr_SetString(PyExc_TypeError, "wire: ints");
+            return -1;
+        }
+        x[i] = PyLong_AsLongLong(o);
+        if (x[i] == -1 && PyErr_Occurred()) return -1;
+    }
+    if (x[4] < 0 || x[4] > 0xFF) {
+        PyErr_SetString(PyExc_ValueError, "wire: flags are a byte");
+        return -1;
+    }
+    s->w_step = x[0];
+    s->w_tokens = x[1];
+    s->w_sequences = x[2];
+    s->w_microbatches = x[3];
+    s->w_flags = (uint8_t)x[4];
+    return 0;
+}
+
 static PyMemberDef StepState_members[] = {
     {"step", T_LONGLONG, offsetof(StepStateObject, step), 0, NULL},
+    {"host_code", T_INT, offsetof(StepStateObject, host_code), 0, NULL},
     {"binding", T_OBJECT, offsetof(StepStateObject, binding), 0, NULL},
     {"device_on", T_OBJECT, offsetof(StepStateObject, device_on), 0, NULL},
-    {"host_reason", T_OBJECT, offsetof(StepStateObject, host_reason), 0, NULL},
+    {NULL},
+};
+
+static PyGetSetDef StepState_getset[] = {
+    {"wire", (getter)StepState_get_wire, (setter)StepState_set_wire, NULL, NULL},
     {NULL},
 };
 
@@ -646,6 +666,7 @@ static PyTypeObject StepStateType = {
     .tp_traverse = (traverseproc)StepState_traverse,
     .tp_clear = (inquiry)StepState_clear,
     .tp_members = StepState_members,
+    .tp_getset = StepState_getset,
 };
 
 /* ---- TimerCore ---------------------------------------------------------------------------------------- */
@@ -654,7 +675,9 @@ typedef struct {
     PyObject_HEAD
     char started;
     char is_step;
-    char collective;
+    int sev;    /* the running start's event id, NO_EVENT: none */
+    int reason; /* its degraded reason code, 0: none */
+    int id;     /* the timer's id in its ring's table */
     long long t0;
     long long elapsed_ns;
     long long active_ns;
@@ -665,22 +688,23 @@ typedef struct {
     long long sstep;
     long long starts;
     unsigned long long cu_record; /* address of cuEventRecord (driver record API), 0: call record */
-    PyObject *sev;
-    PyObject *reason;
     PyObject *name;
     PyObject *label; /* the wire's name: str, bounded (interval.py bound_name) */
     PyObject *level; /* Megatron's log level: any number */
     PyObject *group;
-    PyObject *c;       /* EmitterCounters */
+    PyObject *c;       /* HotCounters */
     PyObject *ctx;     /* StepState */
     PyObject *share;   /* SharedEvent */
     PyObject *ring;    /* Ring */
-    PyObject *free;    /* the pool's free deque */
-    PyObject *orphans; /* the pool's orphans deque */
-    PyObject *record;  /* the pool's record(ev) -> stream */
+    PyObject *tab;     /* EventTable */
+    PyObject *free;    /* the table's free deque */
+    PyObject *orphans; /* the table's orphans deque */
+    PyObject *record;  /* the pool's record(id) -> stream */
     PyObject *inject;
     PyObject *clock; /* None: CLOCK_MONOTONIC; else a callable returning ns (the tests' fake host clock) */
 } TimerObject;
+
+#define COUNTERS(t) ((HotCountersObject *)(t)->c)
 
 static inline long long timer_clock(TimerObject *t) {
     if (!is_set(t->clock)) return mono_ns();
@@ -691,46 +715,34 @@ static inline long long timer_clock(TimerObject *t) {
     return ns;
 }
 
-static inline void set_reason(TimerObject *t, PyObject *reason) { Py_XSETREF(t->reason, Py_XNewRef(reason)); }
-
-/* an event's raw CUevent (its ``handle``) */
-static int handle_of(PyObject *ev, void **out) {
-    PyObject *h = get_obj(ev, s_handle);
-    if (h == NULL) return -1;
-    *out = PyLong_AsVoidPtr(h);
-    Py_DECREF(h);
-    return PyErr_Occurred() ? -1 : 0;
-}
-
-/* record ev on the current stream: the stream recorded on (a new reference; None when torch's record made up
- * for a failed driver record), or NULL with an exception */
-static PyObject *do_record(TimerObject *t, ShareObject *sh, PyObject *ev) {
+/* record event ev on the current stream: the stream recorded on (a new reference; what the pool's record returned
+ * when the driver's record failed or is not used), or NULL with an exception */
+static PyObject *do_record(TimerObject *t, ShareObject *sh, TableObject *tb, long ev) {
     if (t->cu_record && is_set(sh->stream_of)) {
         PyObject *stream = PyObject_CallNoArgs(sh->stream_of);
         if (stream == NULL) return NULL;
-        void *handle = NULL, *raw = NULL;
-        if (handle_of(ev, &handle) == 0 && stream != Py_None) raw = PyLong_AsVoidPtr(stream);
+        void *raw = stream != Py_None ? PyLong_AsVoidPtr(stream) : NULL;
         if (PyErr_Occurred()) {
             Py_DECREF(stream);
             return NULL;
         }
+        void *handle = (void *)(uintptr_t)T_HANDLE(tb)[ev];
         if (((cu_event_record_fn)(uintptr_t)t->cu_record)(handle, raw) == 0) return stream;
-        Py_DECREF(stream);
-        PyObject *args[2] = {NULL, ev};
-        PyObject *r = PyObject_VectorcallMethod(s_record, args + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-        if (r == NULL) return NULL;
-        Py_DECREF(r);
-        Py_RETURN_NONE;
+        Py_DECREF(stream); /* the pool's record tries again and falls back to torch's */
     }
-    return PyObject_CallOneArg(t->record, ev);
+    PyObject *id = PyLong_FromLong(ev);
+    if (id == NULL) return NULL;
+    PyObject *r = PyObject_CallOneArg(t->record, id);
+    Py_DECREF(id);
+    return r;
 }
 
-/* _ctx, _share, _ring and _free are checked when set (Timer_set_wire), so the hot path only asks whether they
- * are */
+/* the wiring is checked when set (Timer_set_wire), so the hot path only asks whether it is there */
 static inline int check_wiring(TimerObject *t) {
-    if (t->ctx == NULL || t->share == NULL || t->ring == NULL || t->free == NULL || t->record == NULL ||
-        t->orphans == NULL) {
-        PyErr_SetString(PyExc_TypeError, "timer not wired to the native ring, shared event and step state");
+    if (t->ctx == NULL || t->share == NULL || t->ring == NULL || t->tab == NULL || t->free == NULL ||
+        t->record == NULL || t->orphans == NULL || t->c == NULL ||
+        ((ShareObject *)t->share)->table != t->tab || SH_TABLE((ShareObject *)t->share) == NULL) {
+        PyErr_SetString(PyExc_TypeError, "timer not wired to the native ring, event table, shared event and step");
         return -1;
     }
     return 0;
@@ -739,13 +751,13 @@ static inline int check_wiring(TimerObject *t) {
 static PyObject *fault(TimerObject *t) {
     if (users()) return NULL;
     PyErr_Clear();
-    bump(t->c, s_faults_training);
+    if (t->c != NULL) COUNTERS(t)->faults_training++;
     Py_RETURN_NONE;
 }
 
-/* start's work once the call shape and balance are checked; ctx and sh are strong references the caller holds
+/* start's work once the call shape and balance are checked; ctx, sh and tb are strong references the caller holds
  * (a call into Python below, the stream lookup or a record, could replace the timer's own) */
-static PyObject *start_impl(TimerObject *t, StepStateObject *ctx, ShareObject *sh) {
+static PyObject *start_impl(TimerObject *t, StepStateObject *ctx, ShareObject *sh, TableObject *tb) {
     if (t->is_step) {
         PyObject *args1[2] = {NULL, (PyObject *)ctx};
         PyObject *r = PyObject_VectorcallMethod(s_step_timer_started, args1 + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
@@ -767,8 +779,8 @@ static PyObject *start_impl(TimerObject *t, StepStateObject *ctx, ShareObject *s
             }
             t->starts = nxt + 1;
             if (nxt != pick) {
-                set_reason(t, r_sampled_out); /* another repeat of this step has its device time */
-                sh->ns = NO_REUSE;            /* its GPU work is in no later boundary's reused event */
+                t->reason = r_sampled_out; /* another repeat of this step has its device time */
+                sh->ns = NO_REUSE;         /* its GPU work is in no later boundary's reused event */
                 t->started = 1;
                 long long now = timer_clock(t);
                 if (now == -1 && PyErr_Occurred()) return fault(t);
@@ -778,56 +790,39 @@ static PyObject *start_impl(TimerObject *t, StepStateObject *ctx, ShareObject *s
         }
         long long now = timer_clock(t);
         if (now == -1 && PyErr_Occurred()) return fault(t);
-        PyObject *ev = Py_XNewRef(sh->ev);
-        int same = is_set(ev) && now - sh->ns < sh->gap_ns ? same_stream(sh) : 0;
-        if (same < 0) {
-            Py_DECREF(ev);
-            return NULL;
-        }
+        int ev = sh->ev;
+        int same = ev != NO_EVENT && now - sh->ns < sh->gap_ns ? same_stream(sh) : 0;
+        if (same < 0) return NULL;
         if (same) {
-            if (add_ll(ev, s_refs, 1, NULL) < 0) { /* the previous boundary's event, reused */
-                Py_DECREF(ev);
-                return fault(t);
-            }
-            Py_XSETREF(t->sev, ev);
-            set_reason(t, NULL);
+            T_REFS(tb)[ev] += 1; /* the previous boundary's event, reused */
+            t->sev = ev;
+            t->reason = 0;
             t->started = 1;
             t->t0 = now;
             Py_RETURN_NONE;
         }
-        Py_XDECREF(ev);
-        ev = pop_free(t->free);
-        if (ev != NULL) {
-            if (set_ll(ev, s_refs, 1) < 0) {
-                Py_DECREF(ev);
-                return fault(t);
-            }
-            Py_XSETREF(t->sev, Py_NewRef(ev)); /* and this call keeps its own until the record is done */
-            set_reason(t, NULL);
-            PyObject *stream = do_record(t, sh, ev);
+        long id = pop_free(tb);
+        if (id >= 0) {
+            T_REFS(tb)[id] = 1;
+            t->sev = (int)id;
+            t->reason = 0;
+            PyObject *stream = do_record(t, sh, tb, id);
             if (stream == NULL) {
-                if (users()) {
-                    Py_DECREF(ev);
-                    return NULL;
-                }
+                if (users()) return NULL;
                 PyErr_Clear();
-                set_reason(t, r_cuda_error);
+                t->reason = r_cuda_error;
                 sh->ns = NO_REUSE;
             } else {
-                int rc = share_recorded(sh, ev, now, stream, 0);
+                int rc = share_recorded(sh, id, now, stream, 0);
                 Py_DECREF(stream);
-                if (rc < 0) {
-                    Py_DECREF(ev);
-                    return fault(t);
-                }
+                if (rc < 0) return fault(t);
             }
-            Py_DECREF(ev);
         } else {
-            set_reason(t, r_pool_exhausted);
+            t->reason = r_pool_exhausted;
             sh->ns = NO_REUSE;
         }
     } else {
-        set_reason(t, is_set(ctx->host_reason) ? ctx->host_reason : NULL);
+        t->reason = ctx->host_code;
     }
     t->started = 1;
     long long now = timer_clock(t);
@@ -840,19 +835,18 @@ static PyObject *start_impl(TimerObject *t, StepStateObject *ctx, ShareObject *s
  * held is let go as a reset lets go of it; the exception stays set */
 static void abandon(TimerObject *t, ShareObject *sh) {
     t->started = 0;
-    PyObject *sev = t->sev;
-    t->sev = NULL;
-    if (sev == NULL) return;
+    int sev = t->sev;
+    t->sev = NO_EVENT;
+    if (sev == NO_EVENT) return;
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
-    if (sev != Py_None && release(sh, sev) < 0) PyErr_Clear();
-    Py_DECREF(sev);
+    if (release(sh, sev) < 0) PyErr_Clear();
     PyErr_Restore(et, ev, tb);
 }
 
 /* a start of a started timer or a stop of a stopped one: counted, then raised as Megatron's assert raises it */
 static PyObject *misuse(TimerObject *t, const char *msg) {
-    bump(t->c, s_unbalanced);
+    if (t->c != NULL) COUNTERS(t)->unbalanced++;
     PyErr_SetString(PyExc_AssertionError, msg);
     return NULL;
 }
@@ -865,36 +859,21 @@ static PyObject *Timer_start(TimerObject *t, PyObject *const *args, Py_ssize_t n
         if (barrier < 0) return fault(t);
     }
     if (t->started) return misuse(t, "timer has already been started"); /* Megatron's assert, before anything */
-    if (barrier) bump(t->c, s_barriers_skipped);
+    if (barrier && t->c != NULL) COUNTERS(t)->barriers_skipped++;
     if (check_wiring(t) < 0) return fault(t);
-    PyObject *ctx = Py_NewRef(t->ctx), *sh = Py_NewRef(t->share);
-    PyObject *r = start_impl(t, (StepStateObject *)ctx, (ShareObject *)sh);
+    PyObject *ctx = Py_NewRef(t->ctx), *sh = Py_NewRef(t->share), *tb = Py_NewRef(t->tab);
+    PyObject *r = start_impl(t, (StepStateObject *)ctx, (ShareObject *)sh, (TableObject *)tb);
     if (r == NULL) abandon(t, (ShareObject *)sh);
     Py_DECREF(ctx);
     Py_DECREF(sh);
+    Py_DECREF(tb);
     return r;
 }
 
-/* the dropped interval's events: no slot reads them, so whoever returns them waits for them to complete */
-static int drop_events(TimerObject *t, PyObject *sev, PyObject *eev, int own, long long h) {
-    if (sev == NULL) return 0;
-    if (set_obj(sev, s_tainted, Py_True) < 0) return -1;
-    if (own & 1) {
-        if (set_ll(sev, s_tag, h) < 0 || call_append(t->orphans, sev) < 0) return -1;
-    }
-    if (eev != NULL) {
-        if (set_obj(eev, s_tainted, Py_True) < 0) return -1;
-        if (own & 2) {
-            if (set_ll(eev, s_tag, h) < 0 || call_append(t->orphans, eev) < 0) return -1;
-        }
-    }
-    return 0;
-}
-
-/* stop's work once the call shape and balance are checked; ctx, sh and ring are strong references the caller
- * holds. Every object this keeps across a call into Python (the binding, the events) is a strong reference too. */
-static PyObject *stop_impl(TimerObject *t, StepStateObject *ctx, ShareObject *sh, RingObject *r) {
-    int injected = 0;
+/* stop's work once the call shape and balance are checked; ctx, sh, tb and ring are strong references the caller
+ * holds. */
+static PyObject *stop_impl(TimerObject *t, StepStateObject *ctx, ShareObject *sh, TableObject *tb, RingObject *r) {
+    uint8_t injected = 0;
     if (is_set(t->inject)) {
         PyObject *step = PyLong_FromLongLong(ctx->step);
         if (step == NULL) return fault(t);
@@ -902,25 +881,16 @@ static PyObject *stop_impl(TimerObject *t, StepStateObject *ctx, ShareObject *sh
         PyObject *res = PyObject_VectorcallMethod(s_apply, a + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
         Py_DECREF(step);
         if (res == NULL) return fault(t);
-        injected = PyObject_IsTrue(res);
+        int inj = PyObject_IsTrue(res);
         Py_DECREF(res);
-        if (injected < 0) return fault(t);
+        if (inj < 0) return fault(t);
+        injected = inj ? 16 /* F_INJECTED */ : 0;
     }
     long long now = timer_clock(t);
     if (now == -1 && PyErr_Occurred()) return fault(t);
     t->started = 0;
     t->elapsed_ns += now - t->t0;
-    PyObject *b = ctx->binding;
-    if (b == NULL || !PyTuple_Check(b) || PyTuple_GET_SIZE(b) < 1) {
-        PyErr_SetString(PyExc_TypeError, "binding");
-        return fault(t);
-    }
-    Py_INCREF(b); /* before reading its step, which may run Python code (__index__) that replaces ctx.binding */
-    long long bstep = PyLong_AsLongLong(PyTuple_GET_ITEM(b, 0));
-    if (bstep == -1 && PyErr_Occurred()) {
-        Py_DECREF(b);
-        return fault(t);
-    }
+    int64_t bstep = ctx->w_step; /* C integers: reading them runs no Python code */
     long long rep;
     if (bstep == t->rep_step) {
         rep = t->rep + 1;
@@ -929,37 +899,29 @@ static PyObject *stop_impl(TimerObject *t, StepStateObject *ctx, ShareObject *sh
         t->rep_step = bstep;
     }
     t->rep = rep;
-    PyObject *sev = t->sev; /* the reference moves to this call */
-    t->sev = NULL;
-    PyObject *reason = is_set(t->reason) ? t->reason : NULL;
-    Py_XINCREF(reason);
-    PyObject *eev = NULL, *last = NULL;
-    int own = 0, published = 0;
-    if (sev != NULL && sev == Py_None) Py_CLEAR(sev);
-    if (sev != NULL) {
-        if (reason == NULL) {
-            PyObject *ev = Py_XNewRef(sh->ev);
-            int same = is_set(ev) && sh->at_stop && ev != sev && now - sh->ns < sh->gap_ns ? same_stream(sh) : 0;
-            if (same < 0) {
-                Py_DECREF(ev);
-                goto fail;
-            }
+    int sev = t->sev, eev = NO_EVENT;
+    int reason = t->reason;
+    int own = 0;
+    int32_t srefs = 0, erefs = 0;
+    if (sev != NO_EVENT) {
+        t->sev = NO_EVENT; /* the reference moves to this call */
+        if (reason == 0) {
+            int ev = sh->ev;
+            int same = ev != NO_EVENT && sh->at_stop && ev != sev && now - sh->ns < sh->gap_ns ? same_stream(sh) : 0;
+            if (same < 0) goto fail;
             if (same) {
-                if (add_ll(ev, s_refs, 1, NULL) < 0) {
-                    Py_DECREF(ev);
-                    goto fail;
-                }
-                eev = ev; /* an inner timer's stop just before this one's */
+                T_REFS(tb)[ev] += 1; /* an inner timer's stop just before this one's */
+                eev = ev;
             } else {
-                Py_XDECREF(ev);
-                eev = pop_free(t->free);
-                if (eev != NULL) {
-                    if (set_ll(eev, s_refs, 1) < 0) goto fail;
-                    PyObject *stream = do_record(t, sh, eev);
+                long id = pop_free(tb);
+                if (id >= 0) {
+                    eev = (int)id;
+                    T_REFS(tb)[eev] = 1;
+                    PyObject *stream = do_record(t, sh, tb, eev);
                     if (stream == NULL) {
                         if (users()) goto fail;
                         PyErr_Clear();
-                        Py_XSETREF(reason, Py_NewRef(r_cuda_error));
+                        reason = r_cuda_error;
                         sh->ns = NO_REUSE;
                     } else {
                         int rc = share_recorded(sh, eev, now, stream, 1);
@@ -967,60 +929,66 @@ static PyObject *stop_impl(TimerObject *t, StepStateObject *ctx, ShareObject *sh
                         if (rc < 0) goto fail;
                     }
                 } else {
-                    Py_XSETREF(reason, Py_NewRef(r_pool_exhausted));
+                    reason = r_pool_exhausted;
                     sh->ns = NO_REUSE;
                 }
             }
         }
-        /* publish the references: the slot owns (returns to the pool) what nothing else refers to any more */
-        long long srefs, erefs;
-        if (add_ll(sev, s_refs, -1, &srefs) < 0) goto fail;
-        if (eev != NULL && add_ll(eev, s_refs, -1, &erefs) < 0) goto fail;
-        published = 1;
-        last = Py_XNewRef(sh->ev);
-        if (eev != NULL && erefs <= 0 && eev != last) own = 2;
+        /* the references once published: the record owns (returns to the pool) what nothing else refers to */
+        int last = sh->ev;
+        srefs = T_REFS(tb)[sev] - 1;
+        if (eev != NO_EVENT) {
+            erefs = T_REFS(tb)[eev] - 1;
+            if (erefs <= 0 && eev != last) own = 2;
+        }
         if (sev != eev && srefs <= 0 && sev != last) own |= 1;
-        Py_XDECREF(last);
     }
     long long h = r->head;
     if (h - r->tail >= r->cap) {
-        bump(t->c, s_dropped_ring_full);
-        if (drop_events(t, sev, eev, own, h) < 0) goto fail;
-        Py_XDECREF(sev);
-        Py_XDECREF(eev);
-        Py_XDECREF(reason);
-        Py_DECREF(b);
+        COUNTERS(t)->dropped_ring_full++;
+        if (sev != NO_EVENT) { /* no record reads them: whoever returns them waits for them to complete */
+            T_REFS(tb)[sev] = srefs;
+            T_TAINTED(tb)[sev] = 1;
+            if (own & 1) T_TAG(tb)[sev] = h;
+            if (eev != NO_EVENT) {
+                T_REFS(tb)[eev] = erefs;
+                T_TAINTED(tb)[eev] = 1;
+                if (own & 2) T_TAG(tb)[eev] = h;
+            }
+            if (((own & 1) && call_append(t->orphans, sev) < 0) || ((own & 2) && call_append(t->orphans, eev) < 0))
+                return fault(t);
+        }
         Py_RETURN_NONE;
     }
-    SlotObject *sl = (SlotObject *)PyTuple_GET_ITEM(r->slots, (Py_ssize_t)(h & r->mask));
-    /* start_ev/end_ev/injected are reset by the readout thread before it frees a slot, so only non-default values
-     * are written here; the slot takes this call's references */
-    Py_XSETREF(sl->timer, Py_NewRef((PyObject *)t));
-    sl->start_ns = t->t0;
-    sl->end_ns = now;
-    if (sev != NULL) {
-        Py_XSETREF(sl->start_ev, sev);
-        sl->own = own;
-        if (eev != NULL) Py_XSETREF(sl->end_ev, eev);
+    Rec *rec = R_REC(r, h);
+    rec->start_ns = t->t0;
+    rec->end_ns = now;
+    rec->step = bstep;
+    rec->tokens = ctx->w_tokens;
+    rec->sequences = ctx->w_sequences;
+    rec->microbatches = ctx->w_microbatches;
+    rec->repeat = (int32_t)rep;
+    rec->timer = (uint16_t)t->id;
+    rec->sev = (uint16_t)sev;
+    rec->eev = (uint16_t)eev;
+    rec->flags = (uint8_t)(ctx->w_flags | injected);
+    rec->own = (uint8_t)own;
+    rec->reason = (uint8_t)reason;
+    memset(rec->pad, 0, sizeof rec->pad);
+    if (sev != NO_EVENT) {
+        T_REFS(tb)[sev] = srefs;
+        if (eev != NO_EVENT) T_REFS(tb)[eev] = erefs;
     }
-    Py_XSETREF(sl->binding, b);
-    sl->repeat = rep;
-    Py_XSETREF(sl->reason, reason != NULL ? reason : Py_NewRef(Py_None));
-    if (injected) sl->injected = 1;
     r->head = h + 1;
     Py_RETURN_NONE;
 fail:
-    if (users() && !published) { /* the program's exception: this call's references are let go, as a reset does */
-        PyObject *et, *ev, *tb;
-        PyErr_Fetch(&et, &ev, &tb);
-        if (sev != NULL && release(sh, sev) < 0) PyErr_Clear();
-        if (eev != NULL && eev != sev && release(sh, eev) < 0) PyErr_Clear();
-        PyErr_Restore(et, ev, tb);
+    if (users()) { /* the program's exception: this call's references are let go, as a reset does */
+        PyObject *et, *ev, *tbk;
+        PyErr_Fetch(&et, &ev, &tbk);
+        if (release(sh, sev) < 0) PyErr_Clear();
+        if (eev != NO_EVENT && eev != sev && release(sh, eev) < 0) PyErr_Clear();
+        PyErr_Restore(et, ev, tbk);
     }
-    Py_XDECREF(sev);
-    Py_XDECREF(eev);
-    Py_XDECREF(reason);
-    Py_DECREF(b);
     return fault(t);
 }
 
@@ -1032,20 +1000,19 @@ static PyObject *Timer_stop(TimerObject *t, PyObject *const *args, Py_ssize_t na
         if (barrier < 0) return fault(t);
     }
     if (!t->started) return misuse(t, "timer is not started");
-    if (barrier) bump(t->c, s_barriers_skipped);
+    if (barrier && t->c != NULL) COUNTERS(t)->barriers_skipped++;
     if (check_wiring(t) < 0) return fault(t);
-    PyObject *ctx = Py_NewRef(t->ctx), *sh = Py_NewRef(t->share), *ring = Py_NewRef(t->ring);
-    PyObject *res = stop_impl(t, (StepStateObject *)ctx, (ShareObject *)sh, (RingObject *)ring);
+    PyObject *ctx = Py_NewRef(t->ctx), *sh = Py_NewRef(t->share), *tb = Py_NewRef(t->tab), *ring = Py_NewRef(t->ring);
+    PyObject *res = stop_impl(t, (StepStateObject *)ctx, (ShareObject *)sh, (TableObject *)tb, (RingObject *)ring);
     if (res == NULL) abandon(t, (ShareObject *)sh);
     Py_DECREF(ctx);
     Py_DECREF(sh);
+    Py_DECREF(tb);
     Py_DECREF(ring);
     return res;
 }
 
 static int Timer_traverse(TimerObject *t, visitproc visit, void *arg) {
-    Py_VISIT(t->sev);
-    Py_VISIT(t->reason);
     Py_VISIT(t->name);
     Py_VISIT(t->label);
     Py_VISIT(t->level);
@@ -1054,6 +1021,7 @@ static int Timer_traverse(TimerObject *t, visitproc visit, void *arg) {
     Py_VISIT(t->ctx);
     Py_VISIT(t->share);
     Py_VISIT(t->ring);
+    Py_VISIT(t->tab);
     Py_VISIT(t->free);
     Py_VISIT(t->orphans);
     Py_VISIT(t->record);
@@ -1063,8 +1031,6 @@ static int Timer_traverse(TimerObject *t, visitproc visit, void *arg) {
 }
 
 static int Timer_clear(TimerObject *t) {
-    Py_CLEAR(t->sev);
-    Py_CLEAR(t->reason);
     Py_CLEAR(t->name);
     Py_CLEAR(t->label);
     Py_CLEAR(t->level);
@@ -1073,6 +1039,7 @@ static int Timer_clear(TimerObject *t) {
     Py_CLEAR(t->ctx);
     Py_CLEAR(t->share);
     Py_CLEAR(t->ring);
+    Py_CLEAR(t->tab);
     Py_CLEAR(t->free);
     Py_CLEAR(t->orphans);
     Py_CLEAR(t->record);
@@ -1094,6 +1061,8 @@ static PyObject *Timer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     t->rep = -1;
     t->pick = -1;
     t->sstep = -1;
+    t->sev = NO_EVENT;
+    t->id = 0xFFFF;
     return (PyObject *)t;
 }
 
@@ -1101,7 +1070,7 @@ static PyMethodDef Timer_methods[] = {
     {"start", (PyCFunction)(void (*)(void))Timer_start, METH_FASTCALL | METH_KEYWORDS,
      "start($self, /, barrier=False)\n--\n\nA host timestamp, and on a device-sampled step an event record."},
     {"stop", (PyCFunction)(void (*)(void))Timer_stop, METH_FASTCALL | METH_KEYWORDS,
-     "stop($self, /, barrier=False)\n--\n\nEnds the interval and publishes it in the ring."},
+     "stop($self, /, barrier=False)\n--\n\nEnds the interval and publishes its record in the ring."},
     {NULL},
 };
 
@@ -1109,7 +1078,6 @@ static PyMethodDef Timer_methods[] = {
 static PyMemberDef Timer_members[] = {
     TM("_started", T_BOOL, started),
     TM("_is_step", T_BOOL, is_step),
-    TM("collective", T_BOOL, collective),
     TM("_t0", T_LONGLONG, t0),
     TM("_elapsed_ns", T_LONGLONG, elapsed_ns),
     TM("_active_ns", T_LONGLONG, active_ns),
@@ -1120,14 +1088,13 @@ static PyMemberDef Timer_members[] = {
     TM("_sstep", T_LONGLONG, sstep),
     TM("_starts", T_LONGLONG, starts),
     TM("_cu_record", T_ULONGLONG, cu_record),
-    TM("_sev", T_OBJECT, sev),
-    TM("_reason", T_OBJECT, reason),
+    TM("_reason", T_INT, reason),
     TM("name", T_OBJECT, name),
     TM("label", T_OBJECT, label),
     TM("_level", T_OBJECT, level),
     TM("_group", T_OBJECT, group),
-    TM("_c", T_OBJECT, c),
     TM("_orphans", T_OBJECT, orphans),
+    TM("_free", T_OBJECT, free),
     TM("_record", T_OBJECT, record),
     TM("_inject", T_OBJECT, inject),
     TM("_clock", T_OBJECT, clock),
@@ -1135,14 +1102,15 @@ static PyMemberDef Timer_members[] = {
 };
 
 /* the wiring attributes: the type each must have is checked here, once, instead of on every start/stop */
-enum { WIRE_CTX, WIRE_SHARE, WIRE_RING, WIRE_FREE };
+enum { WIRE_CTX, WIRE_SHARE, WIRE_RING, WIRE_TAB, WIRE_C };
 
 static PyObject **wire_field(TimerObject *t, void *which) {
     switch ((int)(intptr_t)which) {
     case WIRE_CTX: return &t->ctx;
     case WIRE_SHARE: return &t->share;
     case WIRE_RING: return &t->ring;
-    default: return &t->free;
+    case WIRE_TAB: return &t->tab;
+    default: return &t->c;
     }
 }
 
@@ -1152,6 +1120,8 @@ static PyObject *Timer_get_wire(TimerObject *t, void *which) {
 }
 
 static int Timer_set_wire(TimerObject *t, PyObject *v, void *which) {
+    static const char *names[] = {"_ctx", "_share", "_ring", "_tab", "_c"};
+    static const char *types[] = {"StepState", "SharedEvent", "Ring", "EventTable", "HotCounters"};
     int w = (int)(intptr_t)which;
     if (v == NULL || v == Py_None) {
         Py_CLEAR(*wire_field(t, which));
@@ -1160,14 +1130,32 @@ static int Timer_set_wire(TimerObject *t, PyObject *v, void *which) {
     int ok = w == WIRE_CTX ? PyObject_TypeCheck(v, &StepStateType)
              : w == WIRE_SHARE ? Py_IS_TYPE(v, &ShareType)
              : w == WIRE_RING ? Py_IS_TYPE(v, &RingType)
-             : 1;
+             : w == WIRE_TAB ? Py_IS_TYPE(v, &TableType)
+             : PyObject_TypeCheck(v, &HotCountersType);
     if (!ok) {
-        PyErr_Format(PyExc_TypeError, "%s must be the C hot path's %s, not %s",
-                     w == WIRE_CTX ? "_ctx" : w == WIRE_SHARE ? "_share" : "_ring",
-                     w == WIRE_CTX ? "StepState" : w == WIRE_SHARE ? "SharedEvent" : "Ring", Py_TYPE(v)->tp_name);
+        PyErr_Format(PyExc_TypeError, "%s must be the C hot path's %s, not %s", names[w], types[w],
+                     Py_TYPE(v)->tp_name);
         return -1;
     }
     Py_XSETREF(*wire_field(t, which), Py_NewRef(v));
+    return 0;
+}
+
+static PyObject *Timer_get_int(TimerObject *t, void *which) {
+    int v = which == NULL ? t->sev : t->id;
+    return PyLong_FromLong(v);
+}
+
+/* ``_sev`` and ``_id``: an event id (NO_EVENT: none) and a timer id, both 16 bits in the record */
+static int Timer_set_int(TimerObject *t, PyObject *v, void *which) {
+    long x = v != NULL ? PyLong_AsLong(v) : -1;
+    if (x == -1 && PyErr_Occurred()) return -1;
+    if (x < 0 || x > 0xFFFF) {
+        PyErr_SetString(PyExc_ValueError, "an id is 16 bits");
+        return -1;
+    }
+    if (which == NULL) t->sev = (int)x;
+    else t->id = (int)x;
     return 0;
 }
 
@@ -1175,7 +1163,10 @@ static PyGetSetDef Timer_getset[] = {
     {"_ctx", (getter)Timer_get_wire, (setter)Timer_set_wire, NULL, (void *)(intptr_t)WIRE_CTX},
     {"_share", (getter)Timer_get_wire, (setter)Timer_set_wire, NULL, (void *)(intptr_t)WIRE_SHARE},
     {"_ring", (getter)Timer_get_wire, (setter)Timer_set_wire, NULL, (void *)(intptr_t)WIRE_RING},
-    {"_free", (getter)Timer_get_wire, (setter)Timer_set_wire, NULL, (void *)(intptr_t)WIRE_FREE},
+    {"_tab", (getter)Timer_get_wire, (setter)Timer_set_wire, NULL, (void *)(intptr_t)WIRE_TAB},
+    {"_c", (getter)Timer_get_wire, (setter)Timer_set_wire, NULL, (void *)(intptr_t)WIRE_C},
+    {"_sev", (getter)Timer_get_int, (setter)Timer_set_int, NULL, NULL},
+    {"_id", (getter)Timer_get_int, (setter)Timer_set_int, NULL, (void *)1},
     {NULL},
 };
 
@@ -1201,7 +1192,6 @@ static PyTypeObject TimerType = {
  * its frame, code and dicts cold and costs about three times a C start (bench/results/cpu-cold-calls.md). Here the
  * lookup is one dict read and a level compare; everything else (a new name, a level that does not match, a
  * call shape other than (name) / (name, level)) goes to ``self._get``, the Python code of timers.py. */
-static PyObject *s_get, *s_log_level;
 
 typedef struct {
     PyObject_HEAD
@@ -1220,7 +1210,7 @@ static PyObject *timers_fast(TimersObject *ts, PyObject *name, PyObject *level) 
     }
     if (level == NULL || level == Py_None) return Py_NewRef(t);
     PyObject *own = PyObject_TypeCheck(t, &TimerType) ? ((TimerObject *)t)->level : NULL;
-    if (PyLong_CheckExact(level) && own != NULL && PyLong_CheckExact(own) && plain_timer(t)) {
+    if (PyLong_CheckExact(level) && own != NULL && PyLong_CheckExact(own)) {
         /* two ints: the comparison runs no Python code */
         if (PyObject_RichCompareBool(level, own, Py_EQ) == 1) return Py_NewRef(t);
         PyErr_Clear();
@@ -1315,21 +1305,26 @@ typedef int (*cu_event_elapsed_fn)(float *ms, void *start, void *end);
 typedef int (*cu_event_query_fn)(void *event);
 #define CUDA_ERROR_NOT_READY 600
 
-static int fn_of(PyObject *addr, void **out) {
+static int ptr_of(PyObject *addr, void **out) {
     *out = PyLong_AsVoidPtr(addr);
-    if (*out == NULL && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "null function address");
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static int fn_of(PyObject *addr, void **out) {
+    if (ptr_of(addr, out) < 0) return -1;
+    if (*out == NULL) PyErr_SetString(PyExc_ValueError, "null function address");
     return *out == NULL ? -1 : 0;
 }
 
-/* event_elapsed(fn_address, start_ev, end_ev): cuEventElapsedTime on the events' handles; ms, None while either is
- * unfinished, RuntimeError on any other result (event_pool.py driver_elapsed) */
+/* event_elapsed(fn_address, start_handle, end_handle): cuEventElapsedTime on two raw events; ms, None while either
+ * is unfinished, RuntimeError on any other result (event_pool.py driver_elapsed) */
 static PyObject *event_elapsed(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     void *fn, *a, *b;
     if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "event_elapsed(fn_address, start_ev, end_ev)");
+        PyErr_SetString(PyExc_TypeError, "event_elapsed(fn_address, start_handle, end_handle)");
         return NULL;
     }
-    if (fn_of(args[0], &fn) < 0 || handle_of(args[1], &a) < 0 || handle_of(args[2], &b) < 0) return NULL;
+    if (fn_of(args[0], &fn) < 0 || ptr_of(args[1], &a) < 0 || ptr_of(args[2], &b) < 0) return NULL;
     float ms = 0.0f;
     int rc = ((cu_event_elapsed_fn)fn)(&ms, a, b);
     if (rc == 0) return PyFloat_FromDouble((double)ms);
@@ -1337,49 +1332,50 @@ static PyObject *event_elapsed(PyObject *mod, PyObject *const *args, Py_ssize_t 
     return PyErr_Format(PyExc_RuntimeError, "cuEventElapsedTime failed (%d)", rc);
 }
 
-/* event_query(fn_address, ev): cuEventQuery on the event's handle; True once complete, False while not,
- * RuntimeError on any other result (event_pool.py driver_query) */
+/* event_query(fn_address, handle): cuEventQuery on a raw event; True once complete, False while not, RuntimeError
+ * on any other result (event_pool.py driver_query) */
 static PyObject *event_query(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     void *fn, *a;
     if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "event_query(fn_address, ev)");
+        PyErr_SetString(PyExc_TypeError, "event_query(fn_address, handle)");
         return NULL;
     }
-    if (fn_of(args[0], &fn) < 0 || handle_of(args[1], &a) < 0) return NULL;
+    if (fn_of(args[0], &fn) < 0 || ptr_of(args[1], &a) < 0) return NULL;
     int rc = ((cu_event_query_fn)fn)(a);
     if (rc == 0) Py_RETURN_TRUE;
     if (rc == CUDA_ERROR_NOT_READY) Py_RETURN_FALSE;
     return PyErr_Format(PyExc_RuntimeError, "cuEventQuery failed (%d)", rc);
 }
 
-/* elapsed_batch(fn_address, ring, tail, head): the device times of the ring's slots tail..head-1 that have two
- * events and no degraded reason, read in order with cuEventElapsedTime, each left in the slot's ``pre`` (a float;
- * readout.py uses it instead of its own call); stops at the first pair that is unfinished or fails (that slot and
- * the later ones keep pre None and the readout's own call answers for them). The GIL is released once around the
- * driver calls of up to BATCH slots (the handles are read before, the results stored after, with it held): a
- * call into the driver between launches costs microseconds (bench/results/gpu-h200/driver_calls-9.log), and with
- * the GIL released the training thread runs meanwhile. The slots are not reused while the readout has not moved the
- * ring's tail past them, and the events they hold are not returned to the pool before that. Returns the number
- * of slots given a time. */
+/* elapsed_batch(fn_address, ring, table, tail, head): the device times of the ring's records tail..head-1 that have
+ * two events and no degraded reason, read in order with cuEventElapsedTime, each left in the ring's ``pre`` (readout.py
+ * uses it instead of its own call); stops at the first pair that is unfinished or fails (that record and the later
+ * ones keep NaN and the readout's own call answers for them). The GIL is released once around the driver calls of
+ * up to BATCH records (the handles are read before, the results stored after, with it held): a call into the driver
+ * between launches costs microseconds (bench/results/gpu-h200/driver_calls-9.log), and with the GIL released the
+ * training thread runs meanwhile. The records are not reused while the readout has not moved the ring's tail past
+ * them, and the events they hold are not returned to the pool before that. Returns the number of records given a
+ * time. */
 #define BATCH 256
 static PyObject *elapsed_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     void *fn;
     long long tail, head;
-    if (nargs != 4 || !Py_IS_TYPE(args[1], &RingType)) {
-        PyErr_SetString(PyExc_TypeError, "elapsed_batch(fn_address, ring, tail, head)");
+    if (nargs != 5 || !Py_IS_TYPE(args[1], &RingType) || !Py_IS_TYPE(args[2], &TableType)) {
+        PyErr_SetString(PyExc_TypeError, "elapsed_batch(fn_address, ring, table, tail, head)");
         return NULL;
     }
     if (fn_of(args[0], &fn) < 0) return NULL;
-    tail = PyLong_AsLongLong(args[2]);
+    tail = PyLong_AsLongLong(args[3]);
     if (tail == -1 && PyErr_Occurred()) return NULL;
-    head = PyLong_AsLongLong(args[3]);
+    head = PyLong_AsLongLong(args[4]);
     if (head == -1 && PyErr_Occurred()) return NULL;
     RingObject *r = (RingObject *)args[1];
-    if (r->cap == 0) return PyLong_FromLong(0);
-    if (tail < r->tail) tail = r->tail; /* only published, unread slots: the readout's own */
+    TableObject *tb = (TableObject *)args[2];
+    if (r->cap == 0 || r->vbuf.obj == NULL) return PyLong_FromLong(0);
+    if (tail < r->tail) tail = r->tail; /* only published, unread records: the readout's own */
     if (head > r->head) head = r->head;
     if (head > tail + r->cap) head = tail + r->cap;
-    SlotObject *slot[BATCH];
+    double *slot[BATCH];
     void *h[2 * BATCH];
     float ms[BATCH];
     long long given = 0;
@@ -1387,14 +1383,16 @@ static PyObject *elapsed_batch(PyObject *mod, PyObject *const *args, Py_ssize_t 
     while (i < head) {
         int m = 0;
         for (; i < head && m < BATCH; i++) {
-            SlotObject *sl = (SlotObject *)PyTuple_GET_ITEM(r->slots, (Py_ssize_t)(i & r->mask));
-            if (!is_set(sl->start_ev) || !is_set(sl->end_ev) || is_set(sl->reason) || is_set(sl->pre)) continue;
-            if (handle_of(sl->start_ev, &h[2 * m]) < 0 || handle_of(sl->end_ev, &h[2 * m + 1]) < 0) {
-                PyErr_Clear();
+            Rec *rec = R_REC(r, i);
+            double *pre = R_PRE(r, i);
+            if (rec->sev == NO_EVENT || rec->eev == NO_EVENT || rec->reason != 0 || *pre == *pre) continue;
+            if (rec->sev >= tb->n || rec->eev >= tb->n) {
                 i = head; /* the readout's own call meets that error */
                 break;
             }
-            slot[m++] = sl;
+            h[2 * m] = (void *)(uintptr_t)T_HANDLE(tb)[rec->sev];
+            h[2 * m + 1] = (void *)(uintptr_t)T_HANDLE(tb)[rec->eev];
+            slot[m++] = pre;
         }
         int done = 0;
         if (m > 0) {
@@ -1403,32 +1401,24 @@ static PyObject *elapsed_batch(PyObject *mod, PyObject *const *args, Py_ssize_t 
                 if (((cu_event_elapsed_fn)fn)(&ms[done], h[2 * done], h[2 * done + 1]) != 0) break;
             Py_END_ALLOW_THREADS
         }
-        for (int k = 0; k < done; k++) {
-            PyObject *v = PyFloat_FromDouble((double)ms[k]);
-            if (v == NULL) return NULL;
-            Py_XSETREF(slot[k]->pre, v);
-        }
+        for (int k = 0; k < done; k++) *slot[k] = (double)ms[k];
         given += done;
         if (done < m) break;
     }
     return PyLong_FromLongLong(given);
 }
 
-/* ---- the readout's drain, packed (readout.py, export/wire.py) ------------------------------------------ */
+/* ---- the readout's drain, packed (readout.py, records.py) ---------------------------------------------- */
 
-/* The wire's interval record (export/wire.py RECORD, "<HHHbBqiqqdqqq"): packed, little-endian. */
+/* The wire's interval record (records.py RECORD, "<HHHbBqiqqdqqq"): packed, little-endian. */
 #define REC_SIZE 68
-#define REC_HEADER 7 /* wire.HEADER: an INTERVALS frame's type, length and count before its first record */
+#define REC_HEADER 7 /* records.HEADER: an INTERVALS frame's type, length and count before its first record */
 #define F_DEVICE 1
-#define F_TOKENS 2
-#define F_SEQUENCES 4
-#define F_MICROBATCHES 8
-#define F_INJECTED 16
 #define F_COLLECTIVE 32
 
-/* ids[key] for a non-empty str key the child has (wire.WireEncoder.ids), else -1 (no exception set) */
+/* ids[key] for a non-empty str key the child has (records.WireEncoder.ids), else -1 (no exception set) */
 static long str_id(PyObject *ids, PyObject *key) {
-    if (key == NULL || !PyUnicode_CheckExact(key) || PyUnicode_GET_LENGTH(key) == 0) return -1;
+    if (key == NULL || !PyUnicode_CheckExact(key) || PyUnicode_GetLength(key) == 0) return -1;
     PyObject *v = PyDict_GetItemWithError(ids, key); /* borrowed; a str key runs no Python code */
     if (v == NULL || !PyLong_CheckExact(v)) {
         PyErr_Clear();
@@ -1442,139 +1432,116 @@ static long str_id(PyObject *ids, PyObject *key) {
     return id;
 }
 
-/* an int binding field: 1 and *out for an int, 0 for None, -1 for anything else (no exception set) */
-static int opt_ll(PyObject *o, long long *out) {
-    if (o == Py_None) return 0;
-    if (!PyLong_Check(o)) return -1;
-    int overflow = 0;
-    *out = PyLong_AsLongLongAndOverflow(o, &overflow);
-    if (overflow || (*out == -1 && PyErr_Occurred())) {
-        PyErr_Clear();
-        return -1;
-    }
-    return 1;
-}
-
 static inline void put(char **p, const void *v, size_t n) {
     memcpy(*p, v, n);
     *p += n;
 }
 
-/* Let go of everything a read slot holds, as readout.py does after reading one (the producer's stores then free
- * nothing), and move the ring's tail past it. */
-static void consume_slot(RingObject *r, SlotObject *sl) {
-    Py_XSETREF(sl->start_ev, Py_NewRef(Py_None));
-    Py_XSETREF(sl->end_ev, Py_NewRef(Py_None));
-    sl->injected = 0;
-    Py_XSETREF(sl->timer, Py_NewRef(Py_None));
-    Py_XSETREF(sl->binding, Py_NewRef(Py_None));
-    Py_XSETREF(sl->reason, Py_NewRef(Py_None));
-    Py_XSETREF(sl->pre, Py_NewRef(Py_None));
-    r->tail += 1;
-}
-
-/* pack_slots(ring, head, ids, degraded, free, wall_offset, frame, count): the readout's drain of the common slots in
- * C, packed straight into an INTERVALS frame (wire.RecordBatch) instead of an Interval object each that the sink
- * then packs. From the ring's tail up to ``head`` it reads each slot that is
- *   * device-timed and read: two events, no degraded reason, its device ms in ``pre`` (elapsed_batch); its own
- *     events go back to ``free`` (``tainted`` cleared), as readout.py returns them; or
- *   * host-only without events: no event, a degraded reason (counted in ``degraded``, readout.py's dict);
- * whose timer is a TimerCore whose name and group (and reason) have an id in ``ids`` (wire.WireEncoder.ids)
- * and whose fields fit the record; it writes the record the wire encoder would (RecordBatch.add) at
- * ``frame[REC_HEADER + count * REC_SIZE]``, releases the slot and moves the tail on. It stops at the first other
- * slot (readout.py reads that one: an unfinished or failed event, a timeout, a string without an id yet, a
- * test's fake) and when the frame is full. Returns (count, faults): the frame's records now, and the slots lost
- * to an error returning their events (consumed without a record, as readout.py counts them in faults_readout).
- * The GIL is held throughout: the slots' objects are Python objects. */
-static PyObject *pack_slots(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8 || !Py_IS_TYPE(args[0], &RingType) || !PyDict_CheckExact(args[2]) ||
+/* pack_records(ring, table, head, ids, degraded, wall_offset, frame, count): the readout's drain of the common
+ * records in C, packed straight into an INTERVALS frame (records.RecordBatch). From the ring's tail up to ``head``
+ * it reads each record that is
+ *   * device-timed and read: two events, no degraded reason, its device ms in the ring's ``pre`` (elapsed_batch);
+ *     the events it owns go back to the table's free list (``tainted`` cleared), as readout.py returns them; or
+ *   * host-only without events: no event, a degraded reason (counted in ``degraded``, the counters' array by code);
+ * whose timer's name and group (and reason) have an id in ``ids`` (records.WireEncoder.ids); it writes the record
+ * the wire encoder would (RecordBatch.put) at ``frame[REC_HEADER + count * REC_SIZE]``, and moves the tail on. It
+ * stops at the first other record (readout.py reads that one: an unfinished or failed event, a timeout, a string
+ * without an id yet) and when the frame is full. Returns (count, faults): the frame's records now, and the records
+ * lost to an error returning their events (consumed without a record, as readout.py counts them in
+ * faults_readout). */
+static PyObject *pack_records(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8 || !Py_IS_TYPE(args[0], &RingType) || !Py_IS_TYPE(args[1], &TableType) ||
         !PyDict_CheckExact(args[3]) || !PyByteArray_Check(args[6])) {
         PyErr_SetString(PyExc_TypeError,
-                        "pack_slots(ring, head, ids: dict, degraded: dict, free, wall_offset, frame: bytearray, count)");
+                        "pack_records(ring, table, head, ids: dict, degraded, wall_offset, frame: bytearray, count)");
         return NULL;
     }
     RingObject *r = (RingObject *)args[0];
-    PyObject *ids = args[2], *degraded = args[3], *free_dq = args[4], *frame = args[6];
-    long long head = PyLong_AsLongLong(args[1]);
+    TableObject *tb = (TableObject *)args[1];
+    PyObject *ids = args[3], *frame = args[6];
+    long long head = PyLong_AsLongLong(args[2]);
     if (head == -1 && PyErr_Occurred()) return NULL;
     long long off = PyLong_AsLongLong(args[5]);
     if (off == -1 && PyErr_Occurred()) return NULL;
     long long count = PyLong_AsLongLong(args[7]);
     if (count == -1 && PyErr_Occurred()) return NULL;
-    Py_ssize_t size = PyByteArray_GET_SIZE(frame);
+    Py_buffer vdeg;
+    if (take_buffer(args[4], &vdeg, 1, 8, "degraded") < 0) return NULL;
+    int64_t *degraded = (int64_t *)vdeg.buf;
+    PyObject *names = reason_names;
+    if (names == NULL || PyTuple_GET_SIZE(names) * 8 > vdeg.len) {
+        PyBuffer_Release(&vdeg);
+        PyErr_SetString(PyExc_TypeError, "set_reasons() first, with one name per counter of degraded");
+        return NULL;
+    }
+    Py_INCREF(names);
+    Py_ssize_t size = PyByteArray_Size(frame);
     long long cap = size >= REC_HEADER ? (size - REC_HEADER) / REC_SIZE : 0;
     long long faults = 0;
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    if (r->cap == 0 || count < 0) head = r->tail;
+    if (r->cap == 0 || count < 0 || r->vbuf.obj == NULL) head = r->tail;
     if (head > r->head) head = r->head;
-    char *base = PyByteArray_AS_STRING(frame);
+    char *base = PyByteArray_AsString(frame);
+    PyObject *timers = r->timers;
+    Py_ssize_t ntimers = timers != NULL && PyList_Check(timers) ? PyList_GET_SIZE(timers) : 0;
     while (r->tail < head && count < cap) {
-        SlotObject *sl = (SlotObject *)PyTuple_GET_ITEM(r->slots, (Py_ssize_t)(r->tail & r->mask));
-        if (sl->timer == NULL || !plain_timer(sl->timer)) break;
-        TimerObject *t = (TimerObject *)sl->timer;
-        PyObject *b = sl->binding;
-        if (b == NULL || !PyTuple_CheckExact(b) || PyTuple_GET_SIZE(b) != 4) break;
-        int device = is_set(sl->start_ev);
-        PyObject *reason = NULL;
+        Rec *rec = R_REC(r, r->tail);
+        double *pre = R_PRE(r, r->tail);
+        if (rec->timer >= ntimers) break;
+        PyObject *entry = PyList_GET_ITEM(timers, rec->timer); /* (name, level, group, collective) */
+        if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 4) break;
+        int device = rec->sev != NO_EVENT;
         double dev = 0.0;
         if (device) {
-            if (!is_set(sl->end_ev) || is_set(sl->reason) || sl->pre == NULL || !PyFloat_CheckExact(sl->pre)) break;
-            dev = PyFloat_AS_DOUBLE(sl->pre);
+            if (rec->eev == NO_EVENT || rec->reason != 0 || *pre != *pre || rec->sev >= tb->n || rec->eev >= tb->n)
+                break;
+            dev = *pre;
         } else {
-            if (is_set(sl->end_ev) || !is_set(sl->reason)) break;
-            reason = sl->reason;
+            if (rec->eev != NO_EVENT || rec->reason == 0 || rec->reason >= PyTuple_GET_SIZE(names)) break;
         }
-        long name_id = str_id(ids, t->label), group_id = str_id(ids, t->group);
-        long reason_id = reason != NULL ? str_id(ids, reason) : 0xFFFF;
+        long name_id = str_id(ids, PyTuple_GET_ITEM(entry, 0)), group_id = str_id(ids, PyTuple_GET_ITEM(entry, 2));
+        long reason_id = device ? 0xFFFF : str_id(ids, PyTuple_GET_ITEM(names, rec->reason));
         if (name_id < 0 || group_id < 0 || reason_id < 0) break;
-        long long step = 0, tokens = 0, seqs = 0, mbs = 0;
-        int has_tok, has_seq, has_mbs;
-        if (opt_ll(PyTuple_GET_ITEM(b, 0), &step) != 1) break;
-        if ((has_tok = opt_ll(PyTuple_GET_ITEM(b, 1), &tokens)) < 0) break;
-        if ((has_seq = opt_ll(PyTuple_GET_ITEM(b, 2), &seqs)) < 0) break;
-        if ((has_mbs = opt_ll(PyTuple_GET_ITEM(b, 3), &mbs)) < 0) break;
-        if (t->level == NULL || !PyLong_CheckExact(t->level) || sl->repeat < INT32_MIN || sl->repeat > INT32_MAX) break;
-        int loverflow = 0;
-        long lv = PyLong_AsLongAndOverflow(t->level, &loverflow); /* the record's byte: clamped (wire_level) */
-        if (lv == -1 && PyErr_Occurred()) {
+        PyObject *lv = PyTuple_GET_ITEM(entry, 1);
+        if (!PyLong_CheckExact(lv)) break;
+        long level = PyLong_AsLong(lv);
+        if (level < -128 || level > 127) {
             PyErr_Clear();
             break;
         }
-        if (loverflow) lv = loverflow > 0 ? 127 : -128;
+        int collective = PyObject_IsTrue(PyTuple_GET_ITEM(entry, 3));
+        if (collective < 0) {
+            PyErr_Clear();
+            break;
+        }
         long long start, end;
-        if (__builtin_add_overflow(sl->start_ns, off, &start) || __builtin_add_overflow(sl->end_ns, off, &end)) break;
-        /* everything the record needs is read before the calls below, which may run Python code */
-        signed char level = (signed char)(lv < -128 ? -128 : lv > 127 ? 127 : lv);
-        unsigned char flags = (unsigned char)((device ? F_DEVICE : 0) | (has_tok ? F_TOKENS : 0) |
-                                              (has_seq ? F_SEQUENCES : 0) | (has_mbs ? F_MICROBATCHES : 0) |
-                                              (sl->injected ? F_INJECTED : 0) | (t->collective ? F_COLLECTIVE : 0));
-        int32_t repeat = (int32_t)sl->repeat;
-        /* the slot is this function's: from here on it is read and released, with or without a record */
+        if (__builtin_add_overflow(rec->start_ns, off, &start) || __builtin_add_overflow(rec->end_ns, off, &end)) break;
+        /* the record is this function's: from here on it is read and consumed, with or without a wire record */
         int failed = 0;
         if (device) {
-            PyObject *evs[2] = {sl->start_ev, sl->end_ev};
+            int evs[2] = {rec->sev, rec->eev};
             for (int k = 0; k < 2 && !failed; k++) {
-                if (!(sl->own & (1 << k))) continue;
-                if (set_obj(evs[k], s_tainted, Py_False) < 0 || call_append(free_dq, evs[k]) < 0) failed = 1;
+                if (!(rec->own & (1 << k))) continue;
+                T_TAINTED(tb)[evs[k]] = 0;
+                if (call_append(tb->free, evs[k]) < 0) failed = 1;
             }
         } else {
-            PyObject *n = PyDict_GetItemWithError(degraded, reason);
-            long long was = 0;
-            if (n != NULL) was = PyLong_AsLongLong(n);
-            PyObject *v = (PyErr_Occurred() || was < 0) ? NULL : PyLong_FromLongLong(was + 1);
-            if (v == NULL || PyDict_SetItem(degraded, reason, v) < 0) failed = 1;
-            Py_XDECREF(v);
+            degraded[rec->reason] += 1;
         }
+        *pre = NAN;
+        r->tail += 1;
         if (failed) {
             PyErr_Clear();
             faults += 1;
-            consume_slot(r, sl);
             continue;
         }
         unsigned short u16[3] = {(unsigned short)name_id, (unsigned short)group_id, (unsigned short)reason_id};
+        signed char lvl = (signed char)level;
+        unsigned char flags = (unsigned char)((device ? F_DEVICE : 0) | rec->flags | (collective ? F_COLLECTIVE : 0));
+        int64_t step = rec->step, tokens = rec->tokens, seqs = rec->sequences, mbs = rec->microbatches;
+        int32_t repeat = rec->repeat;
         char *p = base + REC_HEADER + count * REC_SIZE;
         put(&p, u16, sizeof u16);
-        put(&p, &level, 1);
+        put(&p, &lvl, 1);
         put(&p, &flags, 1);
         put(&p, &step, 8);
         put(&p, &repeat, 4);
@@ -1585,50 +1552,63 @@ static PyObject *pack_slots(PyObject *mod, PyObject *const *args, Py_ssize_t nar
         put(&p, &seqs, 8);
         put(&p, &mbs, 8);
         count += 1;
-        consume_slot(r, sl);
     }
-#endif
+    Py_DECREF(names);
+    PyBuffer_Release(&vdeg);
     return Py_BuildValue("(LL)", count, faults);
 }
 
 /* ---- module ------------------------------------------------------------------------------------------- */
 
 static PyObject *set_reasons(PyObject *mod, PyObject *args) {
-    PyObject *b, *c, *d;
-    if (!PyArg_ParseTuple(args, "UUU", &b, &c, &d)) return NULL;
-    Py_XSETREF(r_sampled_out, Py_NewRef(b));
-    Py_XSETREF(r_cuda_error, Py_NewRef(c));
-    Py_XSETREF(r_pool_exhausted, Py_NewRef(d));
+    int b, c, d;
+    PyObject *names;
+    if (!PyArg_ParseTuple(args, "O!iii", &PyTuple_Type, &names, &b, &c, &d)) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(names);
+    if (n > 256 || b <= 0 || c <= 0 || d <= 0 || b >= n || c >= n || d >= n) {
+        PyErr_SetString(PyExc_ValueError, "set_reasons(names, sampled_out, cuda_error, pool_exhausted): codes index names");
+        return NULL;
+    }
+    Py_XSETREF(reason_names, Py_NewRef(names));
+    r_sampled_out = b;
+    r_cuda_error = c;
+    r_pool_exhausted = d;
     Py_RETURN_NONE;
 }
 
 static PyMethodDef module_methods[] = {
     {"event_elapsed", (PyCFunction)(void (*)(void))event_elapsed, METH_FASTCALL,
-     "event_elapsed(fn_address, start_ev, end_ev): cuEventElapsedTime; ms, or None while unfinished."},
+     "event_elapsed(fn_address, start_handle, end_handle): cuEventElapsedTime; ms, or None while unfinished."},
     {"event_query", (PyCFunction)(void (*)(void))event_query, METH_FASTCALL,
-     "event_query(fn_address, ev): cuEventQuery; True once the event completed."},
+     "event_query(fn_address, handle): cuEventQuery; True once the event completed."},
     {"elapsed_batch", (PyCFunction)(void (*)(void))elapsed_batch, METH_FASTCALL,
-     "elapsed_batch(fn_address, ring, tail, head): pending slots' device ms into slot.pre, the GIL released."},
-    {"pack_slots", (PyCFunction)(void (*)(void))pack_slots, METH_FASTCALL,
-     "pack_slots(ring, head, ids, degraded, free, wall_offset, frame, count): read slots straight into wire records."},
+     "elapsed_batch(fn_address, ring, table, tail, head): pending records' device ms into ring.pre, GIL released."},
+    {"pack_records", (PyCFunction)(void (*)(void))pack_records, METH_FASTCALL,
+     "pack_records(ring, table, head, ids, degraded, wall_offset, frame, count): ring records into wire records."},
     {"set_reasons", set_reasons, METH_VARARGS,
-     "set_reasons(sampled_out, cuda_error, pool_exhausted): the degraded reasons (counters.py)."},
+     "set_reasons(names, sampled_out, cuda_error, pool_exhausted): the degraded reasons by code (counters.py)."},
     {NULL},
 };
+
+#define NTYPES 7
+static PyTypeObject *types[NTYPES] = {&HotCountersType, &TableType, &RingType, &ShareType,
+                                      &StepStateType, &TimerType, &TimersType};
+static const char *type_names[NTYPES] = {"HotCounters", "EventTable", "Ring", "SharedEvent",
+                                         "StepState", "TimerCore", "TimersCore"};
 
 /* multi-phase initialisation: the types are static (one interpreter), the GIL is held throughout (every field is
  * guarded by it: the readout and the training thread share the ring without a lock) */
 static int module_exec(PyObject *m) {
-    PyTypeObject *types[] = {&SlotType, &RingType, &ShareType, &StepStateType, &TimerType, &TimersType};
-    const char *names[] = {"Slot", "Ring", "SharedEvent", "StepState", "TimerCore", "TimersCore"};
-    for (int i = 0; i < 6; i++)
-        if (PyModule_AddObjectRef(m, names[i], (PyObject *)types[i]) < 0) return -1;
+    for (int i = 0; i < NTYPES; i++)
+        if (PyModule_AddObjectRef(m, type_names[i], (PyObject *)types[i]) < 0) return -1;
     PyObject *no_reuse = PyLong_FromLongLong(NO_REUSE);
     if (no_reuse == NULL) return -1;
     int rc = PyModule_AddObjectRef(m, "NO_REUSE", no_reuse);
     Py_DECREF(no_reuse);
     if (rc < 0) return -1;
-    if (PyModule_AddIntConstant(m, "RECORD_SIZE", REC_SIZE) < 0 || PyModule_AddIntConstant(m, "RECORD_HEADER", REC_HEADER) < 0)
+    if (PyModule_AddIntConstant(m, "RECORD_SIZE", REC_SIZE) < 0 ||
+        PyModule_AddIntConstant(m, "RECORD_HEADER", REC_HEADER) < 0 ||
+        PyModule_AddIntConstant(m, "RING_RECORD_SIZE", (long)sizeof(Rec)) < 0)
         return -1;
     return 0;
 }
@@ -1657,31 +1637,14 @@ static struct PyModuleDef module_def = {
     if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
 
 PyMODINIT_FUNC PyInit__hotpath(void) {
-    INTERN(s_refs, "refs");
-    INTERN(s_tag, "tag");
-    INTERN(s_tainted, "tainted");
-    INTERN(s_handle, "handle");
-    INTERN(s_record, "record");
     INTERN(s_apply, "apply");
     INTERN(s_step_timer_started, "step_timer_started");
     INTERN(s_append, "append");
     INTERN(s_popleft, "popleft");
-    INTERN(s_unbalanced, "unbalanced");
-    INTERN(s_barriers_skipped, "barriers_skipped");
-    INTERN(s_faults_training, "faults_training");
-    INTERN(s_dropped_ring_full, "dropped_ring_full");
     INTERN(s_barrier, "barrier");
     INTERN(s_get, "_get");
-    INTERN(s_label, "label");
-    INTERN(s_group_attr, "_group");
-    INTERN(s_level_attr, "_level");
-    INTERN(s_collective, "collective");
     INTERN(s_log_level, "log_level");
-    INTERN(r_sampled_out, "sampled_out");
-    INTERN(r_cuda_error, "cuda_error");
-    INTERN(r_pool_exhausted, "pool_exhausted");
-    PyTypeObject *types[] = {&SlotType, &RingType, &ShareType, &StepStateType, &TimerType, &TimersType};
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < NTYPES; i++)
         if (PyType_Ready(types[i]) < 0) return NULL;
     return PyModuleDef_Init(&module_def);
 }

@@ -254,7 +254,7 @@ def warn_once(key: str, msg: str) -> None:
 # Upper bounds of the numeric settings (a value beyond is a bad value: warned, default, counted).
 MAX_DEVICE_EVERY = 1000  # also in _device_every.allowed
 MAX_POOL_SIZE = 65536  # CUDA events
-MAX_RING_SIZE = 1 << 20  # slots (preallocated objects of ~100 bytes each)
+MAX_RING_SIZE = 1 << 20  # records (preallocated, 64 bytes each)
 MAX_OPEN_STEPS = 1024
 MAX_TIMERS_PER_STEP = 4096
 MAX_STEP_CLOSE_LAG = 64
@@ -305,7 +305,7 @@ HELP: dict[str, str] = {
                   "warns when not), else torch's `Event.record`; `torch`: always torch's",
     "share_gap_us": "a start this many microseconds or less after the previous boundary's record on the same "
                     "stream reuses its event (Shared events, below); 0: every boundary records its own",
-    "ring_size": "interval ring slots, rounded up to a power of two (full: dropped, counted)",
+    "ring_size": "interval ring records (64 bytes each), rounded up to a power of two (full: dropped, counted)",
     "readout_interval_ms": "readout thread period: each wake takes the GIL from the training thread once",
     "readout_timeout_s": "an unfinished end event older than this: host-only (`readout_timeout`)",
     "export_mode": "`process` (spans built in a child process), `thread` (in-process), `off`",

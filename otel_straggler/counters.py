@@ -1,32 +1,69 @@
 """Emitter counters: plain ints, each field written by exactly ONE thread (no lock needed).
 
 Written by the TRAINING thread (start/stop path): ``dropped_ring_full``, ``barriers_skipped``,
-``unbalanced``, ``faults_training``, ``names_truncated`` (at a new timer's lookup).
-Written by the READOUT thread: ``intervals``, ``degraded`` (per reason; the training thread only
-writes the reason into the ring slot, the readout thread counts it), ``faults_readout``,
-``readout_lag_ms``, ``quarantined``, ``quarantine_released``, ``sink_errors``, ``pool_high_water``
+``unbalanced``, ``faults_training`` (the fields of ``HotCounters``, which the C hot path writes as C fields where it
+runs), ``names_truncated`` (at a new timer's lookup).
+Written by the READOUT thread: ``intervals``, ``degraded_counts`` (per reason code: the training thread only
+writes the code into the ring's record, the readout thread counts it; ``degraded`` is the same by name),
+``faults_readout``, ``readout_lag_ms``, ``quarantined``, ``quarantine_released``, ``sink_errors``, ``pool_high_water``
 (sampled at the top of each drain, before the readout returns any event to the pool).
 Written once at construction (before any thread starts): ``config_errors``.
 ``snapshot()`` may be called from any thread; an int read is atomic under the GIL, and a snapshot that
-is one increment stale is fine for cumulative self-metrics.
+is one increment stale is fine for cumulative self-metrics. ``SNAPSHOT_KEYS`` are its keys, in order.
 """
 
 from __future__ import annotations
 
+from array import array
+from typing import Any, Final
+
 import otel_straggler_schema as schema
+from otel_straggler import hot_path
 
 # The schema's degraded reasons by meaning (unpacked in schema order; a change there fails loudly here).
 NO_CUDA, SAMPLED_OUT, POOL_EXHAUSTED, READOUT_TIMEOUT, CUDA_ERROR, UNBALANCED = schema.DEGRADED_REASONS
 
+# A reason as the ring's records carry it: 0 none, else 1 + its index in the schema's tuple
+REASONS: Final = (None, *schema.DEGRADED_REASONS)
+CODE: Final = {r: i for i, r in enumerate(REASONS) if r is not None}
+NO_CUDA_CODE, SAMPLED_OUT_CODE, POOL_EXHAUSTED_CODE, READOUT_TIMEOUT_CODE, CUDA_ERROR_CODE, UNBALANCED_CODE = (
+    CODE[r] for r in schema.DEGRADED_REASONS)
 
-class EmitterCounters:
+# the keys the training thread writes (the rest: the readout thread, and ``faults_config_error`` at construction)
+TRAINING_KEYS: Final = ("dropped_ring_full", "barriers_skipped", "unbalanced", "faults_training", "names_truncated")
+SNAPSHOT_KEYS: Final = (
+    "intervals",
+    "dropped_ring_full",
+    *(f"degraded_{r}" for r in schema.DEGRADED_REASONS),
+    "barriers_skipped",
+    "unbalanced",
+    "faults",
+    "faults_training",
+    "faults_readout",
+    "faults_config_error",
+    "faults_sink",
+    "pool_high_water",
+    "readout_lag_ms",
+    "quarantined",
+    "quarantine_released",
+    "names_truncated",
+)
+
+
+class PyHotCounters:
+    """The training thread's counters; the C extension's ``HotCounters`` (C fields) when it runs the hot path."""
+
+    __slots__ = ("barriers_skipped", "dropped_ring_full", "faults_training", "unbalanced")
+
+
+HotCounters: Any = hot_path.core.HotCounters if hot_path.core is not None else PyHotCounters
+
+
+class EmitterCounters(HotCounters):
     __slots__ = (
-        "barriers_skipped",
         "config_errors",
-        "degraded",
-        "dropped_ring_full",
+        "degraded_counts",
         "faults_readout",
-        "faults_training",
         "intervals",
         "names_truncated",
         "pool_high_water",
@@ -34,13 +71,13 @@ class EmitterCounters:
         "quarantined",
         "readout_lag_ms",
         "sink_errors",
-        "unbalanced",
     )
 
     def __init__(self, config_errors: int = 0) -> None:
         self.intervals = 0
         self.dropped_ring_full = 0
-        self.degraded: dict[str, int] = dict.fromkeys(schema.DEGRADED_REASONS, 0)
+        # intervals without device time, by reason code (``REASONS``); index 0 is unused
+        self.degraded_counts = array("q", bytes(8 * len(REASONS)))
         self.barriers_skipped = 0
         self.unbalanced = 0
         self.faults_training = 0
@@ -54,28 +91,32 @@ class EmitterCounters:
         self.names_truncated = 0  # timer names longer than the wire's bound (training thread, at lookup)
 
     @property
+    def degraded(self) -> dict[str, int]:
+        """Intervals without device time, by reason (a copy)."""
+        counts = self.degraded_counts
+        return {r: counts[i] for i, r in enumerate(REASONS) if r is not None}
+
+    @property
     def faults(self) -> int:
         return self.faults_training + self.faults_readout + self.config_errors + self.sink_errors
 
     def snapshot(self) -> dict[str, int]:
-        out = {
-            "intervals": self.intervals,
-            "dropped_ring_full": self.dropped_ring_full,
-        }
-        for reason, n in list(self.degraded.items()):
-            out[f"degraded_{reason}"] = n
-        out.update(
-            barriers_skipped=self.barriers_skipped,
-            unbalanced=self.unbalanced,
-            faults=self.faults,
-            faults_training=self.faults_training,
-            faults_readout=self.faults_readout,
-            faults_config_error=self.config_errors,
-            faults_sink=self.sink_errors,
-            pool_high_water=self.pool_high_water,
-            readout_lag_ms=self.readout_lag_ms,
-            quarantined=self.quarantined,
-            quarantine_released=self.quarantine_released,
-            names_truncated=self.names_truncated,
+        counts = self.degraded_counts
+        values = (
+            self.intervals,
+            self.dropped_ring_full,
+            *(counts[i] for i in range(1, len(REASONS))),
+            self.barriers_skipped,
+            self.unbalanced,
+            self.faults,
+            self.faults_training,
+            self.faults_readout,
+            self.config_errors,
+            self.sink_errors,
+            self.pool_high_water,
+            self.readout_lag_ms,
+            self.quarantined,
+            self.quarantine_released,
+            self.names_truncated,
         )
-        return out
+        return dict(zip(SNAPSHOT_KEYS, values, strict=True))

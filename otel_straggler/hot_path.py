@@ -1,11 +1,13 @@
 """Which implementation runs the training thread's hot path: the C extension or the Python code.
 
 ``otel_straggler._hotpath`` (``_hotpath.c``) implements ``Timer.start``/``stop`` and the state they touch (the
-ring and its slots, the shared event, the step fields they read) as C types with the attribute names of the
-Python classes (``timers.py`` ``_PyTimerCore``, ``ring.py``, ``shared_event.py``, ``step_context.py``), so the
-rest of the package reads and writes them unchanged. Between a step's kernel launches a start+stop's code and
-data are cold, and the C path touches far fewer cache lines than the Python one
-(``bench/results/cpu-native-floor.md``, ``bench/results/gpu-h200.md``).
+ring of 64-byte records, the pool's event table, the shared event, the step fields they read, the training thread's
+counters) as C types with the attribute names of the Python classes (``timers.py`` ``_PyTimerCore``, ``ring.py``,
+``event_pool.py``, ``shared_event.py``, ``step_context.py``, ``counters.py``), so the rest of the package reads
+and writes them unchanged, and the readout's drain of the records into the wire's. Both write the same bytes. It
+uses CPython's public C API only. Between a step's kernel launches a start+stop's code and data are cold, and the C
+path touches far fewer cache lines than the Python one (``bench/results/cpu-native-floor.md``,
+``bench/results/gpu-h200.md``).
 
 The choice is made once, when the timers are first imported, by ``OTEL_STRAGGLER_HOT_PATH``, and logged once at
 INFO (``otel-straggler --version`` says it too):
@@ -25,8 +27,8 @@ import logging
 import os
 from types import ModuleType
 
+import otel_straggler_schema as schema
 from otel_straggler import __version__
-from otel_straggler.counters import CUDA_ERROR, POOL_EXHAUSTED, SAMPLED_OUT
 
 _log = logging.getLogger(__name__)
 
@@ -59,7 +61,9 @@ def _load() -> tuple[ModuleType | None, str | None]:
     try:
         from otel_straggler import _hotpath
 
-        _hotpath.set_reasons(SAMPLED_OUT, CUDA_ERROR, POOL_EXHAUSTED)
+        # the reasons by the codes the records carry (counters.REASONS: 1 + the schema's index)
+        reasons = (None, *schema.DEGRADED_REASONS)
+        _hotpath.set_reasons(reasons, *(reasons.index(r) for r in ("sampled_out", "cuda_error", "pool_exhausted")))
     except ImportError as exc:
         _log.log(level, "otel-straggler: the C hot path could not be imported (%s); using the Python one", exc)
         return None, "not built"

@@ -1,36 +1,35 @@
-"""Readout thread: turns ring slots into the wire's records and hands them to the sink in batches.
+"""Readout thread: turns the ring's records into the wire's and hands them to the sink in batches.
 
 The only consumer of the ring (see ``ring.py``). Every ``readout_interval_ms`` (pure polling: the
 training thread never signals it, since setting a ``threading.Event`` takes a lock) it wakes once and drains
 the ring in order:
 
-* a slot with CUDA events waits for its last event: ``pool.elapsed(start, end)`` (one driver call, or torch's
+* a record with CUDA events waits for its last event: ``pool.elapsed(start, end)`` (one driver call, or torch's
   ``query()`` then ``elapsed_time()``) is None, or for a lone event ``pool.query(event)`` False, while it is
   unfinished; the drain then STOPS
-  at that slot (head-of-line: completion order is preserved, nothing blocks on an unfinished event)
-  unless the slot is older than ``readout_timeout_s``: then the interval goes out host-only
+  at that record (head-of-line: completion order is preserved, nothing blocks on an unfinished event)
+  unless the record is older than ``readout_timeout_s``: then the interval goes out host-only
   (``readout_timeout``) and its events move to a bounded quarantine; they return to the pool only once
   ``pool.query`` is True (or at shutdown), so a recorded-but-unfinished event is never re-recorded;
 * device time is that elapsed time; any CUDA exception makes the interval host-only (``cuda_error``) and
   quarantines its events;
-* the batch goes to the sink by one route (``interval.IntervalSink``): the intervals go straight into the sink's
-  wire frame (``sink.new_batch``, a ``records.RecordBatch``), most of them packed by the C drain
-  (``_hotpath.pack_slots``: every read device-timed slot and host-only slot without events whose strings have an
-  id; it stops at any other slot, which the loop below reads and ``RecordBatch.add`` packs), and the frame goes to
-  ``sink.submit_batch``. About once a second ``sink.publish_stats(counters.snapshot())``.
+* the batch goes to the sink by one route (``interval.IntervalSink``): each record becomes a wire record in the
+  sink's frame (``sink.new_batch``, a ``records.RecordBatch``), most of them packed by the C drain
+  (``_hotpath.pack_records``: every read device-timed record and host-only record without events whose strings
+  have an id; it stops at any other record, which the loop below reads and ``RecordBatch.put`` packs), and the
+  frame goes to ``sink.submit_batch``. About once a second ``sink.publish_stats(counters.snapshot())``.
   Sink exceptions are caught and counted.
 
-A wake holds the GIL except around one batch of driver calls: the pool's per-slot driver calls keep it, and the
+A wake holds the GIL except around one batch of driver calls: the pool's per-record driver calls keep it, and the
 process sink writes the pipe without releasing it. The hand-offs of the GIL, not the work, were most of what the
 readout cost a launch-bound step when each driver call released it (``bench/results/gpu-h200.md`` section 3,
 ``bench/results/cpu-gil-handoff.md``), so the period is long (``readout_interval_ms``, config.py) and the pool
 and ring are sized for what a period holds. The batch: with the C module and the driver's API, the pool's
-``elapsed_many`` reads the device times of all pending slots first, releasing the GIL around its driver calls
-once per 256 slots (a wake of the default period reads about that many on a launch-bound step), so the training
+``elapsed_many`` reads the device times of all pending records first, releasing the GIL around its driver calls
+once per 256 records (a wake of the default period reads about that many on a launch-bound step), so the training
 thread launches through them: one more hand-off of the GIL instead of the calls' time under it (a call between
-launches: ``bench/results/gpu-h200/driver_calls-9.log``). What is left under the GIL, the drain and its packing,
-costs about a tenth in C of what ``Interval`` objects and their packing cost (``bench/readout_cost.py``,
-``bench/results/cpu-emitter.md``).
+launches: ``bench/results/gpu-h200/driver_calls-9.log``). What is left under the GIL is the drain, 64 bytes in and
+68 out per interval, in C where it runs (``bench/readout_cost.py``, ``bench/results/cpu-emitter.md``).
 
 ``flush`` asks the thread to drain now (bounded); ``stop`` flushes, stops the thread and, once it has
 exited, drains the rest in the caller (unfinished events then count as ``readout_timeout``).
@@ -38,20 +37,23 @@ exited, drains the rest in the caller (unfinished events then count as ``readout
 
 from __future__ import annotations
 
+import struct
 import threading
 import time
 from typing import Any
 
 from otel_straggler.config import DEFAULTS
-from otel_straggler.counters import CUDA_ERROR, READOUT_TIMEOUT, EmitterCounters
-from otel_straggler.interval import Interval, IntervalSink
-from otel_straggler.records import RecordBatch, WireEncoder
-from otel_straggler.ring import Ring
+from otel_straggler.counters import CUDA_ERROR_CODE, READOUT_TIMEOUT_CODE, REASONS, EmitterCounters
+from otel_straggler.interval import IntervalSink
+from otel_straggler.records import F_COLLECTIVE, F_DEVICE, RecordBatch, WireEncoder
+from otel_straggler.ring import NAN, NO_EVENT, RECORD, Ring
 
 _clock = time.perf_counter_ns
 
 STATS_PERIOD_NS = 1_000_000_000
 MAX_BATCH = 4096
+END_NS = struct.Struct("<q")
+END_NS_AT = 8  # a record's end_ns (ring.RECORD)
 
 
 class Readout:
@@ -74,7 +76,7 @@ class Readout:
         self.timeout_ns = int(float(timeout_s) * 1e9)
         wall0, mono0 = wall_anchor if wall_anchor is not None else (time.time_ns(), _clock())
         self._wall_offset = wall0 - mono0
-        self.quarantine: list[tuple[Any, ...]] = []  # (event, ...) groups waiting for pool.query True
+        self.quarantine: list[tuple[int, ...]] = []  # (event id, ...) groups waiting for pool.query True
         self.quarantine_cap = max(16, 2 * int(getattr(pool, "capacity", 0)))
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
@@ -86,7 +88,7 @@ class Readout:
         self._flush_result = True
         self._last_pub = _clock()
         self._lag_max_ns = 0
-        self._spare = WireEncoder()  # frames for the slots of a wake whose sink raised in new_batch
+        self._spare = WireEncoder()  # frames for the records of a wake whose sink raised in new_batch
 
     # ---- thread --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -166,7 +168,7 @@ class Readout:
 
     # ---- draining ------------------------------------------------------------------------------
     def drain(self, force: bool = False) -> int:
-        """Read completed slots in order; returns how many intervals went to the sink."""
+        """Read completed records in order; returns how many intervals went to the sink."""
         # Only this thread returns events to ``pool.free``, so since the last drain it has only shrunk: the most
         # events in flight since then is what is out of it now, before anything below returns one.
         pool = self.pool
@@ -180,12 +182,12 @@ class Readout:
             total += n
             if not more:
                 break
-        self._collect_orphans()  # after the slots: those published before an orphan's release are read now
+        self._collect_orphans()  # after the records: those published before an orphan's release are read now
         return total
 
     def _open_batch(self, capacity: int) -> tuple[RecordBatch, bool]:
         """The sink's frame for ``capacity`` records (``IntervalSink.new_batch``), and whether it is the sink's;
-        when the sink raised (counted), a spare frame: the slots are read and freed all the same, and it is not
+        when the sink raised (counted), a spare frame: the records are read and freed all the same, and it is not
         submitted."""
         try:
             return self.sink.new_batch(capacity), True
@@ -205,101 +207,96 @@ class Readout:
         mask = r.mask
         now = _clock()
         timeout_ns = self.timeout_ns
-        free = self.pool.free
-        elapsed = self.pool.elapsed
-        query = self.pool.query
+        pool = self.pool
+        table = pool.table
+        free = table.free
+        tainted = table.tainted
+        elapsed = pool.elapsed
+        query = pool.query
         off = self._wall_offset
-        slots = r.slots
-        degraded = c.degraded
-        # each interval goes straight into the sink's frame: most of them packed by the C drain
-        # (``RecordBatch.pack_slots``: a read device-timed or host-only slot), the rest by ``add`` below
+        buf = r.buf
+        pre = r.pre
+        timers = r.timers
+        degraded = c.degraded_counts
+        # each record goes straight into the sink's frame: most of them packed by the C drain
+        # (``RecordBatch.pack_records``: a read device-timed or host-only record), the rest by ``put`` below
         out, deliver = self._open_batch(head - tail)
-        add = out.add
-        pack = out.pack_slots if out.packs else None
+        put = out.put
+        pack = out.pack_records if out.packs else None
         first = tail
-        many = getattr(self.pool, "elapsed_many", None)
+        many = pool.elapsed_many
         if many is not None:
             try:
-                many(r, tail, head)  # device times into the slots' ``pre``, the GIL released around the driver
+                many(r, table, tail, head)  # device times into the ring's ``pre``, the GIL released around the driver
             except Exception:
-                c.faults_readout += 1  # the slots are read one by one below
-        first_end_ns = slots[tail & mask].end_ns  # read before the slot is freed
+                c.faults_readout += 1  # the records are read one by one below
+        first_end_ns = END_NS.unpack_from(buf, (tail & mask) * RECORD.size + END_NS_AT)[0]  # before it is freed
         while tail < head:
             if pack is not None:
                 try:
-                    lost = pack(r, head, degraded, free, off)
+                    lost = pack(r, table, head, degraded, off)
                     if lost:
                         c.faults_readout += lost
                 except Exception:
                     c.faults_readout += 1
-                    pack = None  # the rest of this batch slot by slot, below
+                    pack = None  # the rest of this batch record by record, below
                 tail = r.tail
                 if tail >= head:
                     break
-            sl = slots[tail & mask]
+            i = tail & mask
             try:
-                sev = sl.start_ev
-                eev = sl.end_ev
-                reason = sl.reason
+                (start_ns, end_ns, step, tokens, sequences, microbatches, repeat, tid, sev, eev, flags, own,
+                 code) = RECORD.unpack_from(buf, i * RECORD.size)
                 device_ms = None
-                if sev is not None:
+                if sev != NO_EVENT:
                     try:
-                        if reason is None and eev is not None:
-                            device_ms = sl.pre  # read ahead by elapsed_many
-                            if device_ms is None:
+                        if code == 0 and eev != NO_EVENT:
+                            device_ms = pre[i]  # read ahead by elapsed_many; NaN: not read
+                            if device_ms != device_ms:
                                 device_ms = elapsed(sev, eev)  # None while unfinished
                             done: bool | None = device_ms is not None
                         else:  # host-only with events: both must have completed before either is reused
-                            done = bool(query(sev)) and (eev is None or bool(query(eev)))
+                            done = bool(query(sev)) and (eev == NO_EVENT or bool(query(eev)))
                     except Exception:
+                        device_ms = None
                         done = None
-                    own = sl.own  # the events this slot returns (another slot or the orphans return the rest)
                     if done is None:
-                        reason = CUDA_ERROR
-                        self._quarantine_slot(sev, eev, own)
+                        code = CUDA_ERROR_CODE
+                        self._quarantine_record(sev, eev, own)
                     elif not done:
-                        if force or now - sl.end_ns > timeout_ns:
-                            reason = READOUT_TIMEOUT
-                            self._quarantine_slot(sev, eev, own)
+                        if force or now - end_ns > timeout_ns:
+                            code = READOUT_TIMEOUT_CODE
+                            self._quarantine_record(sev, eev, own)
                         else:
                             more = False
-                            break  # head-of-line: later slots wait for this one
+                            break  # head-of-line: later records wait for this one
                     else:  # read complete: whatever tainted them in this life is over
                         if own & 1:
-                            sev.tainted = False
+                            tainted[sev] = 0
                             free.append(sev)
                         if own & 2:
-                            eev.tainted = False
+                            tainted[eev] = 0
                             free.append(eev)
-                if device_ms is None and reason is None:
-                    reason = CUDA_ERROR
-                timer = sl.timer
-                b = sl.binding
-                # positional: Interval's field order (name, level, group, step, repeat, host start/end, device
-                # ms, degraded, tokens, sequences, microbatches, injected, collective)
-                add(Interval(timer.label, timer._level, timer._group, b[0], sl.repeat, sl.start_ns + off,
-                             sl.end_ns + off, device_ms, None if device_ms is not None else reason, b[1], b[2],
-                             b[3], sl.injected, timer.collective))
+                if device_ms is None and code == 0:
+                    code = CUDA_ERROR_CODE
+                label, level, group, collective = timers[tid]
                 if device_ms is None:
-                    degraded[reason] = degraded.get(reason, 0) + 1
+                    flags &= ~F_DEVICE
+                    degraded[code] += 1
+                    put(label, group, REASONS[code], level, flags | (F_COLLECTIVE if collective else 0), step,
+                        repeat, start_ns + off, end_ns + off, 0.0, tokens, sequences, microbatches)
+                else:
+                    put(label, group, None, level, flags | F_DEVICE | (F_COLLECTIVE if collective else 0), step,
+                        repeat, start_ns + off, end_ns + off, device_ms, tokens, sequences, microbatches)
             except Exception:
                 c.faults_readout += 1
-            # reset the fields the producer writes only when non-default, then free the slot (``own`` is written
-            # with ``start_ev``); and let go of the rest here, so the producer's stores do not release (or free) the
-            # objects of an interval read thousands of intervals ago
-            sl.start_ev = None
-            sl.end_ev = None
-            sl.injected = False
-            sl.timer = None
-            sl.binding = None
-            sl.reason = None
-            sl.pre = None
+            pre[i] = NAN
             tail += 1
             r.tail = tail
         n = out.count + out.dropped
         if tail > first:
             c.intervals += n
-            lag = now - first_end_ns  # the oldest slot of the batch (slots are in completion order)
+            lag = now - first_end_ns  # the oldest record of the batch (records are in completion order)
             if lag > self._lag_max_ns:
                 self._lag_max_ns = lag
         if deliver:
@@ -312,33 +309,37 @@ class Readout:
         return n, more
 
     # ---- quarantine ----------------------------------------------------------------------------
-    def _quarantine_slot(self, sev: Any, eev: Any, own: int) -> None:
-        """A slot whose events' state is unknown (an error, a timeout): quarantine those it owns, taint the others
-        (their owner, a later slot or an orphan, then waits for them to complete)."""
-        self._quarantine(sev if own & 1 else None, eev if own & 2 else None)
-        if sev is not None and not own & 1:
-            sev.tainted = True
-        if eev is not None and not own & 2:
-            eev.tainted = True
+    def _quarantine_record(self, sev: int, eev: int, own: int) -> None:
+        """A record whose events' state is unknown (an error, a timeout): quarantine those it owns, taint the others
+        (their owner, a later record or an orphan, then waits for them to complete)."""
+        self._quarantine(sev if own & 1 else NO_EVENT, eev if own & 2 else NO_EVENT)
+        tainted = self.pool.table.tainted
+        if sev != NO_EVENT and not own & 1:
+            tainted[sev] = 1
+        if eev != NO_EVENT and not own & 2:
+            tainted[eev] = 1
 
     def _collect_orphans(self) -> None:
-        """Events the training thread let go of without a slot that returns them (shared_event.py), each once
-        every slot published before it (its ``tag``) was read. Every slot that referred to it read it complete,
+        """Events the training thread let go of without a record that returns them (shared_event.py), each once
+        every record published before it (its ``tag``) was read. Every record that referred to it read it complete,
         so it goes straight back to the pool, unless it is ``tainted`` (a reference was dropped, reset, timed out
         or failed: its state is unknown): then it is quarantined until ``pool.query`` says it completed."""
-        orphans = self.pool.orphans
+        table = self.pool.table
+        orphans = table.orphans
+        tag = table.tag
+        tainted = table.tainted
         tail = self.ring.tail
-        free = self.pool.free
-        while orphans and orphans[0].tag <= tail:
+        free = table.free
+        while orphans and tag[orphans[0]] <= tail:
             ev = orphans.popleft()
-            if ev.tainted:
-                ev.tainted = False
-                self._quarantine(ev, None)
+            if tainted[ev]:
+                tainted[ev] = 0
+                self._quarantine(ev, NO_EVENT)
             else:
                 free.append(ev)
 
-    def _quarantine(self, sev: Any, eev: Any) -> None:
-        group = tuple(e for e in (sev, eev) if e is not None)
+    def _quarantine(self, sev: int, eev: int) -> None:
+        group = tuple(e for e in (sev, eev) if e != NO_EVENT)
         if not group:
             return
         if len(self.quarantine) >= self.quarantine_cap:
@@ -349,8 +350,10 @@ class Readout:
     def _release_quarantine(self, force: bool) -> None:
         if not self.quarantine:
             return
-        keep: list[tuple[Any, ...]] = []
-        free = self.pool.free
+        keep: list[tuple[int, ...]] = []
+        table = self.pool.table
+        free = table.free
+        tainted = table.tainted
         query = self.pool.query
         for group in self.quarantine:
             done = force
@@ -361,7 +364,7 @@ class Readout:
                     done = False
             if done:
                 for ev in group:
-                    ev.tainted = False
+                    tainted[ev] = 0
                 free.extend(group)
                 self.counters.quarantine_released += 1
             else:
@@ -377,7 +380,7 @@ class Readout:
         self._last_pub = _clock()
         self.counters.readout_lag_ms = int(self._lag_max_ns // 1_000_000)
         self._lag_max_ns = 0
-        self._spare = WireEncoder()  # frames for the slots of a wake whose sink raised in new_batch
+        self._spare = WireEncoder()  # frames for the records of a wake whose sink raised in new_batch
         try:
             self.sink.publish_stats(self.counters.snapshot())
         except Exception:

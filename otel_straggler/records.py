@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from otel_straggler import hot_path
-from otel_straggler.interval import LEVEL_MAX, LEVEL_MIN, MAX_NAME_BYTES, Interval, bound_name, wire_level
+from otel_straggler.interval import MAX_NAME_BYTES, Interval, bound_name, wire_level
 
 __all__ = ["MAX_NAME_BYTES", "bound_name", "wire_level"]
 
@@ -57,16 +57,16 @@ HEADER = FRAME.size + COUNT.size  # an INTERVALS frame's bytes before its first 
 
 
 def _c_packer() -> Any:
-    """The C drain that packs ring slots into a frame (``_hotpath.pack_slots``) where the C module runs and writes
-    this module's layout, else None."""
+    """The C drain that packs ring records into a frame (``_hotpath.pack_records``) where the C module runs and
+    writes this module's layout, else None."""
     core = hot_path.core
-    fn = getattr(core, "pack_slots", None)
+    fn = getattr(core, "pack_records", None)
     if fn is None or getattr(core, "RECORD_SIZE", 0) != RECORD.size or getattr(core, "RECORD_HEADER", 0) != HEADER:
         return None
     return fn
 
 
-_PACK_SLOTS = _c_packer()
+_PACK_RECORDS = _c_packer()
 
 
 class WireEncoder:
@@ -78,7 +78,7 @@ class WireEncoder:
     @property
     def ids(self) -> dict[str, int]:
         """Every string's id: those the child has, and those since the last commit, whose NAME frames go ahead of
-        the batch that uses them (``RecordBatch.names``). What the C drain (``_hotpath.pack_slots``) packs with."""
+        the batch that uses them (``RecordBatch.names``). What the C drain (``_hotpath.pack_records``) packs with."""
         return self._ids
 
     def reset(self) -> None:
@@ -113,7 +113,7 @@ class WireEncoder:
 
     def batch(self, capacity: int = MAX_BATCH, *, native: bool = True) -> RecordBatch:
         """An empty INTERVALS frame for up to ``capacity`` (at most ``MAX_BATCH``) records; ``native`` False: one
-        the readout fills slot by slot in Python even where the C drain runs (``PyRecordBatch``)."""
+        the readout fills record by record in Python even where the C drain runs (``PyRecordBatch``)."""
         return (RecordBatch if native else PyRecordBatch)(self, min(max(1, int(capacity)), MAX_BATCH))
 
     def encode_intervals(self, intervals: Sequence[Interval]) -> bytes:
@@ -132,15 +132,15 @@ class WireEncoder:
 
 class RecordBatch:
     """One INTERVALS frame filled in place, on the readout thread with the GIL held: records go into a
-    preallocated frame, packed by ``add`` (one ``struct.pack_into`` and a dict lookup per known string) or, many at
-    a time, by the C drain (``_hotpath.pack_slots``), which writes the same layout at ``HEADER + count *
-    RECORD.size`` and looks strings up in ``ids`` (a string without an id goes through ``add``, which gives it one
+    preallocated frame, packed by ``put`` (one ``struct.pack_into`` and a dict lookup per known string) or, many at
+    a time, by the C drain (``_hotpath.pack_records``), which writes the same layout at ``HEADER + count *
+    RECORD.size`` and looks strings up in ``ids`` (a string without an id goes through ``put``, which gives it one
     and puts its NAME frame in ``names``, ahead of the frame). ``finish`` is the bytes to write; the encoder's
     ``commit`` once they were written, its ``rollback`` when they were dropped."""
 
     __slots__ = ("count", "dropped", "encoder", "frame", "generation", "ids", "names")
 
-    packs = _PACK_SLOTS is not None  # whether ``pack_slots`` runs (the C module is loaded)
+    packs = _PACK_RECORDS is not None  # whether ``pack_records`` runs (the C module is loaded)
 
     def __init__(self, encoder: WireEncoder, capacity: int) -> None:
         self.encoder = encoder
@@ -156,14 +156,23 @@ class RecordBatch:
         return (len(self.frame) - HEADER) // RECORD.size
 
     def add(self, iv: Interval) -> bool:
-        """Pack one interval; False when it was dropped instead (the frame is full, or a string of it does not fit
-        the name table: counted in ``dropped``)."""
+        """Pack one interval (``put`` of its fields); False when it was dropped instead."""
+        dev, tokens, sequences, microbatches = iv.device_ms, iv.tokens, iv.sequences, iv.microbatches
+        flags = ((0 if dev is None else F_DEVICE) | (0 if tokens is None else F_TOKENS)
+                 | (0 if sequences is None else F_SEQUENCES) | (0 if microbatches is None else F_MICROBATCHES)
+                 | (F_INJECTED if iv.injected else 0) | (F_COLLECTIVE if iv.collective else 0))
+        return self.put(iv.name, iv.group, iv.degraded, wire_level(iv.level), flags, iv.step, iv.repeat,
+                        iv.host_start_ns, iv.host_end_ns, dev or 0.0, tokens or 0, sequences or 0, microbatches or 0)
+
+    def put(self, name: str, group: str, degraded: str | None, level: int, flags: int, step: int, repeat: int,
+            start_ns: int, end_ns: int, device_ms: float, tokens: int, sequences: int, microbatches: int) -> bool:
+        """Pack one record (the wire's fields: ``level`` a byte, ``flags`` its bits, 0 for an absent value); False
+        when it was dropped instead (the frame is full, or a string of it does not fit the name table: counted in
+        ``dropped``)."""
         if self.count >= self.capacity:
             self.dropped += 1
             return False
         enc, known, names = self.encoder, self.ids, self.names
-        name, group, degraded, dev = iv.name, iv.group, iv.degraded, iv.device_ms
-        tokens, sequences, microbatches = iv.tokens, iv.sequences, iv.microbatches
         try:
             name_id = known.get(name)
             if name_id is None:
@@ -180,44 +189,21 @@ class RecordBatch:
         except NameTableFull:
             self.dropped += 1
             return False
-        flags = 0
-        if dev is not None:
-            flags = F_DEVICE
-        else:
-            dev = 0.0
-        if tokens is not None:
-            flags |= F_TOKENS
-        else:
-            tokens = 0
-        if sequences is not None:
-            flags |= F_SEQUENCES
-        else:
-            sequences = 0
-        if microbatches is not None:
-            flags |= F_MICROBATCHES
-        else:
-            microbatches = 0
-        if iv.injected:
-            flags |= F_INJECTED
-        if iv.collective:
-            flags |= F_COLLECTIVE
-        level = iv.level
-        if type(level) is not int or not LEVEL_MIN <= level <= LEVEL_MAX:
-            level = wire_level(level)
         RECORD.pack_into(self.frame, HEADER + self.count * RECORD.size, name_id, group_id, degraded_id, level,
-                         flags, iv.step, iv.repeat, iv.host_start_ns, iv.host_end_ns, dev, tokens, sequences,
-                         microbatches)
+                         flags, step, repeat, start_ns, end_ns, device_ms, tokens, sequences, microbatches)
         self.count += 1
         return True
 
-    def pack_slots(self, ring: Any, head: int, degraded: dict[str, int], free: Any, wall_offset: int) -> int:
-        """The readout's drain in C (``_hotpath.pack_slots``, only where ``packs``): from the ring's tail up to
-        ``head``, each slot that is read device-timed (``pre`` set) or host-only without events, whose strings have
-        an id, becomes a record here, as ``add`` of readout.py's ``Interval`` of it would; its events go back
-        to ``free`` and a host-only one's reason is counted in ``degraded``; the ring's tail moves past it. Stops at
-        the first other slot, for readout.py to read. Returns the slots lost to an error (``faults_readout``)."""
-        assert _PACK_SLOTS is not None
-        self.count, faults = _PACK_SLOTS(ring, head, self.ids, degraded, free, wall_offset, self.frame, self.count)
+    def pack_records(self, ring: Any, table: Any, head: int, degraded: Any, wall_offset: int) -> int:
+        """The readout's drain in C (``_hotpath.pack_records``, only where ``packs``): from the ring's tail up to
+        ``head``, each record that is read device-timed (its device ms in ``ring.pre``) or host-only without events,
+        whose strings have an id, becomes a wire record here, as readout.py's ``put`` of it would; its events go
+        back to the table's free list and a host-only one's reason code is counted in ``degraded``; the ring's tail
+        moves past it. Stops at the first other record, for readout.py to read. Returns the records lost to an error
+        (``faults_readout``)."""
+        assert _PACK_RECORDS is not None
+        self.count, faults = _PACK_RECORDS(ring, table, head, self.ids, degraded, wall_offset, self.frame,
+                                           self.count)
         return int(faults)
 
     def finish(self) -> bytes:
@@ -232,7 +218,7 @@ class RecordBatch:
 
 
 class PyRecordBatch(RecordBatch):
-    """A frame the readout fills slot by slot (``add``), never by the C drain: the Python path's packing, where the
+    """A frame the readout fills record by record (``put``), never by the C drain: the Python path's packing, where the
     two are compared (tests, ``bench/readout_cost.py``)."""
 
     __slots__ = ()

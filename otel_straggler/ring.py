@@ -1,24 +1,40 @@
-"""Fixed single-producer / single-consumer ring of completed intervals.
+"""Fixed single-producer / single-consumer ring of completed intervals, as bytes.
 
-Preallocated ``Slot`` objects, one per interval: a stop writes the fields of one object (a few cache lines)
-instead of one entry in each of ten parallel lists (two lines per list); between a step's kernel launches the
-ring's memory is cold, and cache lines are what a start+stop pays for there (``bench/results/cpu-emitter.md``).
-The TRAINING thread is the only producer: it writes every field of slot ``head & mask`` and then advances
-``head``. The READOUT thread is the only consumer: it reads slots ``tail .. head-1`` and then advances ``tail``.
-No lock: each slot is written by one thread at a time and a plain attribute store is atomic under the GIL; the
-producer publishes a slot only after writing all of it (``head`` is stored last). Indices grow without wrapping
-(Python ints; 64-bit integers in the C ring); the slot is ``index & mask``. Full (``head - tail >= capacity``):
-the producer drops and counts.
+``buf`` is a preallocated ``bytearray`` of ``cap`` fixed-size records (``RECORD``, 64 bytes: one cache line), each
+one interval: its host clock, the step and workload bound at its stop, its repeat index, and integer ids into
+Python-owned tables: the timer (``timers``: the wire's name, level, group and collective flag of each timer of
+this ring), its start and end events (the pool's ``event_pool.EventTable``) and its degraded reason
+(``counters.REASONS``). No Python object lives in a record: a stop writes 64 bytes, and the readout turns a record
+into the wire's (``records.py``) without touching an object per interval.
 
-``Slot`` and ``Ring`` are the C extension's types of the same names and fields when it runs the hot path
-(``hot_path.py``), else ``PySlot`` and ``PyRing`` below.
+The TRAINING thread is the only producer: it writes record ``head & mask`` and then advances ``head``. The READOUT
+thread is the only consumer: it reads records ``tail .. head-1`` and then advances ``tail``. No lock: each record
+is written by one thread at a time, the GIL orders the producer's writes before its ``head`` store, and the producer
+publishes a record only after writing all of it. Indices grow without wrapping (Python ints; 64-bit integers in the
+C ring); the record is ``index & mask``. Full (``head - tail >= cap``): the producer drops and counts.
+
+``pre`` holds, per record, the device ms the readout read ahead (``event_pool.EventPool.elapsed_many``), NaN while
+unread: readout thread only.
+
+``Ring`` is the C extension's type (the same fields, ``buf`` and ``pre`` the same Python objects) when it runs the
+hot path (``hot_path.py``), else ``PyRing`` below; both hot paths write the same bytes.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import struct
+from array import array
+from typing import Any, Final, NamedTuple
 
 from otel_straggler import hot_path
+
+# start_ns, end_ns, step, tokens, sequences, microbatches, repeat, timer id, start event, end event, flags (the
+# wire's F_TOKENS, F_SEQUENCES, F_MICROBATCHES, F_INJECTED: records.py), own (1: the record returns its start event
+# to the pool, 2: its end event; shared_event.py), reason code (counters.REASONS)
+RECORD: Final = struct.Struct("<qqqqqqiHHHBBB3x")
+NO_EVENT: Final = 0xFFFF  # a record's event id when it has none
+MAX_TIMERS: Final = 0xFFFF  # timer ids a ring's table holds
+NAN: Final = float("nan")
 
 
 def _pow2(n: int) -> int:
@@ -28,36 +44,21 @@ def _pow2(n: int) -> int:
     return p
 
 
-class PySlot:
-    """One interval's fields; the readout resets ``start_ev``, ``end_ev`` and ``injected`` before it frees the
-    slot, so the producer writes those only when they are not the default."""
-
-    __slots__ = ("binding", "end_ev", "end_ns", "injected", "own", "pre", "reason", "repeat", "start_ev", "start_ns",
-                 "timer")
-
-    def __init__(self) -> None:
-        self.timer: Any = None
-        self.start_ns = 0
-        self.end_ns = 0
-        self.start_ev: Any = None
-        self.end_ev: Any = None
-        # which of the slot's events it returns to the pool: 1 start, 2 end (shared_event.py); written with start_ev
-        self.own = 0
-        self.binding: Any = None
-        self.repeat = 0
-        self.reason: str | None = None
-        self.injected = False
-        self.pre: float | None = None  # device ms read ahead by the pool's elapsed_batch (readout thread only)
+def _storage(n: int) -> tuple[bytearray, array, list[tuple[str, int, str, bool]]]:
+    """A ring's ``buf`` and ``pre`` for ``n`` records, and its table of timers (the C ``Ring`` takes them too):
+    timer id -> (wire name, wire level byte, group, collective), appended by ``register`` (training thread, at a
+    timer's creation), read by the readout."""
+    return bytearray(n * RECORD.size), array("d", [NAN]) * n, []
 
 
 class PyRing:
-    __slots__ = ("cap", "head", "mask", "slots", "tail")
+    __slots__ = ("buf", "cap", "head", "mask", "pre", "tail", "timers")
 
     def __init__(self, capacity: int) -> None:
         cap = _pow2(max(1, int(capacity))) if capacity > 0 else 0
         self.cap = cap
         self.mask = cap - 1 if cap else 0
-        self.slots: list[PySlot] = [PySlot() for _ in range(max(cap, 1))]
+        self.buf, self.pre, self.timers = _storage(max(cap, 1))
         self.head = 0  # written by the training thread only
         self.tail = 0  # written by the readout thread only
 
@@ -65,5 +66,37 @@ class PyRing:
         return self.head - self.tail
 
 
-Slot: Any = hot_path.core.Slot if hot_path.core is not None else PySlot
 Ring: Any = hot_path.core.Ring if hot_path.core is not None else PyRing
+
+
+class Record(NamedTuple):
+    """One record's fields (``RECORD``), as ``record_at`` reads them (tests, debugging; the readout unpacks)."""
+
+    start_ns: int
+    end_ns: int
+    step: int
+    tokens: int
+    sequences: int
+    microbatches: int
+    repeat: int
+    timer: int
+    start_ev: int
+    end_ev: int
+    flags: int
+    own: int
+    reason: int
+
+
+def record_at(ring: Any, index: int) -> Record:
+    """The record at ring index ``index`` (``index & mask``)."""
+    return Record(*RECORD.unpack_from(ring.buf, (index & ring.mask) * RECORD.size))
+
+
+def register(ring: Any, label: str, level: int, group: str, collective: bool) -> int:
+    """A timer's id in ``ring.timers`` (a new entry); ``MAX_TIMERS`` when the table is full: its intervals are then
+    read as faults (``readout.py``), which a process with 65,535 timer objects on one ring has earned."""
+    table = ring.timers
+    if len(table) >= MAX_TIMERS:
+        return MAX_TIMERS
+    table.append((label, level, group, collective))
+    return len(table) - 1

@@ -1,15 +1,18 @@
 """Step and workload the training thread publishes; bound to an interval at its stop.
 
 ``binding`` is one immutable tuple ``(step, tokens, sequences, microbatches)`` replaced (never mutated)
-by ``set_step``, so a stop stores a single reference into the ring slot and a later ``set_step`` cannot
-change what an already-stopped interval belongs to. Written and read on the training thread only.
+by ``set_step``; ``wire`` is the same as the ring's record carries it, ``(step, tokens, sequences, microbatches,
+flags)`` with 0 for a value not published and the wire's ``F_TOKENS``/``F_SEQUENCES``/``F_MICROBATCHES`` bits for
+those that are, so a stop copies five integers into its record and a later ``set_step`` cannot change what an
+already-stopped interval belongs to. Written and read on the training thread only.
 
 Auto step: until ``set_step`` is called once, every start of the step timer (``forward-backward`` by
 default) advances the step by one (the first step is 1; intervals before it belong to step 0), so a
 pure drop-in of the timers still gets steps.
 
 Device sampling: ``device_on`` is decided when the step changes (every ``device_every``-th step), not
-per call. Without CUDA it is always False and ``host_reason`` is ``no_cuda``.
+per call. Without CUDA it is always False and ``host_reason`` is ``no_cuda`` (``host_code``: its code, which the hot
+path writes into the record).
 
 ``device_every=0`` (auto, the default): at each step change the context reads the monotonic clock once and
 the ring's interval count, keeps moving averages of the step period and of intervals per step, and picks
@@ -43,7 +46,8 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_straggler import hot_path
-from otel_straggler.counters import NO_CUDA, SAMPLED_OUT
+from otel_straggler.counters import NO_CUDA_CODE, REASONS, SAMPLED_OUT_CODE
+from otel_straggler.records import F_MICROBATCHES, F_SEQUENCES, F_TOKENS
 
 MIN_MEASURED = 4  # steps of each kind (device-sampled, host-only) before their period difference is used
 MEASURE_STEPS = 100  # the per-kind running mean weighs about the last 100 steps of its kind
@@ -52,13 +56,14 @@ PRIOR_FACTOR = 5.0
 RESOLVED = 0.5  # the measurement decides alone once 2 standard errors <= this fraction of the budget
 PROBE_EVERY = 16  # auto with N = 1: every 16th step is host-only, so the price of sampling stays measured
 OUTLIER = 3.0  # a step longer than 3x the average period is not booked to either kind's period
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # a step and a workload value fit the record's 64 bits
 
 
 class PyStepState:
-    """The fields the timers' hot path reads (``step``, ``binding``, ``device_on``, ``host_reason``); the C
-    extension's ``StepState`` when it runs the hot path (``hot_path.py``)."""
+    """The fields the timers' hot path reads (``step``, ``wire``, ``device_on``, ``host_code``) and ``binding``; the C
+    extension's ``StepState`` (``wire`` kept as C integers) when it runs the hot path (``hot_path.py``)."""
 
-    __slots__ = ("binding", "device_on", "host_reason", "step")
+    __slots__ = ("binding", "device_on", "host_code", "step", "wire")
 
 
 StepState: Any = hot_path.core.StepState if hot_path.core is not None else PyStepState
@@ -100,6 +105,11 @@ class StepContext(StepState):
     @property
     def device_every(self) -> int:
         return self._every
+
+    @property
+    def host_reason(self) -> str | None:
+        """Why a start now times host-only (``host_code``'s reason), None on a device-sampled step."""
+        return REASONS[self.host_code]
 
     def _adapt(self) -> None:
         """Once per step change: moving averages of step period and intervals per step -> N."""
@@ -150,15 +160,21 @@ class StepContext(StepState):
         self._last_count = count
 
     def _apply(self, step: int, tokens: int | None, sequences: int | None, microbatches: int | None) -> None:
+        for v in (step, tokens, sequences, microbatches):
+            if v is not None and not INT64_MIN <= v <= INT64_MAX:
+                raise OverflowError(f"{v} does not fit the record's 64 bits")
         if self._adaptive and self._cuda and step != self.step:
             self._adapt()
         self.step = step
         self.binding = (step, tokens, sequences, microbatches)
+        self.wire = (step, tokens or 0, sequences or 0, microbatches or 0,
+                     (0 if tokens is None else F_TOKENS) | (0 if sequences is None else F_SEQUENCES)
+                     | (0 if microbatches is None else F_MICROBATCHES))
         on = self._cuda and step % self._every == 0
         if on and self._adaptive and self._every == 1 and step % PROBE_EVERY == PROBE_EVERY - 1:
             on = False  # probe: a host-only step to compare with
         self.device_on = on
-        self.host_reason = None if on else (SAMPLED_OUT if self._cuda else NO_CUDA)
+        self.host_code = 0 if on else (SAMPLED_OUT_CODE if self._cuda else NO_CUDA_CODE)
 
     def set_step(
         self,

@@ -29,10 +29,10 @@ Hot path (start/stop on the training thread): one ``perf_counter_ns()`` (two at 
 records); on device-sampled steps, for one repeat of each timer per step (``device_repeats``: the middle one of
 its previous step's; every repeat with ``all``), a pre-created event from the pool recorded on the current stream
 (``pool.record``: the driver's ``cuEventRecord`` on the raw handles where available, ``event_pool.py``), or the
-previous boundary's event when this one follows it closely (``shared_event.py``); at stop one ring slot written
-(step, repeat index and workload bound here, at completion). No lock, no I/O, no logging, no sync. The lookup
-``timers(name, log_level)``, which Megatron makes before every start and stop, is the other half: with the C module
-an existing timer is found in C (``TimersCore``), anything else goes to ``Timers._get``.
+previous boundary's event when this one follows it closely (``shared_event.py``); at stop one 64-byte ring record
+written (step, repeat index and workload bound here, at completion; ``ring.py``). No lock, no I/O, no logging, no
+sync. The lookup ``timers(name, log_level)``, which Megatron makes before every start and stop, is the other half:
+with the C module an existing timer is found in C (``TimersCore``), anything else goes to ``Timers._get``.
 """
 
 from __future__ import annotations
@@ -46,16 +46,18 @@ from typing import Any
 
 from otel_straggler import hot_path
 from otel_straggler.config import DEFAULTS, EmitterConfig
-from otel_straggler.counters import CUDA_ERROR, POOL_EXHAUSTED, SAMPLED_OUT, EmitterCounters
+from otel_straggler.counters import CUDA_ERROR_CODE, POOL_EXHAUSTED_CODE, SAMPLED_OUT_CODE, EmitterCounters
 from otel_straggler.event_pool import EventPool, HostOnlyPool
-from otel_straggler.interval import IntervalSink, bound_name
-from otel_straggler.ring import Ring
+from otel_straggler.interval import IntervalSink, bound_name, wire_level
+from otel_straggler.records import F_INJECTED
+from otel_straggler.ring import NO_EVENT, RECORD, Ring, register
 from otel_straggler.shared_event import NO_REUSE, SharedEvent
 from otel_straggler.stages import stage_group
 from otel_straggler.step_context import StepContext
 
 _log = logging.getLogger("otel_straggler.timers")
 _clock = time.perf_counter_ns
+RECORD_SIZE = RECORD.size
 
 MAX_LOG_LEVEL = 2
 MAX_TIMER_NAMES = 1024
@@ -109,7 +111,8 @@ class DummyTimer:
 
 class _PyTimerCore:
     """A timer's state and its start/stop in Python; the C extension's ``TimerCore`` (``_hotpath.c``, the same
-    logic on the same fields) when it runs the hot path (``hot_path.py``)."""
+    logic on the same fields, writing the same record bytes) when it runs the hot path (``hot_path.py``). Events are
+    ids into the pool's table (``_tab``: ``event_pool.EventTable``), reasons are codes (``counters.REASONS``)."""
 
     __slots__ = (
         "_active_ns",
@@ -121,6 +124,7 @@ class _PyTimerCore:
         "_elapsed_ns",
         "_free",
         "_group",
+        "_id",
         "_inject",
         "_is_step",
         "_level",
@@ -137,7 +141,7 @@ class _PyTimerCore:
         "_started",
         "_starts",
         "_t0",
-        "collective",
+        "_tab",
         "label",
         "name",
     )
@@ -163,7 +167,7 @@ class _PyTimerCore:
                         nxt = 0
                     self._starts = nxt + 1
                     if nxt != pick:
-                        self._reason = SAMPLED_OUT  # another repeat (microbatch) of this step has its device time
+                        self._reason = SAMPLED_OUT_CODE  # another repeat (microbatch) of this step has its device time
                         self._share.ns = NO_REUSE  # its GPU work is in no later boundary's reused event
                         self._started = True
                         self._t0 = _clock()
@@ -171,32 +175,32 @@ class _PyTimerCore:
                 sh = self._share
                 t = _clock()
                 ev = sh.ev
-                if ev is not None and t - sh.ns < sh.gap_ns and _same_stream(sh):
-                    ev.refs += 1  # the previous boundary's event marks this point of the stream too
+                if ev != NO_EVENT and t - sh.ns < sh.gap_ns and _same_stream(sh):
+                    self._tab.refs[ev] += 1  # the previous boundary's event marks this point of the stream too
                     self._sev = ev
-                    self._reason = None
+                    self._reason = 0
                     self._started = True
                     self._t0 = t
                     return
                 free = self._free
                 if free:
                     ev = free[0]  # held before it leaves the pool: see _abandon
-                    ev.refs = 1
+                    self._tab.refs[ev] = 1
                     self._sev = ev
                     free.popleft()
-                    self._reason = None
+                    self._reason = 0
                     try:
                         stream = self._record(ev)
                     except Exception:
-                        self._reason = CUDA_ERROR
+                        self._reason = CUDA_ERROR_CODE
                         sh.ns = NO_REUSE
                     else:
                         sh.recorded(ev, t, stream, False)
                 else:
-                    self._reason = POOL_EXHAUSTED
+                    self._reason = POOL_EXHAUSTED_CODE
                     sh.ns = NO_REUSE
             else:
-                self._reason = ctx.host_reason
+                self._reason = ctx.host_code
             self._started = True
             self._t0 = _clock()
         except Exception:
@@ -204,135 +208,130 @@ class _PyTimerCore:
         except BaseException:  # KeyboardInterrupt, SystemExit: the caller's; the start did not happen
             self._started = False
             sev = self._sev
-            self._sev = None
-            _abandon(self, sev, None)
+            self._sev = NO_EVENT
+            _abandon(self, sev, NO_EVENT)
             raise
 
     def stop(self, barrier: bool = False) -> None:
         if not self._started:
             self._c.unbalanced += 1
             raise AssertionError("timer is not started")
-        sev = eev = None
+        sev = eev = NO_EVENT
         published = False  # this call's event references were handed to the ring (or to the orphans)
         try:
             if barrier:
                 self._c.barriers_skipped += 1
-            injected = False
-            if self._inject is not None:
-                injected = self._inject.apply(self._ctx.step)
+            injected = 0
+            if self._inject is not None and self._inject.apply(self._ctx.step):
+                injected = F_INJECTED
             now = _clock()
             self._started = False
             self._elapsed_ns += now - self._t0
-            b = self._ctx.binding
-            if b[0] == self._rep_step:
+            w = self._ctx.wire
+            if w[0] == self._rep_step:
                 rep = self._rep + 1
             else:
                 rep = 0
-                self._rep_step = b[0]
+                self._rep_step = w[0]
             self._rep = rep
             sev = self._sev
             reason = self._reason
-            eev = None
-            own = 0
-            if sev is not None:
-                self._sev = None
+            own = srefs = erefs = 0
+            if sev != NO_EVENT:
+                self._sev = NO_EVENT
                 sh = self._share
-                if reason is None:
+                refs = self._tab.refs
+                if reason == 0:
                     ev = sh.ev
-                    if (ev is not None and sh.at_stop and ev is not sev and now - sh.ns < sh.gap_ns
+                    if (ev != NO_EVENT and sh.at_stop and ev != sev and now - sh.ns < sh.gap_ns
                             and _same_stream(sh)):
-                        ev.refs += 1  # an inner timer's stop just before this one's
+                        refs[ev] += 1  # an inner timer's stop just before this one's
                         eev = ev
                     else:
                         free = self._free
                         if free:
                             eev = free[0]  # held before it leaves the pool: see _abandon
-                            eev.refs = 1
+                            refs[eev] = 1
                             free.popleft()
                             try:
                                 stream = self._record(eev)
                             except Exception:
-                                reason = CUDA_ERROR
+                                reason = CUDA_ERROR_CODE
                                 sh.ns = NO_REUSE
                             else:
                                 sh.recorded(eev, now, stream, True)
                         else:
-                            reason = POOL_EXHAUSTED
+                            reason = POOL_EXHAUSTED_CODE
                             sh.ns = NO_REUSE
-                # publish the references: the slot owns (returns to the pool) what nothing else refers to any more
-                sev.refs -= 1
+                # the references once published: the record owns (returns to the pool) what nothing else refers to
                 last = sh.ev
-                if eev is not None:
-                    eev.refs -= 1
-                    if eev.refs <= 0 and eev is not last:
+                srefs = refs[sev] - 1
+                if eev != NO_EVENT:
+                    erefs = refs[eev] - 1
+                    if erefs <= 0 and eev != last:
                         own = 2
-                if sev is not eev and sev.refs <= 0 and sev is not last:
+                if sev != eev and srefs <= 0 and sev != last:
                     own |= 1
-            # no call from here to the head's store (the ring-full branch's last line aside): an exception a signal
-            # handler raises (it runs where a call returns) finds this interval published or its events still held
-            published = True
             r = self._ring
             h = r.head
             if h - r.tail >= r.cap:
+                published = True
                 self._c.dropped_ring_full += 1
-                if sev is not None:  # no slot reads them: whoever returns them waits for them to complete
-                    sev.tainted = True
+                if sev != NO_EVENT:  # no record reads them: whoever returns them waits for them to complete
+                    tb = self._tab
+                    tb.refs[sev] = srefs
+                    tb.tainted[sev] = 1
                     lost: tuple = ()
                     if own & 1:
-                        sev.tag = h
+                        tb.tag[sev] = h
                         lost = (sev,)
-                    if eev is not None:
-                        eev.tainted = True
+                    if eev != NO_EVENT:
+                        tb.refs[eev] = erefs
+                        tb.tainted[eev] = 1
                         if own & 2:
-                            eev.tag = h
+                            tb.tag[eev] = h
                             lost += (eev,)
                     self._orphans.extend(lost)
                 return
-            sl = r.slots[h & r.mask]
-            # start_ev/end_ev/injected are reset by the readout thread before it frees a slot, so
-            # only non-default values are written here.
-            sl.timer = self
-            sl.start_ns = self._t0
-            sl.end_ns = now
-            if sev is not None:
-                sl.start_ev = sev
-                sl.own = own
-                if eev is not None:
-                    sl.end_ev = eev
-            sl.binding = b
-            sl.repeat = rep
-            sl.reason = reason
-            if injected:
-                sl.injected = True
+            RECORD.pack_into(r.buf, (h & r.mask) * RECORD_SIZE, self._t0, now, w[0], w[1], w[2], w[3], rep, self._id,
+                             sev, eev, w[4] | injected, own, reason)
+            # no call from here to the head's store: an exception a signal handler raises (it runs where a call
+            # returns) finds this interval published or its events still held
+            published = True
+            if sev != NO_EVENT:
+                refs[sev] = srefs
+                if eev != NO_EVENT:
+                    refs[eev] = erefs
             r.head = h + 1
         except Exception:
             self._c.faults_training += 1
         except BaseException:  # KeyboardInterrupt, SystemExit: the caller's; the interval is not published
             if not published:
-                if sev is None:  # raised before the stop took the start's event: it is still the timer's
+                if sev == NO_EVENT:  # raised before the stop took the start's event: it is still the timer's
                     sev = self._sev
-                self._sev = None
+                self._sev = NO_EVENT
                 self._started = False
                 _abandon(self, sev, eev)
             raise
 
 
-def _abandon(t: Any, sev: Any, eev: Any) -> None:
+def _abandon(t: Any, sev: int, eev: int) -> None:
     """The events a start or stop that raised (a signal handler's KeyboardInterrupt, SystemExit) holds go back as a
     reset lets go of a running start's: each reference released, the event tainted, and once nothing refers to it,
     through the readout. An event taken but not yet popped (``free[0]``) is simply left in the pool."""
     free = t._free
     sh = t._share
-    for ev in (sev, eev) if eev is not sev else (sev,):
-        if ev is None:
+    tb = t._tab
+    for ev in (sev, eev) if eev != sev else (sev,):
+        if ev == NO_EVENT:
             continue
-        if free and free[0] is ev:
-            ev.refs = 0
+        if free and free[0] == ev:
+            tb.refs[ev] = 0
             continue
-        ev.refs -= 1
-        ev.tainted = True
-        if ev.refs <= 0 and ev is not sh.ev:
-            ev.tag = sh.ring.head
+        tb.refs[ev] -= 1
+        tb.tainted[ev] = 1
+        if tb.refs[ev] <= 0 and ev != sh.ev:
+            tb.tag[ev] = sh.ring.head
             t._orphans.append(ev)
 
 
@@ -369,8 +368,8 @@ class Timer(TimerCore):
         self._elapsed_ns = 0
         self._elapsed_base = 0.0
         self._active_ns = 0
-        self._sev: Any = None
-        self._reason: str | None = None
+        self._sev = NO_EVENT
+        self._reason = 0
         self._rep_step = -1
         self._rep = -1
         # the repeat of a step that gets device time (device_repeats middle; -1: every repeat): the middle one of the
@@ -381,7 +380,10 @@ class Timer(TimerCore):
         self._sstep = -1  # the step of those starts
         self._starts = 0  # device-sampled starts in it
         self._ring = ring
+        # the timer's id in the ring's table, which the records carry: what the wire calls it
+        self._id = register(ring, self.label, wire_level(level), self._group, False)
         self._ctx = ctx
+        self._tab = pool.table
         self._free = pool.free
         self._orphans = pool.orphans
         self._record = pool.record
@@ -393,20 +395,20 @@ class Timer(TimerCore):
         self._c = counters
         self._inject = inject
         self._is_step = is_step
-        self.collective = False  # the interval holds a wait in a collective (``stage(..., collective=True)``)
 
     # ---- Megatron Timer API (not per-microbatch) --------------------------------------------------
     def reset(self) -> None:
         """Megatron: zero the elapsed time (not the active time) and forget a running start."""
         try:
             sev = self._sev
-            if sev is not None:  # recorded: the readout thread frees it once complete (``SharedEvent.release``,
-                sev.refs -= 1  # inline: no call before the state is whole, for a signal handler's exception)
-                sev.tainted = True
-                self._sev = None
+            if sev != NO_EVENT:  # recorded: the readout thread frees it once complete (``SharedEvent.release``,
+                tb = self._tab  # inline: no call before the state is whole, for a signal handler's exception)
+                tb.refs[sev] -= 1
+                tb.tainted[sev] = 1
+                self._sev = NO_EVENT
                 sh = self._share
-                if sev.refs <= 0 and sev is not sh.ev:
-                    sev.tag = sh.ring.head
+                if tb.refs[sev] <= 0 and sev != sh.ev:
+                    tb.tag[sev] = sh.ring.head
                     self._orphans.append(sev)
             self._active_ns += self._elapsed_ns  # active time survives reset (Megatron)
             self._elapsed_ns = 0
@@ -453,6 +455,20 @@ class Timer(TimerCore):
     @property
     def group(self) -> str:
         return self._group
+
+    @property
+    def collective(self) -> bool:
+        """The interval holds a wait in a collective (``stage(..., collective=True)``): the wire's flag, kept in the
+        ring's table of timers."""
+        table = self._ring.timers
+        return self._id < len(table) and table[self._id][3]
+
+    @collective.setter
+    def collective(self, value: bool) -> None:
+        table = self._ring.timers
+        if self._id < len(table):
+            label, level, group, _ = table[self._id]
+            table[self._id] = (label, level, group, bool(value))  # one store: the readout reads either tuple
 
     def __deepcopy__(self, memo: dict) -> Timer:
         return self
@@ -580,10 +596,10 @@ class Timers(TimersCore, metaclass=type if TimersCore is _PyTimersCore else _Tim
         self._step_timer = cfg.step_timer
         # a device-sampled step times one repeat (microbatch) of each timer on the device (config.py)
         self._sample_repeats = cfg.device_repeats == "middle"
-        # with no sink nothing consumes the ring: a 0-slot ring counts every interval as dropped
+        # with no sink nothing consumes the ring: a 0-record ring counts every interval as dropped
         self.ring = Ring(cfg.ring_size) if sink is not None else Ring(0)
         self.share = SharedEvent(gap_us=cfg.share_gap_us, stream_of=getattr(self.pool, "stream", None),
-                                 orphans=self.pool.orphans, ring=self.ring)
+                                 table=self.pool.table, ring=self.ring)
         self.ctx = StepContext(device_every=cfg.device_every, cuda=self.pool.cuda,
                                budget=cfg.device_budget,
                                max_every=cfg.device_every_max,

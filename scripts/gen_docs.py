@@ -170,12 +170,43 @@ def emitter_metrics() -> str:
     return "\n".join(rows)
 
 
+def emitter_counters() -> str:
+    """Each key of the training process's counters (``counters.SNAPSHOT_KEYS``), the thread that writes it, and the
+    self-metric it reaches: found by collecting the self-metrics (``export/selfmetrics.py``) over a whole snapshot
+    whose only non-zero value is that key's."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from otel_straggler.counters import SNAPSHOT_KEYS, TRAINING_KEYS
+    from otel_straggler.export.selfmetrics import SelfMetrics, normalize
+
+    rows = ["| counter key | written by | exported as |", "|---|---|---|"]
+    for key in SNAPSHOT_KEYS:
+        marker = 7_000_007
+        reader = InMemoryMetricReader()
+        snap = normalize({k: marker if k == key else 0 for k in SNAPSHOT_KEYS})
+        SelfMetrics(MeterProvider(metric_readers=[reader]).get_meter("docs"), lambda snap=snap: snap)
+        found = []
+        for rm in reader.get_metrics_data().resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    for dp in m.data.data_points:
+                        if dp.value in (marker, marker / 1000.0):  # readout_lag_ms is exported in seconds
+                            attrs = ",".join(f"{k}={v}" for k, v in dp.attributes.items())
+                            found.append(f"`{m.name}`" + (f"{{{attrs}}}" if attrs else ""))
+        writer = ("training thread" if key in TRAINING_KEYS else "configuration" if key == "faults_config_error"
+                  else "the sum of the `faults_<where>` keys" if key == "faults" else "readout thread")
+        rows.append(_row(f"`{key}`", writer, ", ".join(found) or "not exported"))
+    return "\n".join(rows)
+
+
 def blocks() -> dict[str, dict[str, Callable[[], str]]]:
     """doc path -> block name -> its generator."""
     collector = {name: (lambda model=model: _component_table(model)) for name, model in _collector_models().items()}
     return {
         "docs/configuration.md": {"emitter-settings": emitter_settings, **collector},
-        "docs/schema.md": {"collector-metrics": collector_metrics, "emitter-metrics": emitter_metrics},
+        "docs/schema.md": {"collector-metrics": collector_metrics, "emitter-metrics": emitter_metrics,
+                           "emitter-counters": emitter_counters},
     }
 
 

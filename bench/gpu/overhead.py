@@ -196,25 +196,20 @@ def _shim(name: str, every: int | None = None) -> Any:
     if name == "every1-notiming" and t.pool.record_api == "driver":
         import torch
 
-        events = []
-        for _ in range(t.pool.capacity):
+        for i in range(t.pool.capacity):  # the same ids, events without timing in their place
             ev = torch.cuda.Event(enable_timing=False)
             ev.record()
-            ev.handle = ev.cuda_event
-            ev.refs = 0
-            ev.tag = 0
-            events.append(ev)
+            t.pool.events[i] = ev
+            t.pool.table.handle[i] = ev.cuda_event
         torch.cuda.synchronize()
-        t.pool.free.clear()
-        t.pool.free.extend(events)
     if name in ("every1-hold", "every1-release") and t.pool.record_api == "driver":
         import torch
 
         from otel_straggler.event_pool import driver_elapsed, driver_recorder
 
         hold = name == "every1-hold"
-        t.pool.record = driver_recorder(torch.cuda.current_device(), hold_gil=hold)
-        t.pool.elapsed = driver_elapsed(hold_gil=hold)
+        t.pool.record = driver_recorder(torch.cuda.current_device(), t.pool.events, t.pool.table.handle, hold_gil=hold)
+        t.pool.elapsed = driver_elapsed(t.pool.table.handle, hold_gil=hold)
     if name == "every1-clock":
         return ClockedTimers(t)
     return t

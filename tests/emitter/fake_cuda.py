@@ -18,8 +18,7 @@ class FakeEvent:
     ``elapsed_time(end)`` returns the device-clock difference in ms. Each can be told to raise.
     """
 
-    __slots__ = ("device", "raise_on_elapsed", "raise_on_query", "raise_on_record", "recorded_at", "records", "refs",
-                 "tag", "tainted")
+    __slots__ = ("device", "raise_on_elapsed", "raise_on_query", "raise_on_record", "recorded_at", "records")
 
     def __init__(self, device: FakeDevice) -> None:
         self.device = device

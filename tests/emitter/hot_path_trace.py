@@ -6,8 +6,8 @@ object per seed. The operations: nested and unbalanced start/stop (some with a b
 set_elapsed, set_step, the host clock advancing (fake, across the reuse gap), device work, completion, stream
 switches, record and stream-lookup failures, query failures, an injector and readout drains, on fake CUDA events
 (``fake_cuda.py``), small pools and rings (exhausted, full). The state: every timer's fields, the shared event's,
-the ring's indices and unread slots, the free list and orphans in order with their tags, each event's refs, tag
-and taint, the counters, the quarantine and the step fields.
+the ring's indices and its unread records byte for byte, the free list and orphans in order with their tags, each
+event's refs, tag and taint, the counters, the quarantine and the step fields.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import otel_straggler.timers as timers_mod
 from otel_straggler import hot_path
 from otel_straggler.config import EmitterConfig
 from otel_straggler.event_pool import EventPool
+from otel_straggler.ring import RECORD
 
 WALL_OFFSET = 1_700_000_000_000_000_000
 
@@ -50,8 +51,8 @@ class FrameSink(RecordingSink):
 # parity test must see every one of them (test_hot_path_parity.py). (module, function, text, replacement)
 MUTANTS = {
     "skipped_counter": ("timers", "_PyTimerCore.stop", "self._c.dropped_ring_full += 1", "pass"),
-    "duration_off_by_one": ("timers", "_PyTimerCore.stop", "sl.end_ns = now", "sl.end_ns = now + 1"),
-    "wrong_flag_bit": ("records", "RecordBatch.add", "flags |= F_INJECTED", "flags |= F_COLLECTIVE"),
+    "duration_off_by_one": ("timers", "_PyTimerCore.stop", "self._t0, now, w[0]", "self._t0, now + 1, w[0]"),
+    "wrong_flag_bit": ("timers", "_PyTimerCore.stop", "injected = F_INJECTED", "injected = F_INJECTED << 1"),
     "repeat_pick": ("timers", "_PyTimerCore.start", "self._pick = pick = nxt >> 1", "self._pick = pick = nxt"),
     "reuse_gap_inclusive": ("timers", "_PyTimerCore.start", "t - sh.ns < sh.gap_ns", "t - sh.ns <= sh.gap_ns"),
 }
@@ -128,37 +129,34 @@ def trace(seed: int, n_ops: int) -> dict[str, Any]:
     t(("embedding", 0), 1.5)
     names = ["forward-backward", "forward-compute", "backward-compute", "optimizer", "all-grads-sync", "x" * 300,
              ("embedding", 0)]
-    evid = {id(e): i for i, e in enumerate(dev.events)}
-
-    def eid(e: Any) -> Any:
-        return None if e is None else evid.get(id(e), "?")
-
     states: list[dict[str, Any]] = []
+    tb = pool.table
 
     def snap(op: tuple) -> None:
         c = t.counters
         tm = {}
         for n, x in t._timers.items():
             tm[str(n)] = [x._started, x._t0, x._elapsed_ns, x._active_ns, x._rep_step, x._rep, x._pick, x._sstep,
-                     x._starts, x._reason, eid(x._sev), x._elapsed_base]
+                          x._starts, x._reason, x._sev, x._elapsed_base, x._id, x.collective]
         sh = t.share
-        evs = [[e.refs, e.tag, e.tainted, e.records, e.recorded_at] for e in dev.events]
+        r = t.ring
+        evs = [[tb.refs[i], tb.tag[i], tb.tainted[i], e.records, e.recorded_at] for i, e in enumerate(dev.events)]
+        unread = b"".join(bytes(r.buf[(i & r.mask) * RECORD.size:((i & r.mask) + 1) * RECORD.size])
+                          for i in range(r.tail, r.head))
         states.append({
             "op": op,
             "c": c.snapshot(),
             "deg": dict(c.degraded),
             "t": tm,
-            "sh": [eid(sh.ev), sh.ns, sh.at_stop, sh.records, sh.stream, sh.gap_ns],
-            "ring": [t.ring.head, t.ring.tail],
-            "free": [eid(e) for e in pool.free],
-            "orph": [[eid(e), e.tag] for e in pool.orphans],
-            "q": [[eid(e) for e in g] for g in t.readout.quarantine],
-            "ctx": [t.ctx.step, list(t.ctx.binding), t.ctx.device_on, t.ctx.host_reason],
+            "sh": [sh.ev, sh.ns, sh.at_stop, sh.records, sh.stream, sh.gap_ns],
+            "ring": [r.head, r.tail],
+            "free": list(pool.free),
+            "orph": [[e, tb.tag[e]] for e in pool.orphans],
+            "q": [list(g) for g in t.readout.quarantine],
+            "ctx": [t.ctx.step, list(t.ctx.binding), list(t.ctx.wire), t.ctx.device_on, t.ctx.host_code],
             "evs": evs,
-            "slots": [[eid(s.start_ev), eid(s.end_ev), s.own if s.start_ev is not None else None, s.reason,
-                       s.repeat, s.start_ns, s.end_ns, s.injected,
-                       None if s.timer is None else s.timer.label] for s in
-                      [t.ring.slots[i & t.ring.mask] for i in range(t.ring.tail, t.ring.head)]],
+            "records": unread.hex(),
+            "pre": [None if v != v else v for v in (r.pre[i & r.mask] for i in range(r.tail, r.head))],
         })
 
     step = 0

@@ -43,7 +43,7 @@ def test_base_exception_from_a_record_propagates(make_timers, device, exc, where
     def boom(stream=None):
         raise exc("from a signal handler")
 
-    ev = t.pool.free[0]
+    ev = t.pool.events[t.pool.free[0]]
     type(ev).record, saved = boom, type(ev).record
     try:
         with pytest.raises(exc):

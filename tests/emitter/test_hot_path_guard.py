@@ -49,6 +49,7 @@ HOT = {
 # calls the start/stop path is allowed to make, by attribute or function name
 ALLOWED_CALLS = {
     "AssertionError",  # Megatron's misuse errors (a start of a started timer, a stop of a stopped one)
+    "OverflowError",  # set_step: a step or workload beyond the record's 64 bits
     "_clock",
     "popleft",
     "record",
@@ -71,7 +72,12 @@ ALLOWED_CALLS = {
     "bool",
     "max",
     "_pow2",
-    "PySlot",  # PyRing.__init__: the ring's slots, made once at install
+    "pack_into",  # the stop's one write: its record into the ring's bytes
+    "_storage",  # PyRing.__init__: the ring's bytes, made once at install
+    "bytearray",
+    "array",
+    "Record",  # record_at (tests, debugging): a record's fields
+    "unpack_from",
     "range",
     "sleep",
     "_gpu_fn",
@@ -176,7 +182,7 @@ def test_static_guard_over_hot_functions() -> None:
 # The C hot path (_hotpath.c): the only functions outside the Python C API it may call, and words that must not
 # appear in it at all (a sync, a lock, I/O, a thread switch). Its calls into Python objects go through the API and
 # meet the runtime spy below like the Python path's.
-C_LIBC_CALLS = {"__builtin_add_overflow", "clock_gettime", "memcpy", "offsetof", "sizeof"}
+C_LIBC_CALLS = {"__builtin_add_overflow", "_Static_assert", "clock_gettime", "memcpy", "memset", "offsetof", "sizeof"}
 C_FORBIDDEN = re.compile(
     r"Synchronize|synchronize|pthread_|sem_|mutex|Py_BEGIN_ALLOW_THREADS|PyEval_SaveThread|PyGILState|printf|"
     r"fopen|fwrite|\bwrite\(|\bread\(|socket|malloc|calloc|realloc|PyMem_|sleep|PyErr_Print|PySys_Write"
@@ -206,9 +212,22 @@ def test_static_guard_over_the_c_hot_path() -> None:
     own = set(re.findall(r"^static [^;{]*?\b(\w+)\s*\(", code, flags=re.M)) | {"PyInit__hotpath"}
     macros = set(re.findall(r"^#define\s+(\w+)", code, flags=re.M))
     foreign = {n for n in called - keywords - own - macros - C_LIBC_CALLS
-               if not n.startswith(("Py", "_Py", "PY"))
+               if not n.startswith(("Py", "PY"))
                and n not in {"cu_event_record_fn", "uintptr_t", "tp_alloc", "tp_free"}}
     assert foreign == set(), foreign  # anything else is a call the guard has not vetted
+
+
+def test_the_c_hot_path_uses_the_public_c_api_only() -> None:
+    """No private CPython name (``_Py*``: ``_PyType_Lookup``, say) and no reach into another type's internals (a
+    member descriptor's offset, a type's version tag, its MRO or dict), so a CPython release cannot break it
+    silently; the objects it writes through memory are its own types' C fields and buffers it holds."""
+    code = re.sub(r"/\*.*?\*/", "", C_SOURCE.read_text(), flags=re.S)
+    code = re.sub(r'"(?:[^"\\]|\\.)*"', '""', code)  # strings name the Python classes
+    private = sorted(set(re.findall(r"\b_Py\w+", code)))
+    assert private == [], private
+    internals = re.findall(r"tp_version_tag|PyMemberDescrObject|d_member|tp_mro|tp_dict\b|Py_TPFLAGS_VALID_VERSION_TAG|"
+                           r"ob_item|ob_refcnt|->ob_type", code)
+    assert internals == [], internals
 
 
 def _can_compile() -> bool:

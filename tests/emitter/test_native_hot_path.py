@@ -19,7 +19,7 @@ from fake_cuda import FakeDevice, FakeEvent
 
 from otel_straggler import hot_path
 from otel_straggler.config import EmitterConfig
-from otel_straggler.counters import CUDA_ERROR, SAMPLED_OUT, EmitterCounters
+from otel_straggler.counters import CUDA_ERROR, EmitterCounters
 from otel_straggler.event_pool import CUDA_ERROR_NOT_READY, EventPool, _address
 from otel_straggler.interval import NullSink
 from otel_straggler.timers import Timers
@@ -36,13 +36,22 @@ class HandleEvent(FakeEvent):
 
 
 class HandleDevice(FakeDevice):
-    """Fake events with raw ``handle``s, as the driver record API's events have."""
+    """Fake events with raw ``handle``s, as the driver record API's events have; ``pool`` copies them into its
+    table, where the driver calls read them."""
 
     def factory(self) -> HandleEvent:
         ev = HandleEvent(self)
         ev.handle = 0x1000 + len(self.events)
         self.events.append(ev)
         return ev
+
+    @staticmethod
+    def pool(size: int, **kw: Any) -> EventPool:
+        dev = kw.pop("dev")
+        pool = EventPool(size, dev.factory, synchronize=None, **kw)
+        for i, ev in enumerate(pool.events):
+            pool.table.handle[i] = ev.handle
+        return pool
 
 
 def refused(call: Any) -> None:
@@ -67,8 +76,7 @@ def test_event_elapsed_and_query_pass_the_handles_and_map_the_result_codes() -> 
         seen.append((h,))
         return rc[0]
 
-    a, b = HandleEvent(FakeDevice()), HandleEvent(FakeDevice())
-    a.handle, b.handle = 0xA0, 0xB0
+    a, b = 0xA0, 0xB0  # two raw events' handles
     core = hot_path.core
     assert core.event_elapsed(_address(elapsed), a, b) == 1.25
     assert core.event_query(_address(query), a) is True
@@ -81,14 +89,14 @@ def test_event_elapsed_and_query_pass_the_handles_and_map_the_result_codes() -> 
     with pytest.raises(RuntimeError, match="cuEventQuery failed \\(700\\)"):
         core.event_query(_address(query), a)
     assert seen == [(0xA0, 0xB0), (0xA0,), (0xA0, 0xB0), (0xB0,), (0xA0, 0xB0), (0xA0,)]
-    with pytest.raises(AttributeError):
+    with pytest.raises(TypeError):
         core.event_query(_address(query), object())  # no handle
 
 
 def _driver_timers(sink: Any, dev: HandleDevice) -> Timers:
     cfg = EmitterConfig(enabled=True, device_every=1, pool_size=16, ring_size=64, share_gap_us=0.0,
                         device_repeats="all")
-    pool = EventPool(16, dev.factory, synchronize=None, stream=lambda: 0x5000)
+    pool = HandleDevice.pool(16, dev=dev, stream=lambda: 0x5000)
     return Timers(2, "minmax", config=cfg, pool=pool, sink=sink)
 
 
@@ -142,7 +150,7 @@ def test_the_c_record_calls_cu_event_record_on_the_current_stream_and_falls_back
 def test_the_wiring_is_checked_when_set_not_on_every_call(make_timers) -> None:
     t = make_timers()
     x = t("forward-compute")
-    for attr in ("_ctx", "_share", "_ring"):
+    for attr in ("_ctx", "_share", "_ring", "_tab", "_c"):
         with pytest.raises(TypeError, match=attr):
             setattr(x, attr, object())
     x._ring = None  # unwired: every call is a counted fault, none raises
@@ -188,23 +196,20 @@ def test_references_taken_on_the_hot_path_are_given_back(make_timers, device) ->
             step()
 
     steps(0, 30)
-    watched = [fc, bc, SAMPLED_OUT, *device.events]
+    watched = [fc, bc, t.ring, t.pool.table, t.ctx, t.share, *device.events]
 
     def refs() -> list[int]:
-        gc.collect()  # garbage of earlier tests that still holds a reason string is not this test's
-        # a reason stays in the slots it was last written to and in each timer's ``_reason``: not a leak
-        held = sum(sl.reason is SAMPLED_OUT for sl in t.ring.slots) + (fc._reason is SAMPLED_OUT) \
-            + (bc._reason is SAMPLED_OUT) + (t.ctx.host_reason is SAMPLED_OUT)
-        return [sys.getrefcount(o) - (held if o is SAMPLED_OUT else 0) for o in watched]
+        gc.collect()  # garbage of earlier tests is not this test's
+        return [sys.getrefcount(o) for o in watched]
 
     before = refs()
     steps(30, 200)
     assert refs() == before
     b = t.ctx.binding  # the binding of one step, through many intervals of it
-    refs = sys.getrefcount(b)
+    n = sys.getrefcount(b)
     for _ in range(50):
         step()
-    assert sys.getrefcount(b) == refs
+    assert sys.getrefcount(b) == n
     assert t.counters.faults_training == 0 and t.counters.unbalanced == 2 * 3 * 280
     assert t.counters.intervals == 2 * 3 * 280
 
@@ -216,7 +221,7 @@ def _batch_timers(sink: Any, dev: HandleDevice, elapsed_fn: Any) -> Timers:
 
     cfg = EmitterConfig(enabled=True, device_every=1, pool_size=32, ring_size=64, share_gap_us=0.0,
                         device_repeats="all")
-    pool = EventPool(32, dev.factory, synchronize=None)
+    pool = HandleDevice.pool(32, dev=dev)
     pool.elapsed_many = functools.partial(hot_path.core.elapsed_batch, _address(elapsed_fn))
     return Timers(2, "minmax", config=cfg, pool=pool, sink=sink)
 
@@ -255,7 +260,7 @@ def test_the_readout_takes_device_times_from_the_batch_up_to_the_first_unfinishe
         t.readout.drain()
         assert [iv.device_ms for iv in sink.intervals] == [1001.0, 1002.0, 1003.0]
         assert t.counters.faults_readout == 0
-        assert all(sl.pre is None for sl in t.ring.slots)  # each read-ahead time is let go with its slot
+        assert all(v != v for v in t.ring.pre)  # each read-ahead time is let go with its record
     finally:
         t.shutdown(1.0)
 
@@ -297,9 +302,9 @@ def test_the_batch_releases_the_gil_around_the_driver_calls(make_timers) -> None
         x.stop()
     check = ctypes.cast(ctypes.pythonapi.PyGILState_Check, ctypes.c_void_p).value
     r = t.ring
-    assert hot_path.core.elapsed_batch(check, r, r.tail, r.head) == 5
-    for sl in r.slots:
-        sl.pre = None  # what was read is garbage: the check wrote no time
+    assert hot_path.core.elapsed_batch(check, r, t.pool.table, r.tail, r.head) == 5
+    for i in range(len(r.pre)):
+        r.pre[i] = float("nan")  # what was read is garbage: the check wrote no time
     t.readout.drain()
     assert [iv.device_ms for iv in t.readout.sink.intervals] == [1.0] * 5
 
@@ -321,16 +326,15 @@ def test_a_barrier_whose_truth_value_raises_is_a_counted_fault(make_timers) -> N
 
 
 def test_a_shared_event_never_initialised_raises_and_does_not_crash() -> None:
-    """Its ring and orphans unset (NULL in C): releasing an event into them raises, where reading them through a
-    NULL pointer would end the process. (With no gap set, ``recorded`` only counts the record in C.)"""
+    """Its table and ring unset (NULL in C): releasing or recording an event raises, where reading them through a
+    NULL pointer would end the process."""
     from otel_straggler.shared_event import SharedEvent
 
     bare = SharedEvent.__new__(SharedEvent)
-    ev = HandleEvent(FakeDevice())
-    ev.refs, ev.tag, ev.tainted = 1, 0, False
     with pytest.raises((TypeError, AttributeError)):
-        bare.release(ev)
-    assert ev.refs == 0 and ev.tainted is True  # released: what comes before the orphans list was done
+        bare.release(0)
+    with pytest.raises((TypeError, AttributeError)):
+        bare.recorded(0, 0, None, False)
 
 
 @native
@@ -388,94 +392,36 @@ def test_the_lookup_follows_a_replaced_timer_table_and_a_patched_call() -> None:
 
 
 @native
-def test_slot_attributes_are_written_in_place_and_hooks_are_not_bypassed() -> None:
-    """The C path reads and writes an event's or the counters' ``__slots__`` at their offsets; an object whose type
-    hooks attribute access goes through the hook."""
-    seen: list[str] = []
-
-    class Hooked(EmitterCounters):
+def test_the_training_counters_are_c_fields_of_the_counters_the_timer_is_wired_to() -> None:
+    """The C path counts into ``HotCounters``' C fields (``EmitterCounters`` derives from it): a subclass sees the
+    counts through the same attributes, and counters of another type are refused when wired, not on a call."""
+    class Mine(EmitterCounters):
         __slots__ = ()
 
-        def __setattr__(self, name: str, value: Any) -> None:
-            seen.append(name)
-            super().__setattr__(name, value)
-
-    for counters, hooked in ((EmitterCounters(), False), (Hooked(), True)):
-        seen.clear()
-        t = Timers(2, "minmax", counters=counters)
-        fc = t("forward-compute", 2)
-        refused(fc.stop)
-        fc.start(barrier=True)
-        refused(fc.start)
-        assert (counters.unbalanced, counters.barriers_skipped) == (2, 1)
-        assert (seen.count("unbalanced"), seen.count("barriers_skipped")) == ((2, 1) if hooked else (0, 0))
-
-
-@native
-def test_the_offset_cache_follows_changes_to_a_type_and_checks_the_descriptor() -> None:
-    """A counters type given a ``__setattr__`` hook or a property after the C path cached a slot's offset goes through
-    them from then on (the type's version tag changed); a member descriptor of another class is refused as Python
-    refuses it (the C path would otherwise write past the object), and the fault is counted, not raised."""
-    seen: list[str] = []
-
-    class Later(EmitterCounters):
-        __slots__ = ()
-
-    c = Later()
-    fc = Timers(2, "minmax", counters=c)("forward-compute", 2)
-    refused(fc.stop)  # the offset is cached
-    Later.__setattr__ = lambda self, name, value: (seen.append(name), object.__setattr__(self, name, value))[1]
+    counters = Mine()
+    t = Timers(2, "minmax", counters=counters)
+    fc = t("forward-compute", 2)
     refused(fc.stop)
-    assert c.unbalanced == 2 and seen == ["unbalanced"]
-    store: dict[str, int] = {}
-    Later.unbalanced = property(lambda self: store.get("u", 0), lambda self, v: store.__setitem__("u", v))
-    refused(fc.stop)
-    assert store == {"u": 1}  # its getter started from 0: the property, not the slot, answered
-
-    class Big:
-        __slots__ = (*(f"s{i}" for i in range(40)), "unbalanced")
-
-    class Small:
-        __slots__ = ("a",)
-        unbalanced = Big.__dict__["unbalanced"]
-
-    small = Small()
-    other = Timers(2, "minmax", counters=small)("forward-compute", 2)
-    for _ in range(3):
-        refused(other.stop)  # Python's setattr raises TypeError here; bump swallows it, as on the Python path
-    with pytest.raises(TypeError):
-        Big.__dict__["unbalanced"].__get__(small)
+    fc.start(barrier=True)
+    refused(fc.start)
+    assert (counters.unbalanced, counters.barriers_skipped) == (2, 1)
+    assert counters.snapshot()["unbalanced"] == 2
+    with pytest.raises(TypeError, match="_c must be the C hot path's HotCounters"):
+        fc._c = object()
+    assert isinstance(counters, hot_path.core.HotCounters)
 
 
-@native
-def test_a_timer_subclass_overriding_a_field_is_read_through_python() -> None:
-    """The C drain and lookup read a timer's C fields only when no class between its type and ``TimerCore`` defines
-    ``label``, ``_group``, ``_level`` or ``collective``; otherwise readout.py and ``_get`` read them as Python does."""
-    from test_packed_drain import BatchSink, Pool, encoder_with
-
-    from otel_straggler.export import wire
-    from otel_straggler.readout import Readout
-    from otel_straggler.ring import Ring
-
-    class Remapped(hot_path.core.TimerCore):
-        __slots__ = ()
-
-        @property
-        def _group(self) -> str:
-            return "compute"
-
-    enc = encoder_with("forward-compute", "compute", "other", "sampled_out")
-    t = Remapped()
-    t.name, t._level = "forward-compute", 1
-    t.label = t.name
-    hot_path.core.TimerCore._group.__set__(t, "other")  # the C field says "other"; Python reads "compute"
-    ring = Ring(4)
-    sl = ring.slots[0]
-    sl.timer, sl.binding, sl.start_ev, sl.end_ev, sl.reason = t, (1, None, None, None), None, None, "sampled_out"
-    ring.head = 1
-    sink = BatchSink(enc)
-    Readout(ring, Pool(), EmitterCounters(), sink, timeout_s=3600.0, wall_anchor=(0, 0)).drain()
-    dec = wire.WireDecoder()
-    dec._names = {v: k for k, v in enc.ids.items()}
-    assert [iv.group for kind, ivs in dec.feed(sink.data) if kind == wire.T_INTERVALS for iv in ivs] == ["compute"]
-    assert sink.added == 1 and sink.packed == 0
+def test_the_collective_flag_of_a_timer_reaches_the_wire_on_both_paths(make_timers, sink) -> None:
+    """A timer's name, level, group and collective flag are its entry in the ring's table, which the records name by
+    id; ``collective`` set after the timer was made (``stage(..., collective=True)``) changes that entry."""
+    t = make_timers()
+    a, b = t("all-grads-sync"), t("forward-compute")
+    a.collective = True
+    assert a.collective and not b.collective
+    assert t.ring.timers[a._id] == ("all-grads-sync", 2, a.group, True)
+    for x in (a, b, a):
+        x.start()
+        x.stop()
+    t.readout.drain()
+    assert [(iv.name, iv.collective) for iv in sink.intervals] == [
+        ("all-grads-sync", True), ("forward-compute", False), ("all-grads-sync", True)]

@@ -18,6 +18,7 @@ import otel_straggler.readout as readout_mod
 import otel_straggler.timers as timers_mod
 from otel_straggler.config import EmitterConfig
 from otel_straggler.event_pool import EventPool
+from otel_straggler.ring import NO_EVENT, record_at
 from otel_straggler.timers import Timers
 
 GAP_US = 50.0
@@ -132,7 +133,7 @@ def test_adjacent_boundaries_reuse_events_and_every_device_time_is_unchanged(clo
     assert by[("forward-backward", 2, 0)] == pytest.approx(4 * 3.0 + 3.0)
     for t in (own, shared):
         t.shutdown(1.0)
-        assert len(t.pool.free) == t.pool.capacity and len(set(map(id, t.pool.free))) == t.pool.capacity
+        assert len(t.pool.free) == t.pool.capacity and len(set(t.pool.free)) == t.pool.capacity
         assert t.counters.quarantined == 0
 
 
@@ -285,24 +286,20 @@ def play(ops: list[tuple[str, Any]], clock: HostClock, *, gap_us: float, pool_si
 
 
 def in_use(t: Timers) -> set[int]:
-    """Events an unread slot, an open timer or the latest boundary still refers to."""
+    """Events an unread record, an open timer or the latest boundary still refers to."""
     r = t.ring
     used = set()
     for idx in range(r.tail, r.head):
-        sl = r.slots[idx & r.mask]
-        for ev in (sl.start_ev, sl.end_ev):
-            if ev is not None:
-                used.add(id(ev))
-    for timer in t._timers.values():
-        if timer._sev is not None:
-            used.add(id(timer._sev))
-    if t.share.ev is not None:
-        used.add(id(t.share.ev))
+        rec = record_at(r, idx)
+        used.update(ev for ev in (rec.start_ev, rec.end_ev) if ev != NO_EVENT)
+    used.update(timer._sev for timer in t._timers.values() if timer._sev != NO_EVENT)
+    if t.share.ev != NO_EVENT:
+        used.add(t.share.ev)
     return used
 
 
 def check_free(t: Timers) -> None:
-    free = [id(ev) for ev in t.pool.free]
+    free = list(t.pool.free)
     assert len(free) == len(set(free)), "an event is twice in the free list"
     assert not (set(free) & in_use(t)), "an event in the free list is still referred to"
 
@@ -320,8 +317,8 @@ def test_random_programs_never_free_an_event_in_use_and_return_every_event(clock
     if repeats == "middle":  # repeats of device-sampled steps went host-only
         assert any(iv.degraded == "sampled_out" and iv.step % (1 + seed % 2) == 0 for iv in sink.intervals)
     assert len(t.pool.free) == t.pool.capacity
-    assert len({id(ev) for ev in t.pool.free}) == t.pool.capacity
-    assert all(ev.refs == 0 for ev in t.pool.free)
+    assert len(set(t.pool.free)) == t.pool.capacity
+    assert all(t.pool.table.refs[ev] == 0 for ev in t.pool.free)
     assert t.counters.faults_training == 0 and t.counters.faults_readout == 0
     if not small:
         # GPU work is launched over more than the gap: reuse changes no device time, only the records
@@ -332,8 +329,8 @@ def test_random_programs_never_free_an_event_in_use_and_return_every_event(clock
         t0.shutdown(1.0)
 
 
-def test_a_released_event_waits_for_the_slots_before_it(clock: HostClock) -> None:
-    """An event released when a later record replaced it returns to the pool only once every slot published
+def test_a_released_event_waits_for_the_records_before_it(clock: HostClock) -> None:
+    """An event released when a later record replaced it returns to the pool only once every record published
     before the release was read, even when it completed long before (another stream's unfinished interval holds
     the readout at an earlier slot)."""
     dev = FakeDevice()
@@ -343,8 +340,8 @@ def test_a_released_event_waits_for_the_slots_before_it(clock: HostClock) -> Non
     x.start()
     clock.advance_us(100)
     x.stop()
-    x_end = t.ring.slots[0].end_ev
-    x_end.recorded_at = 1e9  # still running (on another stream)
+    x_end = record_at(t.ring, 0).end_ev
+    t.pool.events[x_end].recorded_at = 1e9  # still running (on another stream)
     clock.advance_us(100)
     a.start()
     busy(dev, clock, 1.0, 100)
@@ -352,11 +349,11 @@ def test_a_released_event_waits_for_the_slots_before_it(clock: HostClock) -> Non
     a_end = t.share.ev
     clock.advance_us(GAP_US + 1)
     c.start()  # records: a's end event is released behind a's slot
-    assert list(t.pool.orphans) == [x_end, a_end] and a_end.tag == t.ring.head == 2  # x's went the same way
+    assert list(t.pool.orphans) == [x_end, a_end] and t.pool.table.tag[a_end] == t.ring.head == 2  # x's too
     t.readout.drain()
     check_free(t)
     assert a_end not in t.pool.free and len(t.ring) == 2  # x holds the readout, a's slot is unread
-    x_end.recorded_at = dev.queued_ms
+    t.pool.events[x_end].recorded_at = dev.queued_ms
     t.readout.drain()
     assert a_end in t.pool.free and len(t.ring) == 0
     assert [iv.name for iv in sink.intervals] == ["x-other-stream", "forward-compute"]
@@ -430,7 +427,7 @@ def test_a_stream_lookup_that_raises_means_no_reuse_and_leaves_no_reference(cloc
     t.readout.drain()
     assert [iv.device_ms for iv in sink.intervals] == pytest.approx([1.0, 1.0, 1.0])
     t.shutdown(1.0)
-    assert len(t.pool.free) == t.pool.capacity and all(ev.refs == 0 for ev in t.pool.free)
+    assert len(t.pool.free) == t.pool.capacity and all(t.pool.table.refs[ev] == 0 for ev in t.pool.free)
 
 
 def test_an_outer_stop_that_reuses_ends_where_its_inner_one_did(clock: HostClock) -> None:
@@ -488,11 +485,11 @@ def test_a_taint_ends_with_the_life_of_the_event(clock: HostClock) -> None:
     inner.stop()
     clock.advance_us(t.readout.timeout_ns / 1000 + 1)
     t.readout.drain()  # inner's slot times out: the shared event, which outer's slot owns, is tainted
-    assert shared.tainted
+    assert t.pool.table.tainted[shared]
     outer.stop()
     dev.complete_all()
     t.readout.drain()
-    assert shared in t.pool.free and not shared.tainted
+    assert shared in t.pool.free and not t.pool.table.tainted[shared]
 
 
 

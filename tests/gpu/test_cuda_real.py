@@ -7,7 +7,6 @@ slowdown injection; and a real megatron-core GPT with the shim as ``config.timer
 
 from __future__ import annotations
 
-import functools
 import statistics
 import threading
 import time
@@ -21,6 +20,7 @@ from otel_straggler import hot_path  # noqa: E402
 from otel_straggler.config import EmitterConfig  # noqa: E402
 from otel_straggler.event_pool import create_pool  # noqa: E402
 from otel_straggler.interval import DecodingSink  # noqa: E402
+from otel_straggler.ring import record_at  # noqa: E402
 from otel_straggler.timers import Timers  # noqa: E402
 
 
@@ -145,13 +145,14 @@ def test_driver_calls_keep_the_gil_and_use_the_cached_handles() -> None:
     pool = create_pool(16)
     assert pool.record_api == "driver"
     for fn in (pool.record, pool.elapsed, pool.query):
-        if isinstance(fn, functools.partial):  # the C module's calls (_hotpath.c), which never release the GIL
-            assert hot_path.core is not None and fn.func in (hot_path.core.event_elapsed, hot_path.core.event_query)
-            continue
-        calls = [c.cell_contents for c in fn.__closure__ or () if isinstance(c.cell_contents, ctypes._CFuncPtr)]
+        cells = [c.cell_contents for c in fn.__closure__ or ()]
+        if hot_path.core is not None and {hot_path.core.event_elapsed, hot_path.core.event_query} & {
+                c for c in cells if callable(c) and not isinstance(c, ctypes._CFuncPtr)}:
+            continue  # the C module's calls (_hotpath.c), which never release the GIL
+        calls = [c for c in cells if isinstance(c, ctypes._CFuncPtr)]
         assert calls and all(c._flags_ & ctypes._FUNCFLAG_PYTHONAPI for c in calls)
     a, b = pool.free.popleft(), pool.free.popleft()
-    assert a.handle == a.cuda_event and b.handle == b.cuda_event
+    assert pool.table.handle[a] == pool.events[a].cuda_event and pool.table.handle[b] == pool.events[b].cuda_event
 
     stop = threading.Event()
 
@@ -172,7 +173,8 @@ def test_driver_calls_keep_the_gil_and_use_the_cached_handles() -> None:
         held, held_s = switches(pool.record, 20_000)
         # released per call, the busy thread takes the GIL at nearly every record and the loop waits a switch
         # interval for it (bench/results/gpu-h200/pytest-cuda.log): a few hundred records show it
-        released, released_s = switches(driver_recorder(torch.cuda.current_device(), hold_gil=False), 300)
+        released, released_s = switches(driver_recorder(torch.cuda.current_device(), pool.events, pool.table.handle,
+                                                        hold_gil=False), 300)
     finally:
         stop.set()
         th.join()
@@ -231,9 +233,9 @@ def test_device_time_measures_gpu_work_not_launch_time() -> None:
 
 
 @pytest.mark.skipif(hot_path.core is None, reason="the batch read is the C module's")
-def test_the_batch_read_agrees_with_one_call_per_slot() -> None:
+def test_the_batch_read_agrees_with_one_call_per_record() -> None:
     """The pool's ``elapsed_many`` (``_hotpath.elapsed_batch``, which releases the GIL around its driver calls:
-    ``tests/emitter/test_native_hot_path.py`` checks that) gives each pending slot the time one ``elapsed`` call
+    ``tests/emitter/test_native_hot_path.py`` checks that) gives each pending record the time one ``elapsed`` call
     gives it, stops at the first unfinished pair, and the readout ships those times."""
     timers, sink = _timers(start_readout=False)
     pool = timers.pool
@@ -246,22 +248,22 @@ def test_the_batch_read_agrees_with_one_call_per_slot() -> None:
         x.stop()
     r = timers.ring
     torch.cuda.synchronize()
-    assert pool.elapsed_many(r, r.tail, r.head) == 6
-    slots = [r.slots[i & r.mask] for i in range(r.tail, r.head)]
-    for sl in slots:
-        assert sl.pre == pool.elapsed(sl.start_ev, sl.end_ev) and sl.pre > 0.5
-    ahead = [sl.pre for sl in slots]
+    assert pool.elapsed_many(r, pool.table, r.tail, r.head) == 6
+    recs = [(i & r.mask, record_at(r, i)) for i in range(r.tail, r.head)]
+    for i, rec in recs:
+        assert r.pre[i] == pool.elapsed(rec.start_ev, rec.end_ev) and r.pre[i] > 0.5
+    ahead = [r.pre[i] for i, _ in recs]
     x.start()
     _gpu_sleep_ms(200.0)  # unfinished when read
     x.stop()
-    for sl in slots:
-        sl.pre = None
-    n = pool.elapsed_many(r, r.tail, r.head)  # the six completed; the seventh ends the batch while it sleeps
-    seventh = r.slots[(r.head - 1) & r.mask]
+    for i, _ in recs:
+        r.pre[i] = float("nan")
+    n = pool.elapsed_many(r, pool.table, r.tail, r.head)  # the six completed; the seventh ends the batch while asleep
+    seventh = (r.head - 1) & r.mask
     if n == 7:  # this host stalled longer than the sleep before the read: then the seventh has its time too
-        assert pool.query(seventh.end_ev)
+        assert pool.query(record_at(r, r.head - 1).end_ev)
     else:
-        assert n == 6 and seventh.pre is None
+        assert n == 6 and r.pre[seventh] != r.pre[seventh]
     timers.readout.drain()
     assert [iv.device_ms for iv in sink.intervals] == ahead
     assert timers.flush(10.0)
