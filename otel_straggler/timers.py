@@ -57,6 +57,7 @@ from otel_straggler.step_context import StepContext
 
 _log = logging.getLogger("otel_straggler.timers")
 _clock = time.perf_counter_ns
+_pack = RECORD.pack_into  # the stop's one write: its record into the ring's bytes
 RECORD_SIZE = RECORD.size
 
 MAX_LOG_LEVEL = 2
@@ -293,8 +294,8 @@ class _PyTimerCore:
                             lost += (eev,)
                     self._orphans.extend(lost)
                 return
-            RECORD.pack_into(r.buf, (h & r.mask) * RECORD_SIZE, self._t0, now, w[0], w[1], w[2], w[3], rep, self._id,
-                             sev, eev, w[4] | injected, own, reason)
+            _pack(r.buf, (h & r.mask) * RECORD_SIZE, self._t0, now, w[0], w[1], w[2], w[3], rep, self._id, sev, eev,
+                  w[4] | injected, own, reason)
             # no call from here to the head's store: an exception a signal handler raises (it runs where a call
             # returns) finds this interval published or its events still held
             published = True

@@ -72,7 +72,7 @@ ALLOWED_CALLS = {
     "bool",
     "max",
     "_pow2",
-    "pack_into",  # the stop's one write: its record into the ring's bytes
+    "_pack",  # the stop's one write: its record into the ring's bytes (RECORD.pack_into)
     "_storage",  # PyRing.__init__: the ring's bytes, made once at install
     "bytearray",
     "array",

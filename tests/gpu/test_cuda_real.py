@@ -74,12 +74,12 @@ def _timers(device_every: int = 1, device_repeats: str = "all", start_readout: b
 def test_pool_is_real_cuda_and_warmed_at_install() -> None:
     pool = create_pool(32)
     assert pool.cuda and pool.capacity == 32
-    ev = pool.free.popleft()
+    ev = pool.events[pool.free.popleft()]
     # a warmed event was already recorded once: query() answers without creating it
     assert ev.query() is True
     # warm records are cheaper than the first record of a fresh event (which creates it)
     fresh = [torch.cuda.Event(enable_timing=True) for _ in range(200)]
-    warm = [pool.free.popleft() for _ in range(20)]
+    warm = [pool.events[pool.free.popleft()] for _ in range(20)]
     t_fresh, t_warm = [], []
     for i in range(20):
         t0 = time.perf_counter_ns()
@@ -101,26 +101,28 @@ def test_pool_records_through_the_driver_on_the_current_stream() -> None:
     assert pool.record_api == "driver"
     assert create_pool(4, record_api="torch").record_api == "torch"
     side = torch.cuda.Stream()
-    a, b, c, d = (pool.free.popleft() for _ in range(4))
+    ia, ib, ic, id_ = (pool.free.popleft() for _ in range(4))
+    a, b, c, d = (pool.events[i] for i in (ia, ib, ic, id_))
     _gpu_sleep_ms(0.0)
     torch.cuda.synchronize()
     with torch.cuda.stream(side):
-        pool.record(a)
+        pool.record(ia)
         _gpu_sleep_ms(6.0)
-        pool.record(b)
+        pool.record(ib)
         c.record()  # torch
         _gpu_sleep_ms(6.0)
-        pool.record(d)
+        pool.record(id_)
     d.synchronize()
     assert a.elapsed_time(b) > 3.0, a.elapsed_time(b)
     assert c.elapsed_time(d) > 3.0, c.elapsed_time(d)
     # a lone event's completion through the driver (cuEventQuery), as torch's query() answers it
-    e = pool.free.popleft()
+    ie = pool.free.popleft()
+    e = pool.events[ie]
     _gpu_sleep_ms(50.0)
-    pool.record(e)
-    early = pool.query(e)
+    pool.record(ie)
+    early = pool.query(ie)
     e.synchronize()
-    assert early is False and pool.query(e) is True and e.query() is True
+    assert early is False and pool.query(ie) is True and e.query() is True
 
 
 def _voluntary_switches() -> int:
