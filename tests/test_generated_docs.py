@@ -114,6 +114,44 @@ def test_the_default_scanner_sees_the_drift_it_is_for() -> None:
         (1, "max_bytes", 100 * 1024.0**2), (1, "limit_mib", 1024.0)}
 
 
+_KNOB_ROW = re.compile(r"^\| `([a-z_.]+)` \| `([^`]*)` \|([^|]*)\|", flags=re.M)
+
+
+def _detector_knobs(text: str) -> dict[str, tuple[str, str]]:
+    """key -> (default, allowed) of every knob row of docs/detector.md: ``| `key` | `default` | allowed |``."""
+    from collector_processor.processor.straggler.config import Config
+
+    keys = {key for key, _d, _b in gen_docs._walk(Config, "", None)}
+    return {m.group(1): (m.group(2), m.group(3).strip()) for m in _KNOB_ROW.finditer(text) if m.group(1) in keys}
+
+
+def _allowed(default: str, bounds: str) -> str:
+    """What docs/detector.md says a key allows: the model's bounds, else the kind of value."""
+    if bounds:
+        return bounds
+    if default in ("true", "false"):
+        return "true, false"
+    return "stage groups" if ", " in default else "a string"
+
+
+def test_the_detector_page_gives_every_processor_key_as_the_code_has_it() -> None:
+    from collector_processor.processor.straggler.config import Config
+
+    expected = {key: (gen_docs._cell(default), _allowed(default, gen_docs._cell(bounds)))
+                for key, default, bounds in gen_docs._walk(Config, "", None)}
+    documented = _detector_knobs((ROOT / "docs" / "detector.md").read_text(encoding="utf-8"))
+    assert sorted(set(expected) - set(documented)) == [], "keys the page does not give"
+    wrong = {k: (documented[k], expected[k]) for k in expected if documented[k] != expected[k]}
+    assert not wrong, wrong
+
+
+def test_the_detector_knob_check_sees_a_drifted_default_or_bound() -> None:
+    drifted = "| `max_open_windows` | `8` | >= 1 |\n| `tolerance` | `0.04` | >= 0 |\n| `pair` | `true` | |\n"
+    assert _detector_knobs(drifted) == {"max_open_windows": ("8", ">= 1"), "tolerance": ("0.04", ">= 0"),
+                                        "pair": ("true", "")}
+    assert _allowed("forward, backward", "") == "stage groups" and _allowed("5", "> 0") == "> 0"
+
+
 def _registered_collector_metrics() -> dict[str, tuple[str, tuple[str, ...]]]:
     from prometheus_client.metrics import MetricWrapperBase
 
