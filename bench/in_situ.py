@@ -7,7 +7,7 @@ tensor operations then one timed interval around one more; blocks of iterations 
 (rotating order) and each arm's cost is its mean iteration time minus the ``none`` arm's of the same round:
 
   noop    a timers object whose ``timers(name, log_level)`` returns a no-op timer (the call shape's own cost)
-  host    the real ``Timers`` on a step that is not device-sampled (host clock, one ring slot)
+  host    the real ``Timers`` on a step that is not device-sampled (host clock, one ring record)
   device  the same on a device-sampled step (two event records; CUDA only)
 
 The ring is drained between blocks, untimed. Usage: ``python bench/in_situ.py`` (CPU tensors; ``--device cuda``
