@@ -737,7 +737,8 @@ static PyObject *do_record(TimerObject *t, ShareObject *sh, TableObject *tb, lon
     return r;
 }
 
-/* the wiring is checked when set (Timer_set_wire), so the hot path only asks whether it is there */
+/* the wiring is checked when set (Timer_set_wire), so the hot path only asks whether it is there; and the running
+ * start's event id, which Python code may have set (``_sev``), is one of the table's before anything indexes with it */
 static inline int check_wiring(TimerObject *t) {
     if (t->ctx == NULL || t->share == NULL || t->ring == NULL || t->tab == NULL || t->free == NULL ||
         t->record == NULL || t->orphans == NULL || t->c == NULL ||
@@ -745,6 +746,7 @@ static inline int check_wiring(TimerObject *t) {
         PyErr_SetString(PyExc_TypeError, "timer not wired to the native ring, event table, shared event and step");
         return -1;
     }
+    if (t->sev != NO_EVENT && t->sev >= ((TableObject *)t->tab)->n) return bad_id();
     return 0;
 }
 

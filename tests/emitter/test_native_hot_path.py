@@ -22,6 +22,7 @@ from otel_straggler.config import EmitterConfig
 from otel_straggler.counters import CUDA_ERROR, EmitterCounters
 from otel_straggler.event_pool import CUDA_ERROR_NOT_READY, EventPool, _address
 from otel_straggler.interval import NullSink
+from otel_straggler.ring import NO_EVENT
 from otel_straggler.timers import Timers
 
 native = pytest.mark.skipif(hot_path.core is None, reason=f"the C hot path is not in use ({hot_path.REASON})")
@@ -158,6 +159,22 @@ def test_the_wiring_is_checked_when_set_not_on_every_call(make_timers) -> None:
     refused(x.stop)  # the start failed: no running timer, Megatron's misuse error
     assert t.counters.faults_training == 1
     assert t.counters.unbalanced == 1
+
+
+def test_an_event_id_set_from_python_beyond_the_table_is_a_counted_fault(make_timers) -> None:
+    """``_sev`` is writable (``reset`` writes it): an id the pool's table does not have is refused before anything
+    indexes with it, on either path, and counted; the timer is usable again after a reset."""
+    t = make_timers(pool_size=4)
+    x = t("forward-compute")
+    x.start()
+    x._sev = 4000
+    x.stop()
+    assert t.counters.faults_training == 1
+    x._sev = NO_EVENT
+    x.reset()
+    x.start()
+    x.stop()
+    assert t.counters.faults_training == 1 and t.counters.unbalanced == 0
 
 
 def test_a_call_with_an_unknown_argument_raises_like_a_python_method(make_timers) -> None:
