@@ -14,10 +14,15 @@ times (1 by default). The attackers run in the bench's process beside the valid 
   gzip-bomb       HTTPS bodies of 64 gzip members (1 GiB inflated), attacker token
   far-steps       the attacker's token: 70 one-span requests with steps near 10^6 and a false straggler for
                   valid-job (another tenant's job), and the same far steps into its own job
+  slow-inline     the attacker's token: 8 gRPC clients sending 250 KiB requests of one-span cohorts (under the
+                  256 KiB up to which the gRPC receiver processes a request on its event loop when the pipeline is
+                  idle; the costliest such request per byte the bench knows), each processed in well under the
+                  250 ms after which that path is turned off: together they keep the event loop busy
 
 Per attack: the collector's RSS (peak during, at the end), valid exports that succeeded during the attack and in
-the window after it, and recover_s: seconds from the attack's end until the RSS is under the soft limit and a valid
-export has succeeded again. tenants_crossed: attacker requests for valid-job that were answered OK (0 expected).
+the window after it (and the slowest 5 % of their durations: p95), and recover_s: seconds from the attack's end
+until the RSS is under the soft limit and a valid export has succeeded again. tenants_crossed: attacker requests
+for valid-job that were answered OK (0 expected).
 
 Last line: peak_rss_mb= valid_client_success_during= valid_client_success_after= recover_s_max= tenants_crossed=
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import re
 import socket
 import ssl
 import subprocess
@@ -37,7 +43,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from hostile import MIB, TRACE_METHOD, Collector, Tally, empty_spans, log, run_threads
+from hostile import MIB, TRACE_METHOD, Collector, Tally, cohort_spans, empty_spans, log, run_threads
 
 VALID_TOKEN = "valid-team-token-5b1e"
 ATTACK_TOKEN = "attacker-team-token-9c07"
@@ -130,6 +136,12 @@ class Valid:
         with self._lock:
             done = [ok for t, _, ok in self.results if t0 <= t < t1]
         return sum(done), len(done)
+
+    def p95_s(self, t0: float, t1: float) -> float:
+        """The 95th percentile of the durations of the exports that started in [t0, t1) (nan: none)."""
+        with self._lock:
+            took = sorted(end - t for t, end, _ in self.results if t0 <= t < t1)
+        return took[min(len(took) - 1, int(0.95 * len(took)))] if took else float("nan")
 
     def first_ok_after(self, t0: float) -> float | None:
         """When the first export that started at or after ``t0`` succeeded."""
@@ -324,9 +336,61 @@ def attack_far_steps(e: Env) -> str:
     return "70 far-step requests into valid-job and into attacker-job, repeated"
 
 
+def attack_slow_inline(e: Env) -> str:
+    bodies = [cohort_spans(250 * 1024, job=f"attacker-inline-{k}") for k in range(8)]
+    took: list[float] = []
+    health: list[float] = []
+    lock = threading.Lock()
+
+    def client(stop: threading.Event, k: int) -> None:
+        with e.channel() as ch:
+            i = k
+            while not stop.is_set():
+                t0 = time.monotonic()
+                code = grpc_send(ch, bodies[i % len(bodies)])
+                with lock:
+                    took.append(time.monotonic() - t0)
+                e.tally.add("grpc " + code)
+                i += 1
+
+    def probe(stop: threading.Event) -> None:
+        """The receiver's event loop as any call sees it: gRPC health checks (answered on the loop), 10 a second."""
+        with e.channel() as ch:
+            check = ch.unary_unary("/grpc.health.v1.Health/Check")
+            while not stop.wait(0.1):
+                t0 = time.monotonic()
+                try:
+                    check(b"", timeout=10)
+                except Exception:  # a failed check counts as its full wait
+                    pass
+                health.append(time.monotonic() - t0)
+
+    deferred0 = _inline_deferred(e.c)
+    run_threads(e.a.duration, [lambda stop, k=k: client(stop, k) for k in range(8)] + [probe])
+    deferred = _inline_deferred(e.c) - deferred0
+    took.sort()
+    health.sort()
+    med = took[len(took) // 2] * 1000 if took else float("nan")
+    p95 = health[min(len(health) - 1, int(0.95 * len(health)))] * 1000 if health else float("nan")
+    return (f"{len(bodies[0]) / 1024:.0f} KiB of one-span cohorts, 8 gRPC clients; {len(took)} requests, "
+            f"answered in {med:.0f} ms (median); health check p95 {p95:.0f} ms, max "
+            f"{(health[-1] * 1000 if health else float('nan')):.0f} ms; {deferred:.0f} queued by the inline budget")
+
+
+def _inline_deferred(c: Collector) -> float:
+    """The collector's ``inline_deferred_total`` over its pipelines (nan where it has none or does not answer)."""
+    try:
+        text = c.metrics()
+    except OSError:
+        return float("nan")
+    found = re.findall(r"^otel_straggler_collector_inline_deferred_total\{[^}]*\} (\S+)", text, re.M)
+    return sum(float(x) for x in found) if found else float("nan")
+
+
 SEQUENCE = [("amplification", attack_amplification), ("stalled-calls", attack_stalled_calls),
             ("half-open-tls", attack_half_open), ("amplification", attack_amplification),
-            ("idle-tls", attack_idle_tls), ("gzip-bomb", attack_gzip), ("far-steps", attack_far_steps)]
+            ("idle-tls", attack_idle_tls), ("gzip-bomb", attack_gzip), ("far-steps", attack_far_steps),
+            ("slow-inline", attack_slow_inline)]
 
 
 @dataclass
@@ -338,6 +402,7 @@ class Row:
     after_mb: float
     during: tuple[int, int]
     after: tuple[int, int]
+    p95_s: tuple[float, float]  # valid exports' durations, during and after
     recover_s: float
     answers: str
     notes: str
@@ -380,8 +445,11 @@ def main(a: argparse.Namespace) -> None:
         time.sleep(3.0)
         log(f"collector up (TLS, tenants), RSS {rss_mb(c.proc.pid):.0f} MiB; valid clients exporting")
         try:
+            only = {x.strip() for x in a.only.split(",") if x.strip()}
             for rnd in range(1, a.rounds + 1):
                 for name, fn in SEQUENCE:
+                    if only and name not in only:
+                        continue
                     tally = Tally()
                     peak[0] = rss_mb(c.proc.pid)
                     t0 = time.monotonic()
@@ -400,11 +468,13 @@ def main(a: argparse.Namespace) -> None:
                     recover = (max(under, first_ok) - t1) if under is not None and first_ok is not None \
                         else float("inf")
                     row = Row(rnd, name, during_peak, end_mb, rss_mb(c.proc.pid), valid.between(t0, t1),
-                              valid.between(t1, t2), recover, tally.text(), notes)
+                              valid.between(t1, t2), (valid.p95_s(t0, t1), valid.p95_s(t1, t2)), recover,
+                              tally.text(), notes)
                     rows.append(row)
                     log(f"[round {rnd}] {name}: peak {row.peak_mb:.0f} MiB, at end {row.end_mb:.0f}, after "
                         f"{row.after_mb:.0f}; valid during {row.during[0]}/{row.during[1]}, after "
-                        f"{row.after[0]}/{row.after[1]}; recover {row.recover_s:.1f} s; {row.answers}; {notes}")
+                        f"{row.after[0]}/{row.after[1]}; valid p95 {row.p95_s[0]:.2f} s / {row.p95_s[1]:.2f} s; "
+                        f"recover {row.recover_s:.1f} s; {row.answers}; {notes}")
                     if c.proc.poll() is not None:
                         raise RuntimeError(f"the collector exited:\n{c.log()[-3000:]}")
         finally:
@@ -414,11 +484,12 @@ def main(a: argparse.Namespace) -> None:
             c.stop()
     log("")
     log(f"| round | attack | peak RSS MiB | at end | {a.after_s:.0f} s after | valid during | valid after | "
-        "recover s | attacker answers | notes |")
-    log("|---|---|---|---|---|---|---|---|---|---|")
+        "valid p95 s during / after | recover s | attacker answers | notes |")
+    log("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         log(f"| {r.round} | {r.attack} | {r.peak_mb:.0f} | {r.end_mb:.0f} | {r.after_mb:.0f} | "
-            f"{r.during[0]}/{r.during[1]} | {r.after[0]}/{r.after[1]} | {r.recover_s:.1f} | {r.answers} | {r.notes} |")
+            f"{r.during[0]}/{r.during[1]} | {r.after[0]}/{r.after[1]} | {r.p95_s[0]:.2f} / {r.p95_s[1]:.2f} | "
+            f"{r.recover_s:.1f} | {r.answers} | {r.notes} |")
     during = [Row.rate(r.during) for r in rows if r.during[1]]
     after = [Row.rate(r.after) for r in rows if r.after[1]]
     log(f"peak_rss_mb={hwm:.0f} valid_client_success_during={min(during) if during else float('nan'):.3f} "

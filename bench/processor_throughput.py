@@ -34,6 +34,7 @@ import cProfile
 import io
 import os
 import pstats
+import socket
 import statistics
 import subprocess
 import sys
@@ -168,6 +169,19 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _wait_listening(port: int, deadline: float, proc: subprocess.Popen[bytes]) -> None:
+    """Until the collector's gRPC port takes connections. Its metrics endpoint can answer before its receivers
+    listen; a first connection refused there costs the client gRPC's 1 s reconnect backoff inside the timed run."""
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("collector's gRPC port did not open") from None
+            time.sleep(0.05)
+
+
 def run_full(requests: list[bytes], inflight: int, timeout_s: float,
              root: Path = ROOT) -> tuple[float, float, int, float]:
     """The collector of the checkout at ``root``: (seconds, peak RSS MB, retries, CPU seconds)."""
@@ -202,6 +216,7 @@ def run_full(requests: list[bytes], inflight: int, timeout_s: float,
                     if time.monotonic() > t_ready or proc.poll() is not None:
                         raise RuntimeError("collector did not start") from None
                     time.sleep(0.1)
+            _wait_listening(grpc_port, t_ready, proc)
             cpu0 = _cpu_s(proc.pid)
             t0 = time.perf_counter()
             _, retries = drive(grpc_port, requests, inflight, timeout_s)

@@ -7,9 +7,14 @@ least every ``TICK_S``, and hands the result to the exporters, which queue inter
 for long.
 
 A receiver on an event loop may also hand a small request over with ``process_now``: when the pipeline is idle (its
-queue empty, its worker between items) and its recent items were quick, the request is processed on the caller's
-thread at once, under the same lock the worker holds per item (no hand-off to the worker and back, no thread
-woken); otherwise the receiver queues it (``offer``).
+queue empty, its worker between items) and its inline budget is not spent, the request is processed on the
+caller's thread at once, under the same lock the worker holds per item (no hand-off to the worker and back, no
+thread woken); otherwise the receiver queues it (``offer``). The budget bounds the caller's time taken by long
+items: each item's time beyond ``INLINE_FREE_S`` is charged to a credit that refills at ``INLINE_BUDGET_S`` per
+second up to ``INLINE_BUDGET_S``; while the credit is spent, requests are queued instead (counted in
+``inline_deferred_total``). Quick items (a rank's batch: about a millisecond) are never charged; a client whose
+requests each take a large part of a second holds the caller's thread (a receiver's event loop) for about a tenth of
+the time at most.
 
 A pipeline fed by a connector takes ``EventBatch`` items through the same bounded queue (``submit_events``): each
 exporter gets them as events (``EventsExporter``) or as an OTLP logs request (``LogsExporter``).
@@ -44,10 +49,13 @@ from collector_processor.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 TICK_S = 0.25
-# process_now: an item that took longer than this turns processing on the caller's thread off for INLINE_OFF_S
-# (a slow processor must not hold a receiver's event loop)
-INLINE_MAX_S = 0.25
-INLINE_OFF_S = 1.0
+# process_now: an item's time beyond INLINE_FREE_S is charged to a credit of at most INLINE_BUDGET_S that refills at
+# INLINE_BUDGET_S per second; a spent credit (<= 0) queues requests instead (a slow processor, or a client whose
+# requests are made slow to process, must not hold a receiver's event loop). The debt of one very slow item is
+# capped at INLINE_MAX_DEBT_S (the path is back within 10 s).
+INLINE_FREE_S = 0.01
+INLINE_BUDGET_S = 0.1
+INLINE_MAX_DEBT_S = 1.0
 EVENT_BYTES = 512  # queue byte estimate per event
 _PROCESS = {"traces": (TracesProcessor, "process_traces"), "metrics": (MetricsProcessor, "process_metrics"),
             "logs": (LogsProcessor, "process_logs")}
@@ -108,7 +116,9 @@ class Pipeline:
         self._bytes = 0
         self._lock = threading.Lock()
         self._handling = threading.Lock()  # held while an item is processed, by the worker or process_now
-        self._inline_off_until = 0.0
+        self._inline_credit = INLINE_BUDGET_S
+        self._inline_at = time.monotonic()
+        self._inline_deferred = telemetry.inline_deferred.labels(pid)
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"pipeline-{pid}", daemon=True)
         self._depth = telemetry.queue_depth.labels(pid)
@@ -168,26 +178,32 @@ class Pipeline:
         return item
 
     def process_now(self, msg: Message, nbytes: int, n: int) -> Result | _Item | None:
-        """Process a request on the calling thread if the pipeline is idle and its recent items were quick: the
+        """Process a request on the calling thread if the pipeline is idle and its inline budget is not spent: the
         processed item (``rejected``, ``message`` set), the refusal (as ``offer`` refuses), or None when it must
-        be queued instead (``offer``)."""
+        be queued instead (``offer``; counted in ``inline_deferred_total`` when the budget was the reason)."""
         refused = self._refused()
         if refused is not None:
             return refused
-        if self._q.qsize() or time.monotonic() < self._inline_off_until:
+        if self._q.qsize():
+            return None
+        now = time.monotonic()
+        credit = min(INLINE_BUDGET_S, self._inline_credit + (now - self._inline_at) * INLINE_BUDGET_S)
+        self._inline_credit, self._inline_at = credit, now
+        if credit <= 0.0:
+            self._inline_deferred.inc()
             return None
         if not self._handling.acquire(blocking=False):
             return None
         try:
             item = _Item("request", msg, nbytes, n)
-            t0 = time.monotonic()
             try:
                 self._handle(item)
             except Exception:
                 log.exception("pipeline %s failed on an item", self.id)
-            t1 = time.monotonic()
-            if t1 - t0 > INLINE_MAX_S:
-                self._inline_off_until = t1 + INLINE_OFF_S
+            end = time.monotonic()
+            self._inline_at = end  # the item's own time refills nothing
+            if end - now > INLINE_FREE_S:
+                self._inline_credit = max(-INLINE_MAX_DEBT_S, self._inline_credit - (end - now - INLINE_FREE_S))
         finally:
             self._handling.release()
         return item

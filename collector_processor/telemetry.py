@@ -64,6 +64,9 @@ class Telemetry:
         self.tenant_refused = Counter(_base(s.M_TENANT_REFUSED), "Requests naming a job their token may not write",
                                       ["receiver"], registry=r)
         self.memory_bytes = Gauge(s.M_MEMORY_BYTES, "Process RSS seen by the memory limiter", registry=r)
+        self.inline_deferred = Counter(_base(s.M_INLINE_DEFERRED), "Requests queued because the pipeline's budget "
+                                       "for processing on a receiver's event loop was spent", ["pipeline"],
+                                       registry=r)
         self.component_errors = Counter(_base(s.M_COMPONENT_ERRORS), "Exceptions caught in components",
                                         ["component"], registry=r)
         for reason in s.COLLECTOR_DROPPED_REASONS:

@@ -256,6 +256,9 @@ M_CONNECTIONS_CLOSED: Final = "otel_straggler_collector_connections_closed_total
 COLLECTOR_CONNECTION_CLOSE_REASONS: Final = ("refused", "stalled")
 # requests refused because they name a job their token may not write (labels: receiver)
 M_TENANT_REFUSED: Final = "otel_straggler_collector_tenant_refused_total"
+# requests a receiver would have processed on its event loop, queued because the pipeline's inline budget was spent
+# (labels: pipeline)
+M_INLINE_DEFERRED: Final = "otel_straggler_collector_inline_deferred_total"
 M_MEMORY_BYTES: Final = "otel_straggler_collector_memory_bytes"
 M_COMPONENT_ERRORS: Final = "otel_straggler_collector_component_errors_total"  # labels: component
 # Label values each collector counter reports from the start (at 0), so a rate sees its first event; the
@@ -366,6 +369,10 @@ COLLECTOR_METRICS: Final = (
     Metric(M_TENANT_REFUSED, "counter", ("receiver",),
            "requests refused because a resource names a job (`straggler.job.id`) the request's token "
            "may not write (`auth.tenants`)"),
+    Metric(M_INLINE_DEFERRED, "counter", ("pipeline",),
+           "requests a receiver would have processed on its event loop (its pipeline idle) that were queued "
+           "instead because the pipeline's budget for that was spent: each item's time beyond 10 ms is charged "
+           "to a credit that refills at 0.1 s per second"),
     Metric(M_MEMORY_BYTES, "gauge", (),
            "process RSS seen by the memory limiter"),
     Metric(M_COMPONENT_ERRORS, "counter", ("component",),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 import grpc
 from google.protobuf.message import Message
@@ -134,6 +135,9 @@ class Dispatcher:
         self._aborted_logged = threading.Event()
         self._forbidden_logged = threading.Event()
         telemetry.receiver(label)
+        # the receiver's counter children, looked up once (a labels() call takes a lock and builds a key)
+        self._spans_received = telemetry.spans_received.labels(label)
+        self._outcomes: dict[str, Any] = {}
 
     def has(self, signal: str) -> bool:
         return bool(self.pipelines.get(signal))
@@ -228,7 +232,7 @@ class Dispatcher:
         """Queue a prepared request on ``pipe`` without waiting: the queued item (``done.set()`` once processed;
         then ``finished``) or the refusal, counted as ``dispatch`` counts it."""
         if signal == "traces":
-            self.t.spans_received.labels(self.label).inc(n)
+            self._spans_received.inc(n)
         r = pipe.offer(msg, held_bytes(nbytes, n), n, done)
         if isinstance(r, Result):
             self.outcome("throttled")
@@ -243,7 +247,7 @@ class Dispatcher:
         if r is None:
             return None
         if signal == "traces":
-            self.t.spans_received.labels(self.label).inc(n)
+            self._spans_received.inc(n)
         if isinstance(r, Result):
             self.outcome("throttled")
             if signal == "traces":
@@ -264,7 +268,7 @@ class Dispatcher:
             n = count_items(signal, msg)
         nbytes = held_bytes(nbytes, n)
         if signal == "traces":
-            self.t.spans_received.labels(self.label).inc(n)
+            self._spans_received.inc(n)
         out = Result()
         for p in self.pipelines.get(signal, ()):
             r = p.submit(msg, nbytes, n, self.wait_s)
@@ -282,7 +286,10 @@ class Dispatcher:
         return out
 
     def outcome(self, outcome: str) -> None:
-        self.t.requests.labels(self.label, outcome).inc()
+        child = self._outcomes.get(outcome)
+        if child is None:
+            child = self._outcomes[outcome] = self.t.requests.labels(self.label, outcome)
+        child.inc()
 
     def forbidden(self, why: str) -> None:
         """A request naming a job its token may not write: counted, logged once per receiver."""

@@ -149,12 +149,14 @@ class OtlpGrpcReceiver:
         self._loop: LoopThread | None = None
         self._workers: Workers | None = None
         self._completions: Completions | None = None
+        # the receiver's event loop, set by start (asyncio.get_running_loop() costs a getpid system call per call)
+        self._aloop: asyncio.AbstractEventLoop
         self.host, self.port = split_host_port(proto.endpoint, 4317)
 
     # ---- the Export methods -------------------------------------------------------------------------------
     def _method(self, signal: str) -> grpc.RpcMethodHandler:
         async def export(request_iterator: object, context: grpc.aio.ServicerContext) -> bytes:
-            call = self.calls.admit(_peer_address(context.peer()), asyncio.get_running_loop().time())
+            call = self.calls.admit(_peer_address(context.peer()), self._aloop.time())
             if call is None:  # the listener (or this peer) is full of calls that are not stalled
                 self.t.connections_closed.labels(self.d.label, "refused").inc()
                 out = self._refused(Refusal("busy", "too many calls in progress"))
@@ -215,8 +217,9 @@ class OtlpGrpcReceiver:
         try:
             # the read is awaited in the handler's own task (no task or wait_for per call): the read timeout and
             # an eviction cancel that task
-            task = call.task = asyncio.current_task()
-            timer = asyncio.get_running_loop().call_later(self._read_timeout, _expire, call)
+            loop = self._aloop
+            task = call.task = asyncio.current_task(loop)
+            timer = loop.call_later(self._read_timeout, _expire, call)
             try:
                 raw = await context.read()
             except asyncio.CancelledError:
@@ -294,7 +297,7 @@ class OtlpGrpcReceiver:
             if now is not None:
                 r = self.d.finished(now, True)
                 return _Outcome(grpc.StatusCode.OK, body=export_response(signal, r).SerializeToString())
-        loop = asyncio.get_running_loop()
+        loop = self._aloop
         done: asyncio.Future[bool] = loop.create_future()  # True: processed; False: wait_for_processing passed
         assert self._completions is not None
         item = self.d.offer(signal, pipe, msg, len(raw), n, _LoopWaiter(self._completions, done))
@@ -329,6 +332,7 @@ class OtlpGrpcReceiver:
     def start(self) -> None:
         self._loop = LoopThread(f"grpc-{self.id}")
         self._loop.start()
+        self._aloop = self._loop.loop
         self._completions = Completions(self._loop.loop)
         self._workers = Workers(self.proto.max_workers, f"grpc-{self.id}-worker")
         grpc_limit = self.limit + 64 * 1024  # room to answer a slightly bigger body with our own counted error

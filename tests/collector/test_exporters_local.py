@@ -196,6 +196,7 @@ def test_every_counter_exists_at_zero_before_any_traffic(start_service, tmp_path
         s.M_COMPONENT_ERRORS: [{"component": c} for c in ("memory_limiter", "straggler", "file/evidence")],
         s.M_EVICTIONS: [{"structure": x} for x in (*EVICTED_STRUCTURES, "metric_series", "evidence_buffer",
                                                    "queue:traces", "queue:logs/verdicts", "queue:metrics")],
+        s.M_INLINE_DEFERRED: [{"pipeline": p} for p in ("traces", "logs/verdicts", "metrics")],
         s.M_SPANS_ACCEPTED: [{}], s.M_WINDOWS_CLOSED: [{}], s.M_EVIDENCE_LINES: [{}],
     }
     for name, label_sets in expected.items():

@@ -108,12 +108,88 @@ def test_process_now_runs_on_the_callers_thread_only_when_the_pipeline_is_idle()
 
 
 def test_process_now_stops_after_a_slow_item() -> None:
-    rec = _Recorder(delay=0.3)  # over INLINE_MAX_S
+    rec = _Recorder(delay=0.3)  # 0.29 s charged against a 0.1 s budget
     p = Pipeline("traces", Telemetry(), max_items=10, max_bytes=1 << 20, processors=[Stage("rec", rec)],
                  exporters=[])
     assert p.process_now(_req(), 10, 1) is not None
     assert p.process_now(_req(), 10, 1) is None  # the slow processor must not hold a receiver's event loop
     assert rec.threads == [threading.current_thread().name]
+
+
+def _inline_deferred(t: Telemetry, pid: str = "traces") -> float | None:
+    return t.registry.get_sample_value(s.M_INLINE_DEFERRED, {"pipeline": pid})
+
+
+def test_process_now_budget_bounds_the_callers_time_on_items_just_under_a_quarter_second() -> None:
+    """A client whose requests each take just under 250 ms to process must not keep a receiver's event loop busy:
+    once the inline budget is spent, such requests are queued (and counted) instead of processed on the caller's
+    thread."""
+    t = Telemetry()
+    rec = _Recorder(delay=0.2)
+    p = Pipeline("traces", t, max_items=10, max_bytes=1 << 20, processors=[Stage("rec", rec)], exporters=[])
+    inline = [p.process_now(_req(), 10, 1) is not None for _ in range(4)]
+    assert inline == [True, False, False, False]
+    assert rec.threads == [threading.current_thread().name]
+    assert _inline_deferred(t) == 3.0
+    assert _inline_deferred(Telemetry()) is None
+    Pipeline("traces", t2 := Telemetry(), max_items=1, max_bytes=1, processors=[], exporters=[])
+    assert _inline_deferred(t2) == 0.0  # exported from the start
+
+
+class _Clock:
+    """A monotonic clock the test moves (``pipeline.time`` replaced: the budget's refill without waiting)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.now
+
+
+class _Costly:
+    """Takes ``cost`` seconds of the fake clock per request."""
+
+    last_rejected = 0
+
+    def __init__(self, clock: _Clock) -> None:
+        self.clock = clock
+        self.cost = 0.0
+        self.calls = 0
+
+    def process_traces(self, req):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        self.clock.now += self.cost
+        return req
+
+
+def test_process_now_budget_charges_only_long_items_and_refills(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import collector_processor.pipeline as pl
+
+    clock = _Clock()
+    monkeypatch.setattr(pl, "time", clock)
+    t = Telemetry()
+    proc = _Costly(clock)
+    p = Pipeline("traces", t, max_items=10, max_bytes=1 << 20, processors=[Stage("c", proc)], exporters=[])
+    proc.cost = pl.INLINE_FREE_S  # a quick item, back to back: never charged
+    assert all(p.process_now(_req(), 10, 1) is not None for _ in range(1000))
+    proc.cost = 0.07  # 60 ms charged each: the 0.1 s credit lasts two items
+    assert [p.process_now(_req(), 10, 1) is not None for _ in range(3)] == [True, True, False]
+    clock.now += 0.5  # refilled by 0.05 s: positive again, one more item
+    assert p.process_now(_req(), 10, 1) is not None
+    assert p.process_now(_req(), 10, 1) is None
+    proc.cost = 100.0  # one pathological item: its debt is capped, the path is back within 10 s
+    clock.now += 10.0
+    assert p.process_now(_req(), 10, 1) is not None
+    clock.now += 1.0 / pl.INLINE_BUDGET_S * pl.INLINE_MAX_DEBT_S + 0.01
+    proc.cost = 0.0
+    assert p.process_now(_req(), 10, 1) is not None
+    assert _inline_deferred(t) == 2.0
 
 
 def test_process_now_waits_for_the_worker_item() -> None:

@@ -45,6 +45,7 @@ _Snapshot = tuple[
     tuple[tuple[_Key, float], ...],
 ]
 _EMPTY: _Snapshot = ((), (), (), (), (), ())
+_ALERTS, _RANK_STAGE, _RANK_DEV, _VERDICTS, _COST, _SEEN = range(6)  # the parts of a snapshot
 
 
 class StragglerMetrics(Collector):
@@ -60,7 +61,7 @@ class StragglerMetrics(Collector):
         self._cost: dict[_Key, list[float | str]] = {}  # labels -> [GPU-seconds, exemplar trace id]
         self._seen: dict[_Key, list[float]] = {}  # (job,) -> [last accepted sample's wall time, t]
         self._snapshot: _Snapshot = _EMPTY
-        self._dirty = False
+        self._dirty: set[int] = set()  # the snapshot's parts (indices of _Snapshot) to rebuild at publish
         self._next_expiry_s = 0.0
         self.registered = False
         if config.enabled:
@@ -100,12 +101,12 @@ class StragglerMetrics(Collector):
             self._put(self._rank_stage, (job, cohort, str(rank), group, meas), [seconds, now_s])
         for rank, dev in outcome.rank_deviation.items():
             self._put(self._rank_dev, (job, cohort, str(rank)), [dev, now_s])
-        self._dirty = True
+        self._dirty.update((_RANK_STAGE, _RANK_DEV))
 
     def record_seen(self, job: str, now_s: float) -> None:
         """The collector accepted a sample of ``job`` at ``now_s`` (its wall clock)."""
         self._put(self._seen, (job,), [now_s, now_s], priority=True)
-        self._dirty = True
+        self._dirty.add(_SEEN)
 
     def record_alert(self, v: Verdict, now_s: float, judged: bool = False, covered_by: str = "") -> None:
         """A straggler alert (new, refreshed or held) or a recovery (active 0) for its series; ``judged``: the
@@ -139,7 +140,8 @@ class StragglerMetrics(Collector):
                 cur[1] = trace.hex()
             elif self._room(priority=True):
                 self._cost[base] = [v.window_gpu_seconds, trace.hex()]
-        self._dirty = True
+            self._dirty.add(_COST)
+        self._dirty.add(_ALERTS)
 
     def count_verdicts(self, verdicts: Iterable[Verdict]) -> None:
         for v in verdicts:
@@ -152,33 +154,41 @@ class StragglerMetrics(Collector):
                     cur[1] = trace
             elif self._room(priority=True):
                 self._verdicts[key] = [1.0, trace]
-            self._dirty = True
+            self._dirty.add(_VERDICTS)
 
     def publish(self, now_s: float) -> None:
         """Expire idle series (a scan of every series: at most once a second, not per request) and swap in a
-        new snapshot (only when something changed)."""
+        new snapshot (only when something changed; only its changed parts are copied: a request that moves
+        a job's last-seen time copies that one small part, not every rank's series)."""
         ttl = self.cfg.series_ttl_s
         if now_s >= self._next_expiry_s:
             self._next_expiry_s = now_s + min(1.0, ttl / 10.0)
-            for d, t_idx in ((self._alerts, 4), (self._rank_stage, 1), (self._rank_dev, 1), (self._seen, 1)):
+            for part, d, t_idx in ((_ALERTS, self._alerts, 4), (_RANK_STAGE, self._rank_stage, 1),
+                                   (_RANK_DEV, self._rank_dev, 1), (_SEEN, self._seen, 1)):
                 stale = [k for k, v in d.items() if now_s - v[t_idx] > ttl]
                 for k in stale:
                     del d[k]
                     if d is self._alerts:
                         self._alert_keys.pop(k[:-1], None)
                 if stale:
-                    self._dirty = True
+                    self._dirty.add(part)
         if not self._dirty:
             return
-        self._snapshot = (
-            tuple((k, (v[0], v[1], v[2], v[3])) for k, v in self._alerts.items()),
-            tuple((k, v[0]) for k, v in self._rank_stage.items()),
-            tuple((k, v[0]) for k, v in self._rank_dev.items()),
-            tuple((k, float(v[0]), str(v[1])) for k, v in self._verdicts.items()),
-            tuple((k, float(v[0]), str(v[1])) for k, v in self._cost.items()),
-            tuple((k, v[0]) for k, v in self._seen.items()),
-        )
-        self._dirty = False
+        dirty, self._dirty = self._dirty, set()
+        snap = list(self._snapshot)
+        if _ALERTS in dirty:
+            snap[_ALERTS] = tuple((k, (v[0], v[1], v[2], v[3])) for k, v in self._alerts.items())
+        if _RANK_STAGE in dirty:
+            snap[_RANK_STAGE] = tuple((k, v[0]) for k, v in self._rank_stage.items())
+        if _RANK_DEV in dirty:
+            snap[_RANK_DEV] = tuple((k, v[0]) for k, v in self._rank_dev.items())
+        if _VERDICTS in dirty:
+            snap[_VERDICTS] = tuple((k, float(v[0]), str(v[1])) for k, v in self._verdicts.items())
+        if _COST in dirty:
+            snap[_COST] = tuple((k, float(v[0]), str(v[1])) for k, v in self._cost.items())
+        if _SEEN in dirty:
+            snap[_SEEN] = tuple((k, v[0]) for k, v in self._seen.items())
+        self._snapshot = tuple(snap)  # type: ignore[assignment]
 
     def series(self) -> int:
         return self._series_count()
