@@ -6,9 +6,11 @@ gRPC (``--inflight`` concurrent calls, retrying throttled ones) to
 
   (a) parse-only: a real gRPC server in its own process (same server model: ``grpc.server`` + thread pool)
       whose handler parses the ``ExportTraceServiceRequest`` and answers;
-  (b) full: ``python -m collector_processor`` (gRPC receive, decode, queue, straggler processor: group,
-      windows, detection; Prometheus metrics exporter; debug traces exporter) in its own process; timed until
-      its pipeline has processed every request (its ``processing_seconds`` count).
+  (b) full: ``python -m collector_processor`` (gRPC receive, decode, queue, the traces pipeline as shipped:
+      memory limiter (admission before decoding) and straggler processor (group, windows, detection);
+      Prometheus metrics exporter; debug traces exporter) in its own process; timed until its pipeline has
+      processed every request (its ``processing_seconds`` count). ``--no-memory-limiter``: the straggler
+      processor alone.
 
   python bench/processor_throughput.py                 # ~400k spans per arm
   python bench/processor_throughput.py --spans 20000   # smoke
@@ -53,6 +55,7 @@ from collector_processor.simulate.load import LoadConfig, sdk_requests  # noqa: 
 from otel_straggler_demo.run import free_port  # noqa: E402
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+SHIPPED_MEMORY_LIMITER = {"limit_mib": 1024, "spike_limit_mib": 256, "check_interval": "1s"}
 
 PARSE_ONLY_SERVER = r'''
 import sys, time
@@ -183,17 +186,20 @@ def _wait_listening(port: int, deadline: float, proc: subprocess.Popen[bytes]) -
 
 
 def run_full(requests: list[bytes], inflight: int, timeout_s: float,
-             root: Path = ROOT) -> tuple[float, float, int, float]:
+             root: Path = ROOT, memory_limiter: bool = True) -> tuple[float, float, int, float]:
     """The collector of the checkout at ``root``: (seconds, peak RSS MB, retries, CPU seconds)."""
     import yaml
 
     grpc_port, metrics_port = free_port(), free_port()
+    processors: dict[str, object] = {"straggler": {}}
+    if memory_limiter:  # as configs/collector.yaml ships it
+        processors = {"memory_limiter": SHIPPED_MEMORY_LIMITER, **processors}
     conf = {
         "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": f"127.0.0.1:{grpc_port}"}}}},
-        "processors": {"straggler": {}},
+        "processors": processors,
         "exporters": {"debug": {"verbosity": "basic"}, "prometheus": {"endpoint": f"127.0.0.1:{metrics_port}"}},
         "service": {"pipelines": {
-            "traces": {"receivers": ["otlp"], "processors": ["straggler"], "exporters": ["debug"]},
+            "traces": {"receivers": ["otlp"], "processors": list(processors), "exporters": ["debug"]},
             "metrics": {"receivers": ["otlp"], "exporters": ["prometheus"]},
         }},
     }
@@ -272,6 +278,8 @@ def main() -> int:
     ap.add_argument("--base", type=Path, metavar="PATH",
                     help="also run the collector of the checkout at PATH, alternately with this one")
     ap.add_argument("--pairs", type=int, default=5, help="with --base: runs of each arm")
+    ap.add_argument("--no-memory-limiter", dest="memory_limiter", action="store_false",
+                    help="the traces pipeline without the shipped memory_limiter (straggler processor only)")
     args = ap.parse_args()
     cfg = LoadConfig(Layout(dp=args.dp, tp=args.cohorts), device_every=args.device_every, detail=args.detail)
     ranks = args.dp * args.cohorts
@@ -283,9 +291,10 @@ def main() -> int:
           f"{sum(map(len, requests)) / len(requests) / 1024:.0f} KiB/request, encoded in "
           f"{time.monotonic() - t0:.1f}s", file=sys.stderr)
     if args.base is not None:
-        return side_by_side(requests, n_spans, args.base.resolve(), args.pairs, args.inflight, args.timeout)
+        return side_by_side(requests, n_spans, args.base.resolve(), args.pairs, args.inflight, args.timeout,
+                            args.memory_limiter)
     dt_a, rss_a = run_parse_only(requests, args.inflight, args.timeout)
-    dt_b, rss_b, retries, cpu_b = run_full(requests, args.inflight, args.timeout)
+    dt_b, rss_b, retries, cpu_b = run_full(requests, args.inflight, args.timeout, memory_limiter=args.memory_limiter)
     a, b = n_spans / dt_a, n_spans / dt_b
     print(f"\n{'arm':40} {'seconds':>8} {'spans/s':>10} {'peak RSS MB':>12}")
     print(f"{'(a) parse-only OTLP/gRPC receiver':40} {dt_a:8.2f} {a:10.0f} {rss_a:12.0f}")
@@ -299,7 +308,7 @@ def main() -> int:
 
 
 def side_by_side(requests: list[bytes], n_spans: int, base: Path, pairs: int, inflight: int,
-                 timeout_s: float) -> int:
+                 timeout_s: float, memory_limiter: bool = True) -> int:
     """``pairs`` runs of each arm, alternately; per run its parse-only floor, then its collector."""
     if not (base / "collector_processor").is_dir():
         raise SystemExit(f"--base {base}: not a checkout (no collector_processor/)")
@@ -309,7 +318,7 @@ def side_by_side(requests: list[bytes], n_spans: int, base: Path, pairs: int, in
     for i in range(pairs):
         for arm in (("base", "this") if i % 2 == 0 else ("this", "base")):
             dt_a, _ = run_parse_only(requests, inflight, timeout_s)
-            dt_b, rss, _, cpu = run_full(requests, inflight, timeout_s, roots[arm])
+            dt_b, rss, _, cpu = run_full(requests, inflight, timeout_s, roots[arm], memory_limiter)
             a, b = n_spans / dt_a, n_spans / dt_b
             runs[arm].append((b, a, b / a, cpu))
             print(f"{i + 1:4d} {arm:5} {b:9.0f} {a:10.0f} {b / a:6.3f} {cpu:6.2f} {rss:6.0f}", flush=True)

@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from collector_processor import allocator
 from collector_processor.config.loader import ConfigError, load_files
 from collector_processor.config.validate import CollectorConfig, validate
 
@@ -126,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, RuntimeError) as e:
         log.error("cannot start: %s", e)
         return 1
+    allocator.tune()  # no heap shrink and regrow per request (collector_processor/allocator.py)
     gc.freeze()  # what start built lives as long as the process: no collection scans it again
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
     for line in svc.endpoints():

@@ -3,28 +3,27 @@
 Over ``limit_mib - spike_limit_mib`` (the soft limit) the pipelines that list it refuse new data (receivers answer
 UNAVAILABLE / 503 with a retry delay), and memory is given back (a garbage collection, then glibc's
 ``malloc_trim``); so it is once a burst of large requests ended (``BURST_BYTES``). Allocations of 1 MiB or more are
-mapped on their own (``MMAP_THRESHOLD``), so a burst's large blocks leave no freed memory in malloc's arenas.
+mapped on their own (``allocator.MMAP_THRESHOLD``), so a burst's large blocks leave no freed memory in malloc's
+arenas.
 
 It is also the pipelines' ``Admission`` gate before decoding: a receiver reserves the memory a request may take
 (its body, then the decoder's upper estimate, ``receiver.decode.decode_cost``) and is refused while the current
 RSS plus what is reserved by requests being read or decoded plus the request would pass the soft limit. A request
 that could not fit even alone (more than the soft limit minus the RSS at start) is refused for good (HTTP 413 /
 RESOURCE_EXHAUSTED); any other refusal carries the retry delay. So a burst of bodies that inflate while decoding
-waits its turn instead of passing the limit between two checks.
+waits its turn instead of passing the limit between two checks. The allocator's thresholds, the trim and the RSS
+read are ``collector_processor.allocator``'s.
 """
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import logging
-import os
-import resource
 import threading
 import time
 
 from pydantic import Field, model_validator
 
+from collector_processor.allocator import rss_bytes, trim, tune
 from collector_processor.component import Refusal
 from collector_processor.config.model import MIB
 from collector_processor.config.types import Duration, Strict
@@ -33,7 +32,6 @@ from collector_processor.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 MAX_LIMIT_MIB = 1024 * 1024  # 1 TiB
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class Config(Strict):
@@ -59,56 +57,7 @@ class Config(Strict):
 BURST_BYTES = 32 * MIB
 
 
-# Allocations of at least this size are mapped on their own and unmapped when freed (glibc's M_MMAP_THRESHOLD,
-# fixed): a request's bytes and the decoder's large blocks never stay in a malloc arena after their burst. glibc
-# otherwise raises the threshold to the largest block freed (up to 32 MiB), and after a few bursts of 4 MiB requests
-# 300 MiB stayed in its arenas that malloc_trim could not give back (bench/results/hostile.md).
-MMAP_THRESHOLD = 1 << 20
-_M_MMAP_THRESHOLD = -3
-
-
-def _libc():  # type: ignore[no-untyped-def]
-    try:
-        return ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc: nothing to tune or trim with
-        return None
-
-
-_LIBC = _libc()
-_MALLOC_TRIM = getattr(_LIBC, "malloc_trim", None)
-if _MALLOC_TRIM is not None:
-    _MALLOC_TRIM.argtypes = [ctypes.c_size_t]
-    _MALLOC_TRIM.restype = ctypes.c_int
-
-
-def map_large_allocations() -> bool:
-    """Fix glibc's mmap threshold at ``MMAP_THRESHOLD`` (once per process; False where it cannot be set)."""
-    mallopt = getattr(_LIBC, "mallopt", None)
-    if mallopt is None:
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
-
-
-def release_memory(collect: bool = True) -> None:
-    """A full garbage collection (unless ``collect`` is False), then glibc's ``malloc_trim(0)``: free pages of every
-    malloc arena go back to the system (a no-op where the C library is not glibc)."""
-    if collect:
-        gc.collect()
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
-
-
 TRIM_EVERY_S = 10.0  # RSS over a quarter of the way to the soft limit: free arena pages returned this often
-
-
-def rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # peak, not current: best effort
 
 
 class MemoryLimiter:
@@ -123,7 +72,7 @@ class MemoryLimiter:
         self._burst = False  # a large reservation since the memory was last released
         self.releases = 0
         self._trimmed_s = 0.0
-        map_large_allocations()
+        tune()
         self.baseline = rss_bytes()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="memory-limiter", daemon=True)
@@ -167,14 +116,14 @@ class MemoryLimiter:
         if rss > self.soft or (self._burst and self._reserved == 0):
             # over the soft limit, or a burst of large requests just ended: give freed memory back now
             self._burst = False
-            release_memory()
+            trim()
             self.releases += 1
             rss = rss_bytes()
         elif rss > self.baseline + (self.soft - self.baseline) // 4 and \
                 time.monotonic() - self._trimmed_s >= TRIM_EVERY_S:
             # well above the start, not over the limit: what many small buffers (a flood of connections) left
             self._trimmed_s = time.monotonic()
-            release_memory(collect=False)
+            trim(collect=False)
             rss = rss_bytes()
         self.t.memory_bytes.set(rss)
         over = rss > self.soft

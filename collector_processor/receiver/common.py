@@ -18,7 +18,14 @@ from collector_processor.component import Admission, Refusal
 from collector_processor.config.types import Duration, GrpcListen, HttpListen, ServerTLS, Strict
 from collector_processor.pipeline import Pipeline, Result
 from collector_processor.receiver.auth import AuthConfig, Tenant
-from collector_processor.receiver.decode import CT_PROTOBUF, DecodeFailure, count_items, decode, decode_cost
+from collector_processor.receiver.decode import (
+    CT_PROTOBUF,
+    DecodeFailure,
+    count_items,
+    decode,
+    decode_cost,
+    decode_cost_bound,
+)
 from collector_processor.receiver.tenants import Forbidden, check_tenant
 from collector_processor.telemetry import Telemetry
 
@@ -197,9 +204,17 @@ class Dispatcher:
                 ) -> tuple[Message, int] | Refusal:
         """``decode_and_dispatch`` up to the hand-over: the decoded request and its items, or the refusal (counted;
         ``DecodeFailure`` and ``Forbidden`` raised, counted). The decoding estimate is computed and reserved only
-        where a gate bounds memory."""
-        cost = decode_cost(data, ctype) if self._gates.get(signal) else 0
+        where a gate bounds memory: a small protobuf body's most (``decode_cost_bound``), scanned for the estimate
+        (``decode_cost``) only when that is refused."""
+        cost = 0
+        bound: int | None = None
+        if self._gates.get(signal):
+            bound = decode_cost_bound(data, ctype)
+            cost = decode_cost(data, ctype) if bound is None else bound
         refusal = self.reserve(signal, cost)
+        if refusal is not None and cost and bound is not None:  # the most was refused: the estimate may fit
+            cost = decode_cost(data, ctype)
+            refusal = self.reserve(signal, cost)
         if refusal is not None:
             self.refused(refusal)
             return refusal
