@@ -6,12 +6,14 @@
   a burst's large blocks (request bytes, the decoder's big blocks) never stay in a malloc arena. glibc otherwise
   raises this threshold to the largest block freed (up to 32 MiB), and after a few bursts of 4 MiB requests
   300 MiB stayed in its arenas that ``malloc_trim`` could not give back (``bench/results/hostile.md``).
-* ``M_TRIM_THRESHOLD`` at 32 MiB: the free top of the heap is given back to the system by ``free`` only beyond
-  that. Fixing the mmap threshold also fixes this one at glibc's 128 KiB, and then every request of a few hundred
-  KiB shrank the heap when its buffers were freed and grew it (page faults on fresh pages) for the next: 44 page
-  faults per request of the throughput bench and a quarter of its decoding time
-  (``bench/results/processor-throughput.md``). What the heap keeps is at most this much; the memory limiter
-  returns the rest (``trim``) after a burst, over its soft limit and periodically when well above its start.
+* ``M_TRIM_THRESHOLD`` at 4 MiB: the free top of a malloc arena is given back to the system by ``free`` only
+  beyond that. Fixing the mmap threshold also freezes this one where start-up left it (glibc's 128 KiB at worst),
+  and then every request of a few hundred KiB shrank the heap when its buffers were freed and grew it (page faults
+  on fresh pages) for the next: 26-44 page faults per request of the throughput bench and a fifth of its decoding
+  time (``bench/results/processor-throughput.md``); from 1 MiB on none. Each arena (one per thread that
+  allocates, at most 8 per core) keeps at most this much free at its top; the memory limiter returns everything
+  free (``trim``) after a burst, over its soft limit and periodically when well above its start. At 32 MiB the
+  arenas kept ~220 MiB after the hostile bench's attacks.
 
 ``rss_bytes`` reads ``/proc/self/statm`` through a descriptor kept open (one ``pread``, ~1.5 us against ~10 us
 for open-read-close): the memory limiter asks it for every request it admits.
@@ -26,7 +28,7 @@ import resource
 import threading
 
 MMAP_THRESHOLD = 1 << 20
-TRIM_THRESHOLD = 32 << 20
+TRIM_THRESHOLD = 4 << 20
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
