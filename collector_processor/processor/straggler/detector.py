@@ -443,8 +443,8 @@ class Judgement:
     def workload(self) -> bool:
         """``workload``: the rank's tokens per step are within ``workload_tolerance`` of the cohort's median
         (ranks without tokens are comparable); in a stage judged per unit (``per_unit.py``) every rank is."""
-        if self.se.per_unit:
-            return True
+        if self.se.uniform:  # per unit, or every warm rank's tokens within the tolerance of each other's, so of
+            return True      # their median too: |a - b| / max(a, b) <= (hi - lo) / hi for a, b in [lo, hi]
         ev = self.ev
         tok = ev.rank_tokens.get(self.rank)
         return tok is None or ev.tok_median is None or len(ev.rank_tokens) <= 1 \
