@@ -422,6 +422,9 @@ class Judgement:
         self._record_excess(cmp)
         if cmp.slow:
             return self.window_excess(cmp)
+        seq = self.seq
+        if self.st.alert is None and (seq is None or not seq.fires):  # neither of the next two can decide
+            return self.recovery(cmp)
         if self.sequential_excess(cmp) or self.hysteresis(cmp):
             return None
         return self.recovery(cmp)
