@@ -104,6 +104,22 @@ def resource_identity(rs: ResourceSpans) -> ResourceIdentity:
     return ident
 
 
+_IDENTITY_MAX = 8192  # distinct resources remembered (one per rank of each job): cleared when full
+_identities: dict[bytes, ResourceIdentity] = {}
+
+
+def _identity(rs: ResourceSpans) -> ResourceIdentity:
+    """``resource_identity(rs)``, remembered by the resource's wire bytes: a rank sends the same resource in
+    every request. The identity returned is shared: read it, never change it."""
+    raw = rs.resource.SerializeToString()
+    ident = _identities.get(raw)
+    if ident is None:
+        if len(_identities) >= _IDENTITY_MAX:
+            _identities.clear()
+        ident = _identities[raw] = resource_identity(rs)
+    return ident
+
+
 def _int_of(v: object) -> int:
     which = v.WhichOneof("value")  # type: ignore[attr-defined]
     if which == "int_value":
@@ -121,7 +137,7 @@ def _int_of(v: object) -> int:
 def decode_resource_spans(rs: ResourceSpans, out: DecodeResult, skip_service: str = COLLECTOR_SERVICE_NAME) -> None:
     """Append the stage samples of one ResourceSpans to ``out``, counting rejections. Spans of the
     collector's own resource (verdict spans carry ``straggler.stage``) are skipped."""
-    ident = resource_identity(rs)
+    ident = _identity(rs)
     if ident.service == skip_service:
         return
     if ident.summary:
@@ -189,6 +205,15 @@ def decode_resource_spans(rs: ResourceSpans, out: DecodeResult, skip_service: st
             ))
 
 
+# the rank-step attributes a summary is read from -> what each is (one dict lookup per attribute)
+_DEVS, _HOSTS, _STAGES, _GROUPS, _COUNTS, _STEP, _HOST_TOTAL, _TOKENS, _COLLECTIVE, _HINT = range(10)
+_SUMMARY_KEYS: dict[str, int] = {k: _HINT for k in hints.KEYS} | {
+    s.ATTR_SUMMARY_DEVICE_MS: _DEVS, s.ATTR_SUMMARY_HOST_MS: _HOSTS, s.ATTR_SUMMARY_STAGES: _STAGES,
+    s.ATTR_SUMMARY_GROUPS: _GROUPS, s.ATTR_SUMMARY_COUNTS: _COUNTS, s.ATTR_ITERATION: _STEP,
+    s.ATTR_HOST_MS: _HOST_TOTAL, s.ATTR_WORKLOAD_TOKENS: _TOKENS, s.ATTR_SUMMARY_COLLECTIVE: _COLLECTIVE,
+}
+
+
 def _decode_summary(span: object, ident: ResourceIdentity, out: DecodeResult) -> None:
     """One ``rank-step`` span with its step summary -> one ``StepSummary``: the rank-step's own host time
     (entry 0, when finite) and one entry per timer; bad entries counted as the stage-span path counts them."""
@@ -198,28 +223,35 @@ def _decode_summary(span: object, ident: ResourceIdentity, out: DecodeResult) ->
     stages = groups = devs = hosts = counts = None
     collective: tuple[str, ...] = ()
     gpu: dict[str, object] | None = None
+    which = _SUMMARY_KEYS.get
     for kv in span.attributes:  # type: ignore[attr-defined]
         k = kv.key
-        if k == s.ATTR_SUMMARY_DEVICE_MS:
-            devs = arrays.doubles(kv.value.array_value)
-        elif k == s.ATTR_SUMMARY_HOST_MS:
-            hosts = arrays.doubles(kv.value.array_value)
-        elif k == s.ATTR_SUMMARY_STAGES:
-            stages = arrays.strings(kv.value.array_value)
-        elif k == s.ATTR_SUMMARY_GROUPS:
-            groups = arrays.strings(kv.value.array_value)
-        elif k == s.ATTR_SUMMARY_COUNTS:
-            counts = arrays.ints(kv.value.array_value)
-        elif k == s.ATTR_ITERATION:
+        slot = which(k)
+        if slot is None:
+            continue
+        if slot == _DEVS:
+            devs = arrays.attribute_doubles(kv, k)
+        elif slot == _HOSTS:
+            hosts = arrays.attribute_doubles(kv, k)
+        elif slot == _STAGES:
+            stages = arrays.attribute_strings(kv)
+        elif slot == _GROUPS:
+            groups = arrays.attribute_strings(kv)
+        elif slot == _COUNTS:
+            counts = arrays.attribute_ints(kv)
+        elif slot == _STEP:
             step = kv.value.int_value
-        elif k == s.ATTR_HOST_MS:
-            host_total = arrays.number(kv.value)
-        elif k == s.ATTR_WORKLOAD_TOKENS:
+        elif slot == _HOST_TOTAL:
+            v = kv.value
+            host_total = v.double_value
+            if not host_total:  # 0.0 or not a double: ask which (rare)
+                host_total = arrays.number(v)
+        elif slot == _TOKENS:
             t = kv.value.int_value
             tokens = t if t > 0 else None
-        elif k == s.ATTR_SUMMARY_COLLECTIVE:
-            collective = arrays.strings(kv.value.array_value)
-        elif k in hints.KEYS:  # NVML cause hints (only where the emitter samples them)
+        elif slot == _COLLECTIVE:
+            collective = arrays.attribute_strings(kv)
+        else:  # NVML cause hints (only where the emitter samples them)
             if gpu is None:
                 gpu = {}
             kind = hints.KEYS[k]
