@@ -5,7 +5,8 @@ before its value can be read: ~150 ns each, 65 per rank-step summary, which made
 most of the collector's per-rank-step cost. Both readers here start from the array's wire bytes (one C call):
 
 * names and counts repeat from step to step (the same timers every step), so their decoded tuple is kept
-  per distinct wire bytes and reused (bounded: cleared when ``_MEMO_MAX`` distinct arrays were seen);
+  per distinct wire bytes and reused (bounded: cleared when ``_MEMO_MAX`` distinct arrays were seen; an array
+  over ``MEMO_KEY_BYTES`` is read every time);
 * doubles differ every step, but an array of doubles has one fixed layout on the wire, 11 bytes per element
   (``0a 09``: field 1, 9 bytes; ``21``: double_value, fixed64; 8 bytes little-endian), which one
   ``struct`` call unpacks. Anything else (ints, a mixed array, unknown fields) takes the per-element path.
@@ -26,6 +27,10 @@ from typing import Any
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
 
 _MEMO_MAX = 1024
+# What one remembered entry may cost: arrays of more wire bytes, and double arrays of more elements, are read
+# every time instead (a sender of ever-new 16 MiB arrays would otherwise leave 1,024 of them, gigabytes, held)
+MEMO_KEY_BYTES = 4096
+UNPACKER_MAX_ELEMENTS = 512
 _strings_memo: dict[bytes, tuple[str, ...]] = {}
 _ints_memo: dict[bytes, tuple[int, ...]] = {}
 _unpackers: dict[int, struct.Struct] = {}
@@ -53,10 +58,19 @@ def _bounded_get(memo: dict, key: object, make: Callable[[], object]) -> Any:  #
     stream of ever-new arrays, not this project's emitter: start over)."""
     out = memo.get(key)
     if out is None:
+        if isinstance(key, bytes) and len(key) > MEMO_KEY_BYTES:
+            return make()
         if len(memo) >= _MEMO_MAX:
             memo.clear()
         out = memo[key] = make()
     return out
+
+
+def _unpacker(n: int) -> struct.Struct:
+    """The ``struct`` reading n plain double elements (remembered up to ``UNPACKER_MAX_ELEMENTS``)."""
+    if n > UNPACKER_MAX_ELEMENTS:
+        return struct.Struct("<" + "3xd" * n)
+    return _bounded_get(_unpackers, n, lambda: struct.Struct("<" + "3xd" * n))
 
 
 def strings(array: ArrayValue) -> tuple[str, ...]:
@@ -78,7 +92,7 @@ def doubles(array: ArrayValue) -> Sequence[float]:
     # element k starts at 11 k: these three bytes at every start, and a length of exactly 11 n, mean that
     # parsing element by element would find n AnyValues each holding only a double
     if not rest and raw[0::11] == b"\x0a" * n and raw[1::11] == b"\x09" * n and raw[2::11] == b"\x21" * n:
-        return _bounded_get(_unpackers, n, lambda: struct.Struct("<" + "3xd" * n)).unpack(raw)
+        return _unpacker(n).unpack(raw)
     values = array.values
     if values and values[0].WhichOneof("value") != "double_value":
         return [number(x) for x in values]
@@ -87,24 +101,14 @@ def doubles(array: ArrayValue) -> Sequence[float]:
 
 def attribute_strings(kv: KeyValue) -> tuple[str, ...]:
     """``strings(kv.value.array_value)``, remembered by the attribute's wire bytes."""
-    raw = kv.SerializeToString()
-    out = _attr_strings_memo.get(raw)
-    if out is None:
-        if len(_attr_strings_memo) >= _MEMO_MAX:
-            _attr_strings_memo.clear()
-        out = _attr_strings_memo[raw] = tuple(x.string_value for x in kv.value.array_value.values)
-    return out
+    return _bounded_get(_attr_strings_memo, kv.SerializeToString(),
+                        lambda: tuple(x.string_value for x in kv.value.array_value.values))
 
 
 def attribute_ints(kv: KeyValue) -> tuple[int, ...]:
     """``ints(kv.value.array_value)``, remembered by the attribute's wire bytes."""
-    raw = kv.SerializeToString()
-    out = _attr_ints_memo.get(raw)
-    if out is None:
-        if len(_attr_ints_memo) >= _MEMO_MAX:
-            _attr_ints_memo.clear()
-        out = _attr_ints_memo[raw] = tuple(x.int_value for x in kv.value.array_value.values)
-    return out
+    return _bounded_get(_attr_ints_memo, kv.SerializeToString(),
+                        lambda: tuple(x.int_value for x in kv.value.array_value.values))
 
 
 def attribute_doubles(kv: KeyValue, key: str) -> Sequence[float]:
@@ -113,6 +117,8 @@ def attribute_doubles(kv: KeyValue, key: str) -> Sequence[float]:
     holding only double ``AnyValue``s (as ``doubles`` requires of the array's bytes); else through ``doubles``."""
     raw = kv.SerializeToString()
     size = len(raw)
+    if size > _DOUBLE_ELEMENT * UNPACKER_MAX_ELEMENTS:  # no layout remembered for it (MEMO_KEY_BYTES)
+        return doubles(kv.value.array_value)
     layout = _attr_layouts.get((key, size))
     if layout is None:
         if len(_attr_layouts) >= _MEMO_MAX:
@@ -147,5 +153,5 @@ def _attribute_layout(key: str, size: int) -> tuple[bytes, int, bytes, bytes, by
         prefix = head + _varint(len(value) + array_len) + value
         if len(prefix) + array_len == size:
             return (prefix, len(prefix), b"\x0a" * n, b"\x09" * n, b"\x21" * n,
-                    _bounded_get(_unpackers, n, lambda n=n: struct.Struct("<" + "3xd" * n)))
+                    _unpacker(n))
     return ()

@@ -105,6 +105,7 @@ def resource_identity(rs: ResourceSpans) -> ResourceIdentity:
 
 
 _IDENTITY_MAX = 8192  # distinct resources remembered (one per rank of each job): cleared when full
+_IDENTITY_BYTES = 2048  # a resource of more wire bytes is read every time (a rank's: ~600)
 _identities: dict[bytes, ResourceIdentity] = {}
 
 
@@ -114,6 +115,8 @@ def _identity(rs: ResourceSpans) -> ResourceIdentity:
     raw = rs.resource.SerializeToString()
     ident = _identities.get(raw)
     if ident is None:
+        if len(raw) > _IDENTITY_BYTES:  # not a rank's resource as the emitter sends it: read, not remembered
+            return resource_identity(rs)
         if len(_identities) >= _IDENTITY_MAX:
             _identities.clear()
         ident = _identities[raw] = resource_identity(rs)

@@ -322,3 +322,37 @@ def test_the_identity_memo_is_bounded() -> None:
         rs = ResourceSpans(resource=Resource(attributes=[KeyValue(key=s.RES_RANK, value=AnyValue(int_value=i))]))
         assert decode._identity(rs).rank == i
     assert 0 < len(decode._identities) <= decode._IDENTITY_MAX
+
+
+def test_large_or_ever_new_arrays_and_resources_are_not_remembered() -> None:
+    """What the memos keep is bounded in bytes, not only in entries: a sender of ever-new large arrays (names,
+    counts, doubles) or large resources gets them read correctly every time and leaves nothing behind."""
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
+    from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+    from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans
+
+    from collector_processor.processor.straggler import arrays
+    from collector_processor.processor.straggler import decode as dec
+
+    memos = (arrays._strings_memo, arrays._ints_memo, arrays._attr_strings_memo, arrays._attr_ints_memo,
+             arrays._unpackers, arrays._attr_layouts, dec._identities)
+    for m in memos:
+        m.clear()
+    for i in range(20):
+        names = ArrayValue(values=[AnyValue(string_value=f"stage-{i}-{j}" * 8) for j in range(64)])
+        assert len(names.SerializeToString()) > arrays.MEMO_KEY_BYTES
+        assert arrays.strings(names)[5] == f"stage-{i}-5" * 8
+        kv = KeyValue(key="k", value=AnyValue(array_value=names))
+        assert arrays.attribute_strings(kv)[-1] == f"stage-{i}-63" * 8
+        counts = ArrayValue(values=[AnyValue(int_value=i + j) for j in range(1000)])
+        assert arrays.ints(counts)[999] == i + 999
+        assert arrays.attribute_ints(KeyValue(key="k", value=AnyValue(array_value=counts)))[0] == i
+        n = arrays.UNPACKER_MAX_ELEMENTS + 1 + i
+        dbl = ArrayValue(values=[AnyValue(double_value=float(i + j)) for j in range(n)])
+        assert list(arrays.doubles(dbl))[-1] == float(i + n - 1)
+        assert arrays.attribute_doubles(KeyValue(key="d", value=AnyValue(array_value=dbl)), "d")[0] == i
+        res = ResourceSpans(resource=Resource(attributes=[
+            KeyValue(key="straggler.rank", value=AnyValue(int_value=i)),
+            KeyValue(key="pad", value=AnyValue(string_value="x" * 4096))]))
+        dec._identity(res)
+    assert all(len(m) == 0 for m in memos), [len(m) for m in memos]
