@@ -172,16 +172,10 @@ def decode_resource_spans(rs: ResourceSpans, out: DecodeResult, skip_service: st
                 k = kv.key
                 if k == k_stage:
                     stage = kv.value.string_value
-                elif k == k_dev:
-                    v = kv.value
-                    dev = v.double_value
-                    if not dev:  # 0.0 or not a double: ask which (rare)
-                        dev = arrays.number(v)
+                elif k == k_dev:  # 0.0 or not a double: ask which (rare)
+                    dev = kv.value.double_value or arrays.number(kv.value)
                 elif k == k_host:
-                    v = kv.value
-                    host = v.double_value
-                    if not host:
-                        host = arrays.number(v)
+                    host = kv.value.double_value or arrays.number(kv.value)
                 elif k == k_iter:
                     step = kv.value.int_value
                 elif k == k_group:
@@ -244,11 +238,8 @@ def _decode_summary(span: object, ident: ResourceIdentity, out: DecodeResult) ->
             counts = arrays.attribute_ints(kv)
         elif slot == _STEP:
             step = kv.value.int_value
-        elif slot == _HOST_TOTAL:
-            v = kv.value
-            host_total = v.double_value
-            if not host_total:  # 0.0 or not a double: ask which (rare)
-                host_total = arrays.number(v)
+        elif slot == _HOST_TOTAL:  # 0.0 or not a double: ask which (rare)
+            host_total = kv.value.double_value or arrays.number(kv.value)
         elif slot == _TOKENS:
             t = kv.value.int_value
             tokens = t if t > 0 else None
