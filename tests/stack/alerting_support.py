@@ -119,9 +119,13 @@ class AlertStack:
 
 
 @contextmanager
-def alert_stack(tmp_path: Path, metrics_port: int, collector_log: Path) -> Iterator[AlertStack]:
+def alert_stack(tmp_path: Path, metrics_port: int | list[int], collector_log: Path,
+                extra_jobs: dict[str, list[str]] | None = None) -> Iterator[AlertStack]:
+    """Prometheus scraping the collector(s) on ``metrics_port`` (one port or several: the shipped job's targets)
+    and ``extra_jobs`` (job name -> targets), with the shipped rules; Alertmanager with the shipped route."""
     prometheus = require_binary("prometheus")
     alertmanager = require_binary("prometheus-alertmanager")
+    ports = metrics_port if isinstance(metrics_port, list) else [metrics_port]
     prom_port, am_port = free_ports(2)
     with Webhook() as hook:
         am_dir = tmp_path / "alertmanager"
@@ -141,7 +145,9 @@ def alert_stack(tmp_path: Path, metrics_port: int, collector_log: Path) -> Itera
             "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
             # the shipped scrape job's name and defaults (honor_labels: false), on the test's collector
             "scrape_configs": [{"job_name": "otel-straggler-collector",
-                                "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}]}],
+                                "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in ports]}]}]
+            + [{"job_name": job, "static_configs": [{"targets": targets}]}
+               for job, targets in (extra_jobs or {}).items()],
         }), encoding="utf-8")
         am_argv = [alertmanager, f"--config.file={am_dir / 'alertmanager.yml'}", f"--storage.path={am_dir}",
                    f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="]

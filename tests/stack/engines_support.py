@@ -6,11 +6,22 @@ skips with the command that builds them, except under CI (``CI=true``), where a 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import re
+import signal
 import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINES_SCRIPT = REPO / "scripts" / "engines"
@@ -49,3 +60,222 @@ def otelcol() -> str:
 def jaeger() -> str:
     """Jaeger v2 of engines/jaeger."""
     return engine(ENV_JAEGER)
+
+
+# --- running them -------------------------------------------------------------------------------------------
+
+
+def _free_ports(n: int) -> list[int]:
+    from otel_straggler_demo.run import free_ports
+
+    return free_ports(n)
+
+
+def get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except (urllib.error.URLError, OSError):
+        return 0, b""
+
+
+def _tail(path: Path, n: int = 4000) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+@contextlib.contextmanager
+def _process(argv: list[str], log_path: Path, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=5)
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path, what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"{what} exited with {proc.returncode}:\n{_tail(log)}")
+        if get(url, timeout=2.0)[0] == 200:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{what} not ready at {url} within {timeout_s:.0f} s:\n{_tail(log)}")
+
+
+def _telemetry_reader(port: int) -> list[dict[str, Any]]:
+    return [{"pull": {"exporter": {"prometheus": {"host": "127.0.0.1", "port": port}}}}]
+
+
+@dataclass
+class Jaeger:
+    """A running Jaeger v2 (configs/jaeger.yaml on loopback ports)."""
+
+    otlp_grpc: str  # host:port of its OTLP/gRPC receiver
+    query_port: int  # UI and HTTP API
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.query_port}"
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        return get(self.url + path)
+
+    def trace(self, trace_id: str) -> list[dict[str, Any]]:
+        """The spans Jaeger's query API returns for a trace id (hex), [] while it has none."""
+        code, body = self.get(f"/api/traces/{trace_id}")
+        if code != 200:
+            return []
+        data = json.loads(body).get("data") or []
+        return data[0]["spans"] if data else []
+
+
+def jaeger_config(otlp_grpc: int, otlp_http: int, query: int, query_grpc: int, health: int, metrics: int,
+                  ui_assets: str | None = None) -> dict[str, Any]:
+    """configs/jaeger.yaml with every listener on 127.0.0.1 and the given ports (the shipped storage, pipeline
+    and extensions otherwise), serving the UI from ``ui_assets`` when given."""
+    cfg = yaml.safe_load((REPO / "configs" / "jaeger.yaml").read_text(encoding="utf-8"))
+    cfg["receivers"]["otlp"]["protocols"] = {"grpc": {"endpoint": f"127.0.0.1:{otlp_grpc}"},
+                                              "http": {"endpoint": f"127.0.0.1:{otlp_http}"}}
+    cfg["extensions"]["healthcheckv2"]["http"]["endpoint"] = f"127.0.0.1:{health}"
+    query_cfg = cfg["extensions"]["jaeger_query"]
+    query_cfg["http"] = {"endpoint": f"127.0.0.1:{query}"}
+    query_cfg["grpc"] = {"endpoint": f"127.0.0.1:{query_grpc}"}
+    if ui_assets:
+        query_cfg["ui"] = {"assets_path": ui_assets}
+    cfg["service"]["telemetry"]["metrics"]["readers"] = _telemetry_reader(metrics)
+    return cfg
+
+
+@contextlib.contextmanager
+def run_jaeger(tmp: Path, ui_assets: str | None = None) -> Iterator[Jaeger]:
+    binary = jaeger()
+    ports = _free_ports(6)
+    cfg_path = tmp / "jaeger.yaml"
+    cfg_path.write_text(yaml.safe_dump(jaeger_config(*ports, ui_assets=ui_assets)), encoding="utf-8")
+    log = tmp / "jaeger.log"
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp), "JAEGER_LISTEN_HOST": "127.0.0.1"}
+    with _process([binary, f"--config={cfg_path}"], log, env) as proc:
+        _wait_ready(proc, f"http://127.0.0.1:{ports[4]}/status", log, "jaeger")
+        yield Jaeger(f"127.0.0.1:{ports[0]}", ports[2], proc, log)
+
+
+@dataclass
+class Otelcol:
+    """A running OpenTelemetry Collector (engines/otelcol)."""
+
+    proc: subprocess.Popen[bytes]
+    log: Path
+    telemetry_port: int  # its own metrics (Prometheus)
+
+    def metrics(self) -> str:
+        code, body = get(f"http://127.0.0.1:{self.telemetry_port}/metrics")
+        return body.decode() if code == 200 else ""
+
+
+@contextlib.contextmanager
+def run_otelcol(tmp: Path, cfg: dict[str, Any], env: dict[str, str] | None = None, name: str = "otelcol",
+                wrap: list[str] | None = None) -> Iterator[Otelcol]:
+    """``cfg`` with its health_check and telemetry on free loopback ports; ``wrap`` prefixes the command (e.g.
+    a mount namespace of its own)."""
+    binary = otelcol()
+    health, telemetry = _free_ports(2)
+    cfg.setdefault("extensions", {})["health_check"] = {"endpoint": f"127.0.0.1:{health}"}
+    if "health_check" not in cfg["service"].setdefault("extensions", []):
+        cfg["service"]["extensions"].append("health_check")
+    cfg["service"].setdefault("telemetry", {}).setdefault("metrics", {})["readers"] = _telemetry_reader(telemetry)
+    cfg_path = tmp / f"{name}.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    log = tmp / f"{name}.log"
+    full_env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp), **(env or {})}
+    with _process([*(wrap or []), binary, f"--config={cfg_path}"], log, full_env) as proc:
+        _wait_ready(proc, f"http://127.0.0.1:{health}/", log, name)
+        yield Otelcol(proc, log, telemetry)
+
+
+def metric_values(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """(labels, value) of every sample of metric ``name`` in a Prometheus text exposition."""
+    out = []
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        m = re.match(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)", line)
+        if not m or m.group(1) != name:
+            continue
+        labels = dict(re.findall(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"', m.group(3) or ""))
+        out.append((labels, float(m.group(4))))
+    return out
+
+
+class SimulatedHosts:
+    """``n`` simulated hosts: one network namespace each, joined by a bridge on which this host has
+    ``gateway_ip`` (198.18.0.0/15, the range set aside for network tests), each host with an address of its own
+    and a host name of its own (a UTS namespace). Where namespaces are refused (not root, no ``ip``), the hosts
+    share loopback and differ only by name: ``isolated`` says which."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        k = os.getpid() % 250
+        self.tag = f"ost{os.getpid() % 100000}"
+        self.bridge = f"{self.tag}b"
+        self.netns = [f"{self.tag}n{i}" for i in range(n)]
+        self.gateway_ip = f"198.18.{k}.1"
+        self.addresses = [f"198.18.{k}.{10 + i}" for i in range(n)]
+        self.isolated = False
+        self._made: list[list[str]] = []  # undo commands
+
+    def _ip(self, *args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+    def __enter__(self) -> SimulatedHosts:
+        try:
+            self._ip("link", "add", self.bridge, "type", "bridge")
+            self._made.append(["link", "del", self.bridge])
+            self._ip("addr", "add", f"{self.gateway_ip}/24", "dev", self.bridge)
+            self._ip("link", "set", self.bridge, "up")
+            for i, ns in enumerate(self.netns):
+                self._ip("netns", "add", ns)
+                self._made.append(["netns", "del", ns])
+                host_end, ns_end = f"{self.tag}h{i}", f"{self.tag}v{i}"
+                self._ip("link", "add", host_end, "type", "veth", "peer", "name", ns_end)
+                self._made.append(["link", "del", host_end])
+                self._ip("link", "set", ns_end, "netns", ns)
+                self._ip("link", "set", host_end, "master", self.bridge)
+                self._ip("link", "set", host_end, "up")
+                self._ip("-n", ns, "addr", "add", f"{self.addresses[i]}/24", "dev", ns_end)
+                self._ip("-n", ns, "link", "set", ns_end, "up")
+                self._ip("-n", ns, "link", "set", "lo", "up")
+            self.isolated = True
+        except (OSError, subprocess.SubprocessError):
+            self.__exit__()
+            self.gateway_ip = "127.0.0.1"
+            self.addresses = ["127.0.0.1"] * self.n
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for undo in reversed(self._made):
+            subprocess.run(["ip", *undo], capture_output=True, timeout=30)
+        self._made.clear()
+
+    def argv(self, i: int, host_name: str, argv: list[str]) -> list[str]:
+        """``argv`` run on host ``i`` under ``host_name``."""
+        named = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', host_name, *argv]
+        if self.isolated:
+            return ["ip", "netns", "exec", self.netns[i], *named]
+        if subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode == 0:
+            return named
+        return [*argv, "--host-name", host_name]
