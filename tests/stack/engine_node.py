@@ -70,6 +70,41 @@ def planned_ids() -> Any:
     return PlannedIds()
 
 
+def emit_step(tracers: dict[int, Any], ids: dict[int, Any], job: str, step: int, t0: int, step_ms: float,
+              stages: Any) -> None:
+    """One training step of the given ranks as docs/schema.md shapes it: rank 0 the job-level root of the step's
+    trace, each rank a ``rank-step`` span under it and one span per stage under that. ``stages(rank)`` gives the
+    rank's (stage, stage group, device ms); every value carries a little jitter that is the same in every run."""
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    trace_id = s.trace_id_for_step(job, step)
+    root_id = s.job_step_span_id(job, step)
+    root_ctx = trace.set_span_in_context(NonRecordingSpan(SpanContext(
+        trace_id, root_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))))
+    for rank, tracer in tracers.items():
+        if rank == 0:
+            ids[rank].next_trace_id, ids[rank].next_span_id = trace_id, root_id
+            root = tracer.start_span(s.SPAN_JOB_STEP, context=trace.set_span_in_context(trace.INVALID_SPAN),
+                                     start_time=t0, attributes={s.ATTR_ITERATION: step, s.ATTR_STAGE_GROUP: "step"})
+            root.end(end_time=t0 + int(step_ms * 1e6))
+        ids[rank].next_span_id = s.rank_step_span_id(job, step, rank)
+        rank_step = tracer.start_span(s.SPAN_RANK_STEP, context=root_ctx, start_time=t0, attributes={
+            s.ATTR_ITERATION: step, s.ATTR_STAGE: s.SPAN_RANK_STEP, s.ATTR_STAGE_GROUP: "step",
+            s.ATTR_HOST_MS: step_ms, s.ATTR_WORKLOAD_TOKENS: 4096})
+        in_rank = trace.set_span_in_context(rank_step)
+        t = t0
+        for stage, group, ms in stages(rank):
+            device_ms = ms * (1.0 + 0.002 * ((rank * 7 + step) % 5))
+            sp = tracer.start_span(stage, context=in_rank, start_time=t, attributes={
+                s.ATTR_STAGE: stage, s.ATTR_STAGE_GROUP: group, s.ATTR_STAGE_LEVEL: 1,
+                s.ATTR_ITERATION: step, s.ATTR_DEVICE_MS: device_ms, s.ATTR_HOST_MS: device_ms + 0.3,
+                s.ATTR_MEASUREMENT: s.MEASUREMENT_DEVICE, s.ATTR_COUNT: 1, s.ATTR_DETAIL: s.DETAIL_STEP})
+            t += int(device_ms * 1e6)
+            sp.end(end_time=t)
+        rank_step.end(end_time=t0 + int(step_ms * 1e6))
+
+
 class Node:
     def __init__(self, args: argparse.Namespace) -> None:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -93,40 +128,15 @@ class Node:
             self.ids[rank] = ids
 
     def step(self, step: int) -> None:
-        from opentelemetry import trace
-        from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
-
-        job = self.args.job
-        trace_id = s.trace_id_for_step(job, step)
-        root_id = s.job_step_span_id(job, step)
-        root_ctx = trace.set_span_in_context(NonRecordingSpan(SpanContext(
-            trace_id, root_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))))
-        t0 = self.args.t0_ns + step * 10**9
-        step_ms = sum(ms for _, ms in STAGES) * 1.6
-        for rank in self.ranks:
-            tracer, ids = self.tracers[rank], self.ids[rank]
-            if rank == 0:  # the job-level root of the step's trace
-                ids.next_trace_id, ids.next_span_id = trace_id, root_id
-                root = tracer.start_span(s.SPAN_JOB_STEP, context=trace.set_span_in_context(trace.INVALID_SPAN),
-                                         start_time=t0, attributes={s.ATTR_ITERATION: step,
-                                                                    s.ATTR_STAGE_GROUP: "step"})
-                root.end(end_time=t0 + int(step_ms * 1e6))
-            ids.next_span_id = s.rank_step_span_id(job, step, rank)
-            rank_step = tracer.start_span(s.SPAN_RANK_STEP, context=root_ctx, start_time=t0, attributes={
-                s.ATTR_ITERATION: step, s.ATTR_STAGE: s.SPAN_RANK_STEP, s.ATTR_STAGE_GROUP: "step",
-                s.ATTR_HOST_MS: step_ms, s.ATTR_WORKLOAD_TOKENS: 4096})
-            in_rank = trace.set_span_in_context(rank_step)
-            t = t0
+        def stages(rank: int) -> list[tuple[str, str, float]]:
+            out = []
             for stage, nominal in STAGES:
                 slow = rank == self.args.slow_rank and stage == SLOW_STAGE and step >= self.args.slow_from
-                device_ms = nominal * (self.args.slow_factor if slow else 1.0) * (1.0 + 0.003 * ((rank * 7 + step) % 5))
-                sp = tracer.start_span(stage, context=in_rank, start_time=t, attributes={
-                    s.ATTR_STAGE: stage, s.ATTR_STAGE_GROUP: stage_group(stage), s.ATTR_STAGE_LEVEL: 1,
-                    s.ATTR_ITERATION: step, s.ATTR_DEVICE_MS: device_ms, s.ATTR_HOST_MS: device_ms + 0.3,
-                    s.ATTR_MEASUREMENT: s.MEASUREMENT_DEVICE, s.ATTR_COUNT: 1, s.ATTR_DETAIL: s.DETAIL_STEP})
-                t += int(device_ms * 1e6)
-                sp.end(end_time=t)
-            rank_step.end(end_time=t0 + int(step_ms * 1e6))
+                out.append((stage, stage_group(stage), nominal * (self.args.slow_factor if slow else 1.0)))
+            return out
+
+        emit_step(self.tracers, self.ids, self.args.job, step, self.args.t0_ns + step * 10**9,
+                  sum(ms for _, ms in STAGES) * 1.6, stages)
 
     def flush(self) -> bool:
         return all(tp.force_flush(30_000) for tp in self.providers)

@@ -10,11 +10,7 @@ import contextlib
 import json
 import os
 import re
-import signal
 import subprocess
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +18,9 @@ from typing import Any
 
 import pytest
 import yaml
+from stack_support import http_get, process, tail, wait_until
+
+from otel_straggler_demo.run import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINES_SCRIPT = REPO / "scripts" / "engines"
@@ -65,54 +64,13 @@ def jaeger() -> str:
 # --- running them -------------------------------------------------------------------------------------------
 
 
-def _free_ports(n: int) -> list[int]:
-    from otel_straggler_demo.run import free_ports
-
-    return free_ports(n)
-
-
-def get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-    except (urllib.error.URLError, OSError):
-        return 0, b""
-
-
-def _tail(path: Path, n: int = 4000) -> str:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")[-n:]
-    except OSError:
-        return ""
-
-
-@contextlib.contextmanager
-def _process(argv: list[str], log_path: Path, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(timeout=5)
-
-
 def _wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path, what: str, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def ready() -> bool:
         if proc.poll() is not None:
-            raise AssertionError(f"{what} exited with {proc.returncode}:\n{_tail(log)}")
-        if get(url, timeout=2.0)[0] == 200:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not ready at {url} within {timeout_s:.0f} s:\n{_tail(log)}")
+            raise AssertionError(f"{what} exited with {proc.returncode}:\n{tail(log)}")
+        return http_get(url)[0] == 200
+
+    wait_until(ready, timeout_s, what=f"{what} ready at {url}")
 
 
 def _telemetry_reader(port: int) -> list[dict[str, Any]]:
@@ -133,7 +91,7 @@ class Jaeger:
         return f"http://127.0.0.1:{self.query_port}"
 
     def get(self, path: str) -> tuple[int, bytes]:
-        return get(self.url + path)
+        return http_get(self.url + path)
 
     def trace(self, trace_id: str) -> list[dict[str, Any]]:
         """The spans Jaeger's query API returns for a trace id (hex), [] while it has none."""
@@ -164,12 +122,12 @@ def jaeger_config(otlp_grpc: int, otlp_http: int, query: int, query_grpc: int, h
 @contextlib.contextmanager
 def run_jaeger(tmp: Path, ui_assets: str | None = None) -> Iterator[Jaeger]:
     binary = jaeger()
-    ports = _free_ports(6)
+    ports = free_ports(6)
     cfg_path = tmp / "jaeger.yaml"
     cfg_path.write_text(yaml.safe_dump(jaeger_config(*ports, ui_assets=ui_assets)), encoding="utf-8")
     log = tmp / "jaeger.log"
     env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp), "JAEGER_LISTEN_HOST": "127.0.0.1"}
-    with _process([binary, f"--config={cfg_path}"], log, env) as proc:
+    with process([binary, f"--config={cfg_path}"], log, env) as proc:
         _wait_ready(proc, f"http://127.0.0.1:{ports[4]}/status", log, "jaeger")
         yield Jaeger(f"127.0.0.1:{ports[0]}", ports[2], proc, log)
 
@@ -183,7 +141,7 @@ class Otelcol:
     telemetry_port: int  # its own metrics (Prometheus)
 
     def metrics(self) -> str:
-        code, body = get(f"http://127.0.0.1:{self.telemetry_port}/metrics")
+        code, body = http_get(f"http://127.0.0.1:{self.telemetry_port}/metrics")
         return body.decode() if code == 200 else ""
 
 
@@ -193,7 +151,7 @@ def run_otelcol(tmp: Path, cfg: dict[str, Any], env: dict[str, str] | None = Non
     """``cfg`` with its health_check and telemetry on free loopback ports; ``wrap`` prefixes the command (e.g.
     a mount namespace of its own)."""
     binary = otelcol()
-    health, telemetry = _free_ports(2)
+    health, telemetry = free_ports(2)
     cfg.setdefault("extensions", {})["health_check"] = {"endpoint": f"127.0.0.1:{health}"}
     if "health_check" not in cfg["service"].setdefault("extensions", []):
         cfg["service"]["extensions"].append("health_check")
@@ -202,7 +160,7 @@ def run_otelcol(tmp: Path, cfg: dict[str, Any], env: dict[str, str] | None = Non
     cfg_path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
     log = tmp / f"{name}.log"
     full_env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp), **(env or {})}
-    with _process([*(wrap or []), binary, f"--config={cfg_path}"], log, full_env) as proc:
+    with process([*(wrap or []), binary, f"--config={cfg_path}"], log, full_env) as proc:
         _wait_ready(proc, f"http://127.0.0.1:{health}/", log, name)
         yield Otelcol(proc, log, telemetry)
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from engine_node import emit_step, planned_ids
 
 import otel_straggler_schema as s
 from otel_straggler_demo.run import free_ports
@@ -199,11 +200,14 @@ def alert_exprs() -> list[tuple[str, str]]:
 
 
 def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    """(status, body); status 0 when nothing answers (refused, reset, timed out)."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
+    except (urllib.error.URLError, OSError):
+        return 0, b""
 
 
 def wait_until(pred: Any, timeout_s: float, interval_s: float = 0.2, what: str = "condition") -> Any:
@@ -334,33 +338,6 @@ SLOW_RANK = 3
 STAGE = "forward-compute"
 
 
-def _planned_ids() -> Any:
-    """IdGenerator that hands out planned ids (the schema's deterministic ids), else random ones."""
-    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-
-    class PlannedIds(RandomIdGenerator):
-        def __init__(self) -> None:
-            self.next_span_id: int | None = None
-            self.next_trace_id: int | None = None
-
-        def generate_span_id(self) -> int:
-            if self.next_span_id is not None:
-                sid, self.next_span_id = self.next_span_id, None
-                return sid
-            return super().generate_span_id()
-
-        def generate_trace_id(self) -> int:
-            if self.next_trace_id is not None:
-                tid, self.next_trace_id = self.next_trace_id, None
-                return tid
-            return super().generate_trace_id()
-
-        def is_trace_id_random(self) -> bool:
-            return False  # step trace ids are derived from (job, step), not random
-
-    return PlannedIds()
-
-
 class StragglerFeed:
     """``ranks`` ranks (8 by default; one Resource + TracerProvider each, as in docs/schema.md) of training job
     ``job`` exporting through the real ``OTLPSpanExporter`` over gRPC; ``step()`` emits one training step for every
@@ -389,7 +366,7 @@ class StragglerFeed:
                 s.RES_COHORT_KEY: cohort, s.RES_TOPOLOGY_EPOCH: 0, s.RES_STAGE_SCHEMA: "megatron-v1",
                 s.RES_SCHEMA_VERSION: s.SCHEMA_VERSION,
             })
-            ids = _planned_ids()
+            ids = planned_ids()
             tp = TracerProvider(resource=res, id_generator=ids, shutdown_on_exit=False)
             tp.add_span_processor(SimpleSpanProcessor(
                 OTLPSpanExporter(endpoint=f"127.0.0.1:{grpc_port}", insecure=True, timeout=5)))
@@ -398,41 +375,12 @@ class StragglerFeed:
             self.ids.append(ids)
 
     def step(self, step: int, slow_factor: float = 1.0) -> None:
-        from opentelemetry import trace
-        from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
-
-        job = self.job
-        trace_id = s.trace_id_for_step(job, step)
-        root_ctx = SpanContext(trace_id, s.job_step_span_id(job, step), is_remote=True,
-                               trace_flags=TraceFlags(TraceFlags.SAMPLED))
-        t0 = self.t_ns + step * 10**9
-        step_ms = self.base_ms * 3
-        for rank in range(self.ranks):
-            tracer, ids = self.tracers[rank], self.ids[rank]
-            parent = trace.set_span_in_context(NonRecordingSpan(root_ctx))
-            if rank == 0:
-                ids.next_trace_id, ids.next_span_id = trace_id, s.job_step_span_id(job, step)
-                root = tracer.start_span(s.SPAN_JOB_STEP, context=trace.set_span_in_context(trace.INVALID_SPAN),
-                                         start_time=t0,
-                                         attributes={s.ATTR_ITERATION: step, s.ATTR_STAGE_GROUP: "step"})
-                root.end(end_time=t0 + int(step_ms * 1e6))
-            ids.next_span_id = s.rank_step_span_id(job, step, rank)
-            rank_step = tracer.start_span(s.SPAN_RANK_STEP, context=parent, start_time=t0, attributes={
-                s.ATTR_ITERATION: step, s.ATTR_STAGE: s.SPAN_RANK_STEP, s.ATTR_STAGE_GROUP: "step",
-                s.ATTR_HOST_MS: step_ms, s.ATTR_WORKLOAD_TOKENS: 4096})
-            in_rank = trace.set_span_in_context(rank_step)
+        def stages(rank: int) -> list[tuple[str, str, float]]:
             factor = slow_factor if rank == SLOW_RANK else 1.0
-            t = t0
-            for stage, group, ms in ((STAGE, "forward", self.base_ms * factor),
-                                     ("backward-compute", "backward", self.base_ms * 1.5)):
-                device_ms = ms * (1.0 + 0.002 * ((rank * 7 + step) % 5))  # a little jitter, same for every run
-                sp = tracer.start_span(stage, context=in_rank, start_time=t, attributes={
-                    s.ATTR_STAGE: stage, s.ATTR_STAGE_GROUP: group, s.ATTR_STAGE_LEVEL: 1,
-                    s.ATTR_ITERATION: step, s.ATTR_DEVICE_MS: device_ms, s.ATTR_HOST_MS: device_ms + 0.3,
-                    s.ATTR_MEASUREMENT: s.MEASUREMENT_DEVICE, s.ATTR_COUNT: 1, s.ATTR_DETAIL: s.DETAIL_STEP})
-                t += int(device_ms * 1e6)
-                sp.end(end_time=t)
-            rank_step.end(end_time=t0 + int(step_ms * 1e6))
+            return [(STAGE, "forward", self.base_ms * factor), ("backward-compute", "backward", self.base_ms * 1.5)]
+
+        emit_step(dict(enumerate(self.tracers)), dict(enumerate(self.ids)), self.job, step,
+                  self.t_ns + step * 10**9, self.base_ms * 3, stages)
 
     def shutdown(self) -> None:
         for tp in self.providers:

@@ -42,12 +42,20 @@ from engines_support import (
     Jaeger,
     Otelcol,
     SimulatedHosts,
-    get,
     metric_values,
     run_jaeger,
     run_otelcol,
 )
-from stack_support import CONFIGS, TraceSink, collector_config, process, require_collector, tail
+from stack_support import (
+    CONFIGS,
+    TraceSink,
+    collector_config,
+    http_get,
+    process,
+    require_collector,
+    tail,
+    wait_until,
+)
 
 import otel_straggler_schema as s
 from otel_straggler_demo.run import free_ports
@@ -76,7 +84,7 @@ class Shard:
     log: Path
 
     def scrape(self) -> str:
-        code, body = get(f"http://127.0.0.1:{self.metrics}/metrics")
+        code, body = http_get(f"http://127.0.0.1:{self.metrics}/metrics")
         return body.decode() if code == 200 else ""
 
     def cohorts(self) -> set[str]:
@@ -221,10 +229,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             proc = stack.enter_context(process([*argv, "--config", str(path)], log, env=env))
             shards.append(Shard(i, f"{ip}:{shard_port}", metrics, proc, log))
         for sh in shards:
-            deadline = time.monotonic() + 120
-            while get(f"http://127.0.0.1:{sh.metrics}/metrics")[0] != 200:
-                assert sh.proc.poll() is None and time.monotonic() < deadline, tail(sh.log)
-                time.sleep(0.2)
+            wait_until(lambda sh=sh: (sh.proc.poll() is None and bool(sh.scrape())) or sh.proc.poll() is not None, 120,
+                       what=f"shard {sh.index} /metrics")
+            assert sh.proc.poll() is None, tail(sh.log)
         hosts_file = tmp / "hosts"
         _hosts_file(hosts_file, shard_ips)
         dns_isolated = _mount_ns_ok()
