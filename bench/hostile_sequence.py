@@ -18,6 +18,10 @@ times (1 by default). The attackers run in the bench's process beside the valid 
                   256 KiB up to which the gRPC receiver processes a request on its event loop when the pipeline is
                   idle; the costliest such request per byte the bench knows), each processed in well under the
                   250 ms after which that path is turned off: together they keep the event loop busy
+  chunked-slow    the attacker's token: chunked HTTPS bodies that never end, one byte a second each
+                  (--half-open / 15 connections, re-opened as the server closes them)
+  chunked-oversize  the attacker's token: chunked bodies sent 1 MiB at a time past the 16 MiB limit (4 clients),
+                  a chunk announcing 64 GiB, a chunked gzip bomb of 64 members (1 GiB inflated)
 
 Per attack: the collector's RSS (peak during, at the end), valid exports that succeeded during the attack and in
 the window after it (and the slowest 5 % of their durations: p95), and recover_s: seconds from the attack's end
@@ -300,6 +304,111 @@ def attack_gzip(e: Env) -> str:
     return f"{len(bomb) / MIB:.2f} MiB on the wire, 1 GiB inflated"
 
 
+def _chunked_head(e: Env, extra: str = "") -> ssl.SSLSocket:
+    """A TLS connection to the HTTP port that has sent an authenticated chunked POST's head."""
+    so = e.ctx().wrap_socket(socket.create_connection(("127.0.0.1", e.c.ports["http"]), timeout=10),
+                             server_hostname="127.0.0.1")
+    so.sendall(("POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+                f"Authorization: Bearer {ATTACK_TOKEN}\r\n{extra}Transfer-Encoding: chunked\r\n\r\n").encode())
+    return so
+
+
+def _status(so: ssl.SSLSocket, first: bytes = b"") -> str:
+    """The status code the server answered on ``so`` (``first``: what of it was read already; "closed" when it
+    closed without one)."""
+    try:
+        data = first + so.recv(4096)
+    except (OSError, ssl.SSLError) as ex:
+        return f"error({type(ex).__name__})"
+    return data.split(b" ", 2)[1].decode() if data.startswith(b"HTTP/1.1 ") else "closed"
+
+
+def attack_chunked_slow(e: Env) -> str:
+    """Chunked bodies that never end: each connection sends a 1-byte chunk every second (within the read
+    timeout), so only the connection budget and the memory reserved chunk by chunk bound them."""
+    n = e.a.half_open // 15
+
+    def client(stop: threading.Event) -> None:
+        socks: list[ssl.SSLSocket] = []
+        while not stop.is_set():
+            while len(socks) < n and not stop.is_set():
+                try:
+                    socks.append(_chunked_head(e))
+                except (OSError, ssl.SSLError):
+                    e.tally.add("slow connect refused")
+                    break
+            for so in list(socks):
+                try:
+                    so.sendall(b"1\r\nx\r\n")
+                except (OSError, ssl.SSLError):
+                    e.tally.add("slow closed by server")
+                    socks.remove(so)
+                    so.close()
+            stop.wait(1.0)
+        for so in socks:
+            so.close()
+
+    run_threads(e.a.duration, [client])
+    return f"{n} chunked bodies that never end, 1 byte a second each"
+
+
+def attack_chunked_oversize(e: Env) -> str:
+    """Chunked bodies past the 16 MiB limit: 1 MiB chunks sent until the server answers; a chunk announcing
+    64 GiB; a chunked gzip bomb (64 members, 1 GiB inflated)."""
+    piece = b"100000\r\n" + bytes(MIB) + b"\r\n"
+    bomb = gzip.compress(b"\0" * (16 * MIB), 9) * 64
+
+    def endless(stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                so = _chunked_head(e)
+                so.settimeout(0.0)
+                sent, first = 0, b""
+                while sent < 64 and not stop.is_set():
+                    try:
+                        first = so.recv(1)
+                        if first:
+                            break  # answered: stop sending
+                    except (BlockingIOError, ssl.SSLWantReadError):
+                        pass
+                    so.settimeout(10)
+                    so.sendall(piece)
+                    so.settimeout(0.0)
+                    sent += 1
+                so.settimeout(10)
+                e.tally.add(f"oversize {_status(so, first) if sent < 64 else 'not answered'}")
+                so.close()
+            except (OSError, ssl.SSLError) as ex:
+                e.tally.add(f"oversize error({type(ex).__name__})")
+
+    def huge(stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                so = _chunked_head(e)
+                so.sendall(b"1000000000\r\n")  # 64 GiB announced, nothing of it sent
+                e.tally.add(f"huge-chunk {_status(so)}")
+                so.close()
+            except (OSError, ssl.SSLError) as ex:
+                e.tally.add(f"huge-chunk error({type(ex).__name__})")
+
+    def gzip_bomb(stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                so = _chunked_head(e, "Content-Encoding: gzip\r\n")
+                for i in range(0, len(bomb), 64 * 1024):
+                    part = bomb[i:i + 64 * 1024]
+                    so.sendall(b"%x\r\n%s\r\n" % (len(part), part))
+                so.sendall(b"0\r\n\r\n")
+                e.tally.add(f"gzip-chunked {_status(so)}")
+                so.close()
+            except (OSError, ssl.SSLError) as ex:
+                e.tally.add(f"gzip-chunked error({type(ex).__name__})")
+
+    run_threads(e.a.duration, [endless] * 4 + [huge, gzip_bomb])
+    return (f"chunked: 1 MiB chunks past the 16 MiB limit (4 clients), a 64 GiB chunk announced, "
+            f"a {len(bomb) / MIB:.2f} MiB gzip bomb")
+
+
 def _far_request(job: str, i: int) -> bytes:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
     from opentelemetry.proto.resource.v1.resource_pb2 import Resource
@@ -390,7 +499,8 @@ def _inline_deferred(c: Collector) -> float:
 SEQUENCE = [("amplification", attack_amplification), ("stalled-calls", attack_stalled_calls),
             ("half-open-tls", attack_half_open), ("amplification", attack_amplification),
             ("idle-tls", attack_idle_tls), ("gzip-bomb", attack_gzip), ("far-steps", attack_far_steps),
-            ("slow-inline", attack_slow_inline)]
+            ("slow-inline", attack_slow_inline), ("chunked-slow", attack_chunked_slow),
+            ("chunked-oversize", attack_chunked_oversize)]
 
 
 @dataclass

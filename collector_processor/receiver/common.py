@@ -326,6 +326,35 @@ class Dispatcher:
                         self.label, why)
 
 
+class Reservation:
+    """Memory reserved at a signal's gates for a buffer that grows while it is filled (a body inflating, a chunked
+    body arriving): ``cover(n)`` before the buffer may hold ``n`` bytes reserves what is missing, in steps of at
+    least ``step`` bytes; nothing below ``floor`` bytes is reserved (as for any request under
+    ``UNRESERVED_BYTES``). ``release`` gives back all of it at once."""
+
+    def __init__(self, dispatcher: Dispatcher, signal: str, step: int, floor: int = 0) -> None:
+        self.d = dispatcher
+        self.signal = signal
+        self.step = step
+        self.floor = floor
+        self.held = 0
+
+    def cover(self, nbytes: int) -> Refusal | None:
+        """Reserve up to ``nbytes`` in all; the refusal when the gates cannot take it (nothing more is held)."""
+        if nbytes <= self.held or nbytes < self.floor:
+            return None
+        add = max(nbytes - self.held, self.step)
+        refusal = self.d.reserve(self.signal, add)
+        if refusal is None:
+            self.held += add
+        return refusal
+
+    def release(self) -> None:
+        if self.held:
+            self.d.release(self.signal, self.held)
+            self.held = 0
+
+
 def refusal_code(refusal: Refusal) -> grpc.StatusCode:
     """The gRPC status a refusal is answered with (OTLP/HTTP puts it in its ``google.rpc.Status`` body, with HTTP 503
     or 413): UNAVAILABLE with the retry delay, or RESOURCE_EXHAUSTED for a request that could never be taken."""

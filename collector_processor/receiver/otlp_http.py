@@ -6,19 +6,26 @@ thread, so thousands of stalled connections take no worker from anyone. Each req
 and refused as soon as something is wrong, without reading a body it will not use:
 
 1. request line and headers (within ``HEAD_TIMEOUT_S``; a kept-alive connection may idle ``IDLE_TIMEOUT_S``);
-2. path (404), bearer token (401), ``Content-Length`` (411 missing, 400 invalid or conflicting, 413 over the
-   limit), content type (415) and encoding, all on the headers;
+2. the body's framing: ``Content-Length`` (400 invalid or conflicting) or ``Transfer-Encoding: chunked`` (400
+   beside a ``Content-Length`` or in HTTP/1.0, 501 for any other transfer coding); then path (404), bearer token
+   (401), a length (411 with neither), 413 over the limit, content type (415) and encoding, all on the headers;
 3. a free processing slot (see 4) and the memory the body takes, reserved at the pipelines' admission gates
-   before it is read (503 + ``Retry-After``); ``Expect: 100-continue`` is answered only now;
+   before it is read (503 + ``Retry-After``); ``Expect: 100-continue`` is answered only now. A chunked body's
+   length is known only as it comes: each chunk is checked against the size limit when its size line arrives
+   (413 before its bytes are read) and its memory reserved before it is read (503 + ``Retry-After``), twice the
+   bytes buffered so far (the growing buffer and its copy when it moves), in steps of at least
+   ``INFLATE_RESERVE``, none while that is under 1 MiB; its framing (size lines, extensions, trailers) may take
+   ``max(FRAMING_FLOOR, limit / FRAMING_SHARE)`` bytes (400 beyond); each read waits at most ``READ_TIMEOUT_S``, as
+   for a body with a ``Content-Length``;
 4. one of ``MAX_CONCURRENT`` processing slots (503 + ``Retry-After``): gzip inflated with a bound on the total of
    all members (413), the decoder's memory estimate reserved (503, or 413 when it could never fit), decoded
    (400) and handed to the pipelines (503 + ``Retry-After`` when they refuse) on a worker thread.
 
 A refusal on the headers drops the body as it comes (it holds no memory) and keeps the connection; for a client
-without the token, or a body over the limit or of unknown length, the connection is closed after draining what
-the client still sends for at most ``LINGER_S``. Either way the client reads the answer, not a reset. Errors carry
-a ``google.rpc.Status`` body in the request's encoding. A request whose client goes away or stalls past a timeout
-is counted as ``aborted``.
+without the token, a body over the limit or of unknown length, and any chunked body not read to its end, the
+connection is closed after draining what the client still sends for at most ``LINGER_S``. Either way the client
+reads the answer, not a reset. Errors carry a ``google.rpc.Status`` body in the request's encoding. A request
+whose client goes away or stalls past a timeout is counted as ``aborted``.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import asyncio
 import logging
 import math
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from email.utils import formatdate
 
@@ -42,9 +49,11 @@ from collector_processor.receiver.aio import LoopThread, Workers, stop_runtime
 from collector_processor.receiver.auth import EVERYONE, BearerAuth, Tenant
 from collector_processor.receiver.common import (
     SERVER,
+    UNRESERVED_BYTES,
     Config,
     Dispatcher,
     HttpProtocol,
+    Reservation,
     export_response,
     refusal_code,
 )
@@ -71,11 +80,15 @@ LINGER_S = 2.0
 MAX_HEAD = 16 * 1024  # request line and headers; also what a connection buffers while its request is processed
 MAX_HEADERS = 100
 CHUNK = 256 * 1024
-INFLATE_RESERVE = 4 * MIB  # a gzip body's inflated bytes are reserved in steps of at least this
+INFLATE_RESERVE = 4 * MIB  # a gzip body's inflated bytes (and a chunked body) are reserved in steps of at least this
+CHUNKED = -1  # the body length of a chunked request, until it is read
+MAX_CHUNK_LINE = 1024  # a chunk-size line with its extensions
+FRAMING_FLOOR = 64 * 1024  # a chunked body's framing may take max(this, limit / FRAMING_SHARE) bytes
+FRAMING_SHARE = 16
 # gRPC code numbers for the Status body
 _INVALID_ARGUMENT, _RESOURCE_EXHAUSTED, _UNAUTHENTICATED, _UNIMPLEMENTED, _PERMISSION_DENIED = 3, 8, 16, 12, 7
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-            405: "Method Not Allowed",
+            405: "Method Not Allowed", 501: "Not Implemented",
             411: "Length Required", 413: "Content Too Large", 415: "Unsupported Media Type",
             431: "Request Header Fields Too Large", 503: "Service Unavailable"}
 
@@ -88,6 +101,14 @@ class _Refused(Exception):
     def __init__(self, refusal: Refusal) -> None:
         super().__init__(refusal.message)
         self.refusal = refusal
+
+
+class _BadChunk(Exception):
+    """The chunked framing is broken (400; the connection is closed)."""
+
+
+class _TooLong(Exception):
+    """A chunked body passed the size limit (413; the connection is closed)."""
 
 
 @dataclass
@@ -155,6 +176,27 @@ def _content_length(head: _Head) -> int | None:
     if len(set(values)) != 1 or not values[0].isdigit():
         raise ValueError("conflicting or invalid Content-Length")
     return int(values[0])
+
+
+class _Unsupported(ValueError):
+    """A transfer coding other than ``chunked`` (501)."""
+
+
+def _framing(head: _Head) -> int | None:
+    """The body length (``CHUNKED`` for ``Transfer-Encoding: chunked``); None when neither header is there. A
+    ``Transfer-Encoding`` beside a ``Content-Length``, or in an HTTP/1.0 request, is refused (ValueError): those
+    are how requests are smuggled past a proxy that frames them otherwise."""
+    length = _content_length(head)
+    codings = [c.strip().lower() for h in head.headers.get("transfer-encoding", []) for c in h.split(",")]
+    if not codings:
+        return length
+    if length is not None:
+        raise ValueError("Transfer-Encoding and Content-Length together")
+    if head.version == "HTTP/1.0":
+        raise ValueError("Transfer-Encoding in an HTTP/1.0 request")
+    if codings != ["chunked"]:
+        raise _Unsupported(f"unsupported Transfer-Encoding {', '.join(codings)[:60]!r}; only chunked")
+    return CHUNKED
 
 
 class OtlpHttpReceiver:
@@ -401,6 +443,8 @@ class OtlpHttpReceiver:
             return head.keep_alive()
         assert length is not None
         ans, unread = await self._request(head, length, reader, writer)
+        if unread == CHUNKED:  # a chunked body not read to its end: its end is not known
+            ans.close = True
         await self._reply(writer, ans)
         if ans.close:
             await self._linger(reader, writer, unread)
@@ -427,12 +471,21 @@ class OtlpHttpReceiver:
         return _error(413, code, refusal.message, ctype)
 
     def _check(self, head: _Head) -> tuple[_Answer | None, int | None]:
-        """Everything that can be decided on the headers. Returns (answer, declared length)."""
+        """Everything that can be decided on the headers. Returns (answer, declared length or ``CHUNKED``); a
+        refusal of a chunked request closes the connection (its body is not read)."""
+        ans, length = self._check_head(head)
+        if ans is not None and length == CHUNKED:
+            ans.close = True
+        return ans, length
+
+    def _check_head(self, head: _Head) -> tuple[_Answer | None, int | None]:
         ctype_full = head.get("content-type") or ""
         ctype = ctype_full.split(";", 1)[0].strip().lower()
         reply_ct = CT_JSON if ctype == CT_JSON else CT_PROTOBUF
         try:
-            length = _content_length(head)
+            length = _framing(head)
+        except _Unsupported as e:
+            return self._status(501, _UNIMPLEMENTED, str(e), reply_ct, "invalid", close=True), None
         except ValueError as e:
             return self._status(400, _INVALID_ARGUMENT, str(e), reply_ct, "invalid", close=True), None
         if head.path not in _SIGNALS:
@@ -442,9 +495,9 @@ class OtlpHttpReceiver:
             self.t.unauthenticated.labels(self.d.label).inc()
             return self._status(401, _UNAUTHENTICATED, "missing or bad bearer token", reply_ct, "unauthenticated",
                                 {"WWW-Authenticate": "Bearer"}, close=True), length
-        if "transfer-encoding" in head.headers or length is None:
-            return self._status(411, _INVALID_ARGUMENT, "Content-Length required", reply_ct, "invalid",
-                                close=True), length
+        if length is None:
+            return self._status(411, _INVALID_ARGUMENT, "Content-Length or Transfer-Encoding: chunked required",
+                                reply_ct, "invalid", close=True), length
         if length > self.limit:
             return self._status(413, _RESOURCE_EXHAUSTED, f"body of {length} bytes exceeds {self.limit}", reply_ct,
                                 "too_large", close=True), length
@@ -470,6 +523,8 @@ class OtlpHttpReceiver:
         assert tenant is not None  # checked in _check
         if self._busy >= MAX_CONCURRENT:  # refused before its body is reserved or read (and again once it is)
             return self._refused(Refusal("busy", "too many requests in progress"), ctype), length
+        if length == CHUNKED:
+            return await self._request_chunked(head, signal, ctype, encoding == "gzip", tenant, reader, writer)
         reserved = 0
         try:
             refusal = self.d.reserve(signal, length)
@@ -490,6 +545,95 @@ class OtlpHttpReceiver:
         finally:
             if reserved:
                 self.d.release(signal, reserved)
+
+    async def _request_chunked(self, head: _Head, signal: str, ctype: str, gzipped: bool, tenant: Tenant,
+                               reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[_Answer, int]:
+        """``_request`` for a chunked body: its memory reserved chunk by chunk as it comes (``_chunked_body``)."""
+        held = Reservation(self.d, signal, INFLATE_RESERVE, UNRESERVED_BYTES)
+        try:
+            if (head.get("expect") or "").lower() == "100-continue":
+                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            try:
+                body = await self._chunked_body(reader, held)
+            except _Refused as e:
+                return self._refused(e.refusal, ctype), CHUNKED
+            except _TooLong:
+                return self._status(413, _RESOURCE_EXHAUSTED, f"body exceeds {self.limit} bytes", ctype,
+                                    "too_large"), CHUNKED
+            except _BadChunk as e:
+                return self._status(400, _INVALID_ARGUMENT, str(e), ctype, "invalid"), CHUNKED
+            if self._busy >= MAX_CONCURRENT:
+                return self._refused(Refusal("busy", "too many requests in progress"), ctype), 0
+            self._busy += 1
+            try:
+                assert self._workers is not None
+                return await self._workers.run(self._process, signal, body, ctype, gzipped, tenant), 0
+            finally:
+                self._busy -= 1
+        finally:
+            held.release()
+
+    async def _read(self, what: Awaitable[bytes]) -> bytes:
+        """One read of a body within ``READ_TIMEOUT_S``; ``_Aborted`` (counted) when it fails or does not come."""
+        try:
+            return await asyncio.wait_for(what, READ_TIMEOUT_S)
+        except TimeoutError:
+            self.d.aborted("body not received within the read timeout")
+        except asyncio.IncompleteReadError:
+            self.d.aborted("connection closed inside a body")
+        except (ConnectionError, OSError) as e:
+            self.d.aborted(type(e).__name__)
+        raise _Aborted
+
+    async def _chunked_body(self, reader: asyncio.StreamReader, held: Reservation) -> bytearray:
+        """A chunked body, read chunk by chunk: each chunk's size checked against the limit (``_TooLong``) and its
+        memory covered in ``held`` (``_Refused``) before its bytes are read; framing beyond its bound or broken
+        raises ``_BadChunk``; a client that stalls or goes away ``_Aborted``."""
+        body = bytearray()
+        framing = max(FRAMING_FLOOR, self.limit // FRAMING_SHARE)
+        while True:
+            try:
+                line = await self._read(reader.readuntil(b"\r\n"))
+            except asyncio.LimitOverrunError:
+                raise _BadChunk("chunk-size line too long") from None
+            framing -= len(line)
+            if len(line) > MAX_CHUNK_LINE or framing < 0:
+                raise _BadChunk("chunk-size line too long" if len(line) > MAX_CHUNK_LINE else "too much framing")
+            digits, ext, _ = line[:-2].partition(b";")
+            if ext:  # whitespace may stand before an extension, nowhere else
+                digits = digits.rstrip(b" \t")
+            if not digits or len(digits) > 16 or digits.strip(b"0123456789abcdefABCDEF"):
+                raise _BadChunk(f"bad chunk size {digits[:20]!r}")
+            size = int(digits, 16)
+            if size == 0:
+                break
+            if len(body) + size > self.limit:
+                raise _TooLong
+            refusal = held.cover(2 * (len(body) + size))  # the buffer and its copy when it grows
+            if refusal is not None:
+                raise _Refused(refusal)
+            left = size
+            while left > 0:
+                chunk = await self._read(reader.read(min(CHUNK, left)))
+                if not chunk:
+                    self.d.aborted("connection closed inside a body")
+                    raise _Aborted
+                body += chunk
+                left -= len(chunk)
+            if await self._read(reader.readexactly(2)) != b"\r\n":
+                raise _BadChunk("chunk data not followed by CRLF")
+            framing -= 2
+        for _ in range(MAX_HEADERS + 1):  # trailer fields, dropped; an empty line ends them
+            try:
+                line = await self._read(reader.readuntil(b"\r\n"))
+            except asyncio.LimitOverrunError:
+                raise _BadChunk("trailer line too long") from None
+            framing -= len(line)
+            if framing < 0:
+                raise _BadChunk("too much framing")
+            if line == b"\r\n":
+                return body
+        raise _BadChunk("too many trailer fields")
 
     async def _discard(self, reader: asyncio.StreamReader, length: int) -> bool:
         """Read and drop ``length`` bytes (the idle timeout applies to each chunk); False if they did not come."""
@@ -530,17 +674,12 @@ class OtlpHttpReceiver:
                  ) -> _Answer:
         """On a worker thread: inflate (reserving as it grows), reserve what decoding takes, decode, hand to the
         pipelines."""
-        held = 0  # reserved for the inflated body
+        held = Reservation(self.d, signal, INFLATE_RESERVE)  # for the inflated body
 
         def grow(total: int) -> None:
-            nonlocal held
-            need = 2 * total  # the growing buffer's spare capacity and its copy when it moves
-            if need > held:
-                step = max(need - held, INFLATE_RESERVE)
-                refusal = self.d.reserve(signal, step)
-                if refusal is not None:
-                    raise _Refused(refusal)
-                held += step
+            refusal = held.cover(2 * total)  # the growing buffer's spare capacity and its copy when it moves
+            if refusal is not None:
+                raise _Refused(refusal)
 
         try:
             try:
@@ -558,8 +697,7 @@ class OtlpHttpReceiver:
             except Forbidden as e:  # counted by the dispatcher
                 return _error(403, _PERMISSION_DENIED, str(e), ctype)
         finally:
-            if held:  # the inflated body, reserved until its decoded request is handed over
-                self.d.release(signal, held)
+            held.release()  # the inflated body, reserved until its decoded request is handed over
         if isinstance(r, Refusal):
             return self._refusal(r, ctype)
         return _Answer(200, _encode(export_response(signal, r), ctype), ctype)
