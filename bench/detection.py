@@ -16,6 +16,7 @@ Target scenario (the issue's wording): a sustained +5 % device slowdown of one r
   python bench/detection.py --quick --pair-ddp-only  # only the DP = 2 and DDP scenarios
   python bench/detection.py --beyond-only            # only the variable-workload and bad-node scenarios
   python bench/detection.py --groups-only            # only the model-parallel group (culprit) scenarios
+  python bench/detection.py --tpxpp-only             # only the TP x PP x DP scenarios
 
 Shapes (``shape_scenarios``, their own random stream so the other scenarios' runs are the same with and
 without them): device faults in the GPU-bound regime (the host blocked on a full launch queue: host time
@@ -37,6 +38,12 @@ peers end each compute stage together (``mp_sync``) and whose pipeline stages wa
 one GPU slowed: ``culprit`` (its whole GPU, found by the verdict naming it), ``group`` (its compute stages
 only: found by the group verdict); ``vict``: victims convicted, a straggler verdict on another rank of the
 replica without ``victim_of``. ``--group-reps 0`` leaves them out, ``--groups-only`` runs them alone.
+
+TP x PP x DP (``tpxpp_scenarios``), their own table and line (``tpxpp: ...``) after the ``groups:`` line, from
+their own random stream: a replica's ranks wait for its slowest compute in the optimizer's grad-norm all-reduce
+over the model-parallel group (``mp_optimizer_sync``); a bad node (the other pipeline stage of its replicas waits
+on a healthy host), a culprit GPU, a group-only fault, healthy. Per shape: recall, steps to detect, false pages
+(``FA``, and per 1e5 healthy rank-steps), victims named (``vict``). ``--tpxpp-reps 0`` leaves them out.
 
 DP = 2 and DDP scenarios (``pair`` and ``collective_wait`` in docs/detector.md), their own table and line
 (``pair_ddp: ...``) before the last line, drawn from their own random stream so the scenarios above keep their
@@ -105,6 +112,7 @@ class Run:
     mp_sync: bool = False  # SimConfig.mp_sync: TP/CP peers of a replica end each compute stage together
     pp_sync: bool = False  # SimConfig.pp_sync: pipeline stages wait for the slowest in p2p
     expect_group: bool | None = None  # scored by culprit (False) or group (True) verdict; None: as before
+    mp_optimizer_sync: bool = False  # SimConfig.mp_optimizer_sync: a replica's ranks wait in the grad-norm all-reduce
 
 
 def run_one(cfg: SimConfig, fault: Fault | None, proc_overrides: dict | None = None,
@@ -427,6 +435,83 @@ def _groups(args: argparse.Namespace, overrides: dict, t0: float) -> str:
             f"p95_steps_to_detect={percentile(st, 0.95):.1f} runs={len(runs)}")
 
 
+TPXPP_SEED = 0x7_9_9  # the TP x PP shapes' random stream: args.seed ^ this
+
+
+def tpxpp_scenarios(reps: int, rng: random.Random) -> list[Run]:
+    """TP x PP x DP jobs whose replica's ranks (TP peers and pipeline stages) wait for the replica's slowest
+    compute in the optimizer's grad-norm all-reduce over the model-parallel group (``mp_optimizer_sync``), TP
+    peers inside their compute timers (``mp_sync``). ``node``: every GPU of one host slowed (its TP groups
+    with it); the other pipeline stage of the same replicas, on a healthy host, waits in the optimizer: a
+    verdict on any other host is a false page. ``culprit``: one GPU slowed (its collective-free optimizer
+    step too): found by the verdict naming it; ``group``: confined to its compute stages, found by the group
+    verdict. ``vict``: a straggler verdict on another rank of the replica without ``victim_of`` (a victim
+    paged, or named culprit)."""
+    out: list[Run] = []
+    tp4pp2 = Layout(tp=4, pp=2, dp=4)
+    tp2pp2 = Layout(tp=2, pp=2, dp=8)
+
+    def onset() -> int:
+        return rng.randint(40, 60)
+
+    def fault(kind: str, layout: Layout, stages: tuple[str, ...], size: float) -> Fault:
+        on = onset()
+        return Fault(kind, rng.randrange(layout.world_size), stages, size, on, on + 60)
+
+    for _ in range(reps):
+        out.append(Run("tp4pp2:node:all-compute:+10%", fault("node", tp4pp2, COMPUTE_STAGES, 0.10), layout=tp4pp2,
+                       mp_sync=True, mp_optimizer_sync=True))
+        out.append(Run("tp4pp2:node:gpu:+10%", fault("node", tp4pp2, GPU_WIDE, 0.10), layout=tp4pp2,
+                       mp_sync=True, mp_optimizer_sync=True))
+        out.append(Run("tp2pp2:culprit:gpu:+15%", fault("device", tp2pp2, GPU_WIDE, 0.15), layout=tp2pp2,
+                       mp_sync=True, mp_optimizer_sync=True, expect_group=False))
+        out.append(Run("tp2pp2:culprit:gpu:+5%", fault("device", tp2pp2, GPU_WIDE, 0.05), layout=tp2pp2,
+                       mp_sync=True, mp_optimizer_sync=True, expect_group=False))
+        out.append(Run("tp2pp2:group:all-compute:+15%", fault("device", tp2pp2, COMPUTE_STAGES, 0.15),
+                       layout=tp2pp2, mp_sync=True, mp_optimizer_sync=True, expect_group=True))
+        out.append(Run("tp4pp2:healthy", None, layout=tp4pp2, mp_sync=True, mp_optimizer_sync=True))
+    return out
+
+
+def _tpxpp(args: argparse.Namespace, overrides: dict, t0: float) -> str:
+    """Run ``tpxpp_scenarios`` (their own random stream), print their table per shape (recall, steps to
+    detect, false pages per 1e5 healthy rank-steps, victims named), return their ``tpxpp:`` line."""
+    rng = random.Random(args.seed ^ TPXPP_SEED)
+    reps = args.tpxpp_reps if args.tpxpp_reps is not None else (2 if args.quick else 6)
+    runs = tpxpp_scenarios(reps, rng)
+    if not runs:
+        return ""
+    seeds = [rng.getrandbits(32) for _ in runs]
+    results: dict[str, list[RunScore]] = defaultdict(list)
+    for i, (run, seed) in enumerate(zip(runs, seeds, strict=True)):
+        score, _ = run_one(sim_config(args, run, seed), run.fault, overrides, expect_group=run.expect_group)
+        results[run.name].append(score)
+        if (i + 1) % 6 == 0 or i + 1 == len(runs):
+            print(f"  TP x PP: {i + 1}/{len(runs)} runs, {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
+    print("\nTP x PP x DP: waits in the optimizer's model-parallel all-reduce (see tpxpp_scenarios)")
+    print(f"{'scenario':37} {'runs':>4} {'recall':>6} {'<=15':>6} {'med st':>6} {'p95 st':>6} {'stage':>5} "
+          f"{'attr':>5} {'recov':>5} {'FA':>4} {'FA/1e5':>7} {'vict':>4}")
+    fa = healthy = victims = 0
+    found: list[RunScore] = []
+    for key in sorted(results):
+        rs = results[key]
+        n_fa = sum(r.false_alarms for r in rs)
+        n_h = sum(r.healthy_rank_steps for r in rs)
+        fa += n_fa
+        healthy += n_h
+        victims += sum(r.victims_convicted for r in rs)
+        expect = rs[0].fault is not None
+        if expect:
+            found.extend(rs)
+        print(f"{key:37} {_row(rs, expect)} {n_fa / max(1, n_h) * 1e5:7.2f} {sum(r.victims_convicted for r in rs):4d}")
+    st = [float(r.steps_to_detect) for r in found if r.detected and r.steps_to_detect is not None]
+    return (f"tpxpp: false_alarms={fa} false_alarms_per_1e5={fa / max(1, healthy) * 1e5:.2f} "
+            f"healthy_rank_steps={healthy} victims_convicted={victims} "
+            f"recall={sum(r.detected for r in found) / max(1, len(found)):.4g} "
+            f"recall_within_15={sum(within(r) for r in found) / max(1, len(found)):.4g} "
+            f"p95_steps_to_detect={percentile(st, 0.95):.1f} runs={len(runs)}")
+
+
 def sim_config(args: argparse.Namespace, run: Run, seed: int, job: str = "sim-job") -> SimConfig:
     return SimConfig(layout=run.layout or Layout(tp=args.tp, dp=args.dp), steps=run.steps or args.steps,
                      step_model=StepModel.with_forward_ms(run.forward_ms),
@@ -434,7 +519,7 @@ def sim_config(args: argparse.Namespace, run: Run, seed: int, job: str = "sim-jo
                                  step_jitter=args.step_jitter),
                      device_every=args.device_every, seed=seed, job=job, regime=run.regime, ddp=run.ddp,
                      collective_marked=run.marked, token_spread=run.token_spread, mp_sync=run.mp_sync,
-                     pp_sync=run.pp_sync)
+                     pp_sync=run.pp_sync, mp_optimizer_sync=run.mp_optimizer_sync)
 
 
 def within(r: RunScore) -> bool:
@@ -469,6 +554,9 @@ def main() -> int:
     ap.add_argument("--pair-ddp-only", action="store_true", help="only the DP = 2 / DDP scenarios")
     ap.add_argument("--beyond-only", action="store_true", help="only the variable-workload / bad-node scenarios")
     ap.add_argument("--groups-only", action="store_true", help="only the model-parallel group scenarios")
+    ap.add_argument("--tpxpp-only", action="store_true", help="only the TP x PP x DP scenarios")
+    ap.add_argument("--tpxpp-reps", type=int, default=None,
+                    help="runs per TP x PP x DP scenario (default 6, quick 2; 0: none)")
     ap.add_argument("--group-reps", type=int, default=None,
                     help="runs per model-parallel group scenario (default 6, quick 2; 0: none)")
     ap.add_argument("--beyond-reps", type=int, default=None,
@@ -498,12 +586,16 @@ def main() -> int:
     if args.groups_only:
         print(_groups(args, overrides, t0))
         return 0
+    if args.tpxpp_only:
+        print(_tpxpp(args, overrides, t0))
+        return 0
     pair_line = _pair_ddp(args, overrides, t0)
     if args.pair_ddp_only:
         print(pair_line)
         return 0
     beyond_line = _beyond(args, overrides, t0)
     groups_line = _groups(args, overrides, t0)
+    tpxpp_line = _tpxpp(args, overrides, t0)
     results: dict[str, list[RunScore]] = defaultdict(list)
     late_share: dict[str, list[float]] = defaultdict(list)  # scenario -> per run: late / offered step samples
     for i, (run, seed) in enumerate(zip(runs, seeds, strict=True)):
@@ -592,6 +684,8 @@ def main() -> int:
         print(beyond_line)
     if groups_line:
         print(groups_line)
+    if tpxpp_line:
+        print(tpxpp_line)
     print(" ".join(f"{k}={v}" for k, v in summary.items()))
     return 0
 

@@ -55,6 +55,7 @@ from collector_processor.processor.straggler.statistics import (
     within_relative,
 )
 from collector_processor.processor.straggler.window import KIND_STEP, Window
+from otel_straggler_schema.stages import MP_WAIT_ENCLOSING
 
 _PAR_SE = 2.0  # hysteresis: the recovery margin is at least this many standard errors of a window median
 
@@ -72,6 +73,9 @@ class WindowOutcome:
     # (rank, stage) -> the rank's excess over its comparable peers' median, relative, and whether it is beyond
     # the stage's tolerance and floor (evidence for culprit.py: who is slow in a stage alone)
     stage_excess: dict[tuple[int, str], tuple[float, bool]] = field(default_factory=dict)
+    # (rank, stage) where the rank waited in a model-parallel collective (mp_wait): evidence for culprit.py
+    # that the rank waits for a member of its group, so it is not the group's culprit
+    mp_waits: set[tuple[int, str]] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -418,6 +422,10 @@ class Judgement:
         if self.collective_wait(cmp):
             c["collective_wait_windows"] += 1
             return self._unusable(COLLECTIVE_WAIT, cmp)
+        if self.mp_wait(cmp):
+            c["mp_wait_windows"] += 1
+            self.ev.out.mp_waits.add((self.rank, self.se.name))
+            return self._unusable(COLLECTIVE_WAIT, cmp)
         self._record_deviation(cmp)
         self._record_excess(cmp)
         if cmp.slow:
@@ -511,6 +519,37 @@ class Judgement:
         if not counts or not self.cfg.collective_wait:
             return False
         return collective.waits(self.det, self.ev, self.se, self.rank, cmp)
+
+    def mp_wait(self, cmp: Comparison) -> bool:
+        """``mp_wait``: a window that would count against the rank in a stage whose time is an all-reduce over
+        its model-parallel group (``mp_wait_stages``), or in a timer enclosing them whose excess their excess
+        explains (by ``collective_wait_fraction``): the rank waits there for a member of its group. It is
+        never the rank's conviction (nor its node's, nor a group's); ``culprit.py`` reads it as the rank's
+        evidence of being a victim."""
+        seq = self.seq
+        counts = cmp.slow or (seq is not None and seq.fires and self._sequential_fires())
+        waits = self.cfg.mp_wait_stages
+        if not counts or not waits:
+            return False
+        name = self.se.name
+        if name in waits:
+            return True
+        inner = MP_WAIT_ENCLOSING.get(name)
+        if inner is None or cmp.measurement is None or cmp.gap <= 0.0:
+            return False
+        explained = 0.0
+        for stage in inner:
+            if stage not in waits:
+                continue
+            per = self.ev.stats.get(stage)
+            mine = per.get(self.rank) if per else None
+            v = mine.value(cmp.measurement) if mine is not None else None
+            if v is None or per is None:
+                continue
+            peers = [x for p, st in per.items() if p != self.rank and (x := st.value(cmp.measurement)) is not None]
+            if peers:
+                explained += v - median(peers)
+        return explained >= self.cfg.collective_wait_fraction * cmp.gap
 
     def host_stall(self, cmp: Comparison) -> Comparison:
         """``host_stall``: in a ``host_stall_groups`` stage whose device comparison does not fire (flat or
