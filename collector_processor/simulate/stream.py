@@ -145,6 +145,7 @@ class JobStream:
         self._step_rng = random.Random(cfg.seed ^ 0x5EED)
         self._token_rng = random.Random(cfg.seed ^ 0x70C5)  # its own stream too (token_spread)
         self._sync_rng = random.Random(cfg.seed ^ 0x5C)  # its own stream too (mp_sync)
+        self._contention_rng = random.Random(cfg.seed ^ 0xC0)  # its own stream too (contention faults)
         self.mp_groups: dict[tuple[int, int], list[int]] = {}  # (DP replica, pipeline stage) -> ranks
         self.replicas: dict[int, list[int]] = {}  # DP replica -> ranks
         for r in self.ranks:
@@ -243,6 +244,12 @@ class JobStream:
                         host *= k
                     rv = self.rng.random()
                     for f in self.faults:
+                        if f.kind == "contention":
+                            if info.host == self.ranks[f.rank].host and f.active(step, 0.0):
+                                duty = min(1.0, f.duty * (3.0 if info.rank == f.rank else 1.0))
+                                if self._contention_rng.random() < duty:
+                                    host += f.size * st.device_ms * self._contention_rng.random()
+                            continue
                         if f.kind == "node":
                             if info.host != node_of[f.rank] or st.name not in f.stages or not f.active(step, rv):
                                 continue

@@ -132,6 +132,11 @@ class Config(BaseModel):
     # ("optimizer") whose excess those stages explain by collective_wait_fraction. The waits are evidence that
     # the rank is not its group's culprit (culprit.py). Empty: off.
     mp_wait_stages: list[str] = Field(default_factory=lambda: list(MP_WAIT_TIMERS))
+    # host_contention: a window that would convict a rank on host time (host_stall, or no device samples) while
+    # every comparable peer runs on the rank's own host is uncertain/host_contention (attributed
+    # host_only_stall), never a page: the ranks share the machine's CPUs, and without a peer on another host a
+    # rank's own stall cannot be told from the machine's contention (a DDP job on one loaded machine).
+    host_contention: bool = True
     # Relative token difference beyond which two ranks do not do comparable work.
     workload_tolerance: float = Field(default=0.05, ge=0)
     # per_unit (per_unit.py): where the cohort's tokens per step spread beyond workload_tolerance (MoE routing,

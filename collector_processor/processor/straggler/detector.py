@@ -33,6 +33,7 @@ from collector_processor.processor.straggler.model import (
     BELOW_ABSOLUTE_FLOOR,
     COHORT_BELOW_MIN_SIZE,
     COLLECTIVE_WAIT,
+    HOST_CONTENTION,
     MISSING_SAMPLES,
     NON_FINITE_SAMPLE,
     PAIR_AMBIGUOUS,
@@ -57,7 +58,18 @@ from collector_processor.processor.straggler.statistics import (
 from collector_processor.processor.straggler.window import KIND_STEP, Window
 from otel_straggler_schema.stages import MP_WAIT_ENCLOSING
 
+_CONTENTION_SHARE = 0.25  # host_contention: the share of the rank's peers that spike on the host too
+_CONTENTION_MIN_PEERS = 2  # and at least this many
+_SPIKE = 1.5  # a host sample this many times its rank's median (and the host floor above it) is a spike
 _PAR_SE = 2.0  # hysteresis: the recovery margin is at least this many standard errors of a window median
+
+
+def _spikes(samples: list[float], floor_ms: float) -> bool:
+    """Some sample is a spike: ``_SPIKE`` x the samples' median and ``floor_ms`` above it."""
+    if len(samples) < 2:
+        return False
+    m = median(samples)
+    return any(x > _SPIKE * m and x - m >= floor_ms for x in samples)
 
 
 # --- evidence ---------------------------------------------------------------------------------------------
@@ -426,6 +438,9 @@ class Judgement:
             c["mp_wait_windows"] += 1
             self.ev.out.mp_waits.add((self.rank, self.se.name))
             return self._unusable(COLLECTIVE_WAIT, cmp)
+        if self.host_contention(cmp):
+            c["host_contention_windows"] += 1
+            return self._unusable(HOST_CONTENTION, cmp, s.ATTRIBUTION_HOST)
         self._record_deviation(cmp)
         self._record_excess(cmp)
         if cmp.slow:
@@ -550,6 +565,30 @@ class Judgement:
             if peers:
                 explained += v - median(peers)
         return explained >= self.cfg.collective_wait_fraction * cmp.gap
+
+    def host_contention(self, cmp: Comparison) -> bool:
+        """``host_contention``: a slow window on host time, or on device time the host starved (attributed
+        ``host_only_stall``), whose comparable peers all run on the rank's host while at least a quarter of them
+        (and 2) spike on the host in the window too (a step 1.5 x their own median and ``absolute_floor_ms``
+        above it): the ranks share the machine's starved CPUs, so the excess is attributed to the host and
+        pages nobody. One rank slow on a machine whose other ranks run steadily is still judged."""
+        if not self.cfg.host_contention or not cmp.slow:
+            return False
+        if cmp.measurement != HOST and self._attribution(cmp) != s.ATTRIBUTION_HOST:
+            return False  # a GPU slow on its own (the device excess explains the host's)
+        ranks = self.ev.cohort.ranks
+        info = ranks.get(self.rank)
+        if info is None or not info.host:
+            return False
+        per = self.se.per
+        peers = cmp.peers if cmp.peers is not None else self.se.others(self.rank)
+        with_host = [p for p in peers if p in ranks and per[p].host is not None]
+        if {ranks[p].host for p in with_host} != {info.host}:
+            return False
+        # shared: the machine deschedules the peers too (steps far above their own median), not this rank alone
+        floor = self.cfg.absolute_floor_ms
+        spiking = sum(1 for p in with_host if _spikes(per[p].host_samples, floor))
+        return spiking >= max(_CONTENTION_MIN_PEERS, _CONTENTION_SHARE * len(with_host))
 
     def host_stall(self, cmp: Comparison) -> Comparison:
         """``host_stall``: in a ``host_stall_groups`` stage whose device comparison does not fire (flat or
@@ -689,7 +728,7 @@ class Judgement:
             self._hold(Comparison())
 
     # --- unusable evidence: hold an alert, else a rate-limited uncertain verdict --------------------------
-    def _unusable(self, reason: str, cmp: Comparison) -> None:
+    def _unusable(self, reason: str, cmp: Comparison, attribution: str = s.ATTRIBUTION_UNKNOWN) -> None:
         st = self.st
         st.streak = 0
         st.last_slow_index = None
@@ -706,7 +745,7 @@ class Judgement:
         st.last_uncertain_index = idx
         if cmp.measurement is None:
             cmp.measurement = DEVICE
-        self.ev.out.verdicts.append(self._emit(s.VERDICT_UNCERTAIN, reason, s.ATTRIBUTION_UNKNOWN, cmp))
+        self.ev.out.verdicts.append(self._emit(s.VERDICT_UNCERTAIN, reason, attribution, cmp))
         return None
 
     def _hold(self, cmp: Comparison) -> None:
