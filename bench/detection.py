@@ -16,6 +16,8 @@ Target scenario (the issue's wording): a sustained +5 % device slowdown of one r
   python bench/detection.py --quick --pair-ddp-only  # only the DP = 2 and DDP scenarios
   python bench/detection.py --beyond-only            # only the variable-workload and bad-node scenarios
   python bench/detection.py --groups-only            # only the model-parallel group (culprit) scenarios
+  python bench/detection.py --tpxpp-only             # only the TP x PP x DP scenarios
+  python bench/detection.py --contention-only        # only the host-contention scenarios
 
 Shapes (``shape_scenarios``, their own random stream so the other scenarios' runs are the same with and
 without them): device faults in the GPU-bound regime (the host blocked on a full launch queue: host time
@@ -37,6 +39,17 @@ peers end each compute stage together (``mp_sync``) and whose pipeline stages wa
 one GPU slowed: ``culprit`` (its whole GPU, found by the verdict naming it), ``group`` (its compute stages
 only: found by the group verdict); ``vict``: victims convicted, a straggler verdict on another rank of the
 replica without ``victim_of``. ``--group-reps 0`` leaves them out, ``--groups-only`` runs them alone.
+
+TP x PP x DP (``tpxpp_scenarios``), their own table and line (``tpxpp: ...``) after the ``groups:`` line, from
+their own random stream: a replica's ranks wait for its slowest compute in the optimizer's grad-norm all-reduce
+over the model-parallel group (``mp_optimizer_sync``); a bad node (the other pipeline stage of its replicas waits
+on a healthy host), a culprit GPU, a group-only fault, healthy. Per shape: recall, steps to detect, false pages
+(``FA``, and per 1e5 healthy rank-steps), victims named (``vict``). ``--tpxpp-reps 0`` leaves them out.
+
+Host contention (``contention_scenarios``), the same table and a ``contention: ...`` line after it, from their
+own random stream: an 8-rank DDP job on one host whose CPUs are oversubscribed (each rank descheduled on 30 %
+of its stage-steps for up to 1x or 3x the stage's time, one rank three times as often), timed on the host only
+or on the device too: every straggler verdict is a false page. ``--contention-reps 0`` leaves them out.
 
 DP = 2 and DDP scenarios (``pair`` and ``collective_wait`` in docs/detector.md), their own table and line
 (``pair_ddp: ...``) before the last line, drawn from their own random stream so the scenarios above keep their
@@ -105,6 +118,8 @@ class Run:
     mp_sync: bool = False  # SimConfig.mp_sync: TP/CP peers of a replica end each compute stage together
     pp_sync: bool = False  # SimConfig.pp_sync: pipeline stages wait for the slowest in p2p
     expect_group: bool | None = None  # scored by culprit (False) or group (True) verdict; None: as before
+    mp_optimizer_sync: bool = False  # SimConfig.mp_optimizer_sync: a replica's ranks wait in the grad-norm all-reduce
+    device_every: int | None = None  # None: --device-every
 
 
 def run_one(cfg: SimConfig, fault: Fault | None, proc_overrides: dict | None = None,
@@ -427,14 +442,131 @@ def _groups(args: argparse.Namespace, overrides: dict, t0: float) -> str:
             f"p95_steps_to_detect={percentile(st, 0.95):.1f} runs={len(runs)}")
 
 
+TPXPP_SEED = 0x7_9_9  # the TP x PP shapes' random stream: args.seed ^ this
+
+
+def tpxpp_scenarios(reps: int, rng: random.Random) -> list[Run]:
+    """TP x PP x DP jobs whose replica's ranks (TP peers and pipeline stages) wait for the replica's slowest
+    compute in the optimizer's grad-norm all-reduce over the model-parallel group (``mp_optimizer_sync``), TP
+    peers inside their compute timers (``mp_sync``). ``node``: every GPU of one host slowed (its TP groups
+    with it); the other pipeline stage of the same replicas, on a healthy host, waits in the optimizer: a
+    verdict on any other host is a false page. ``culprit``: one GPU slowed (its collective-free optimizer
+    step too): found by the verdict naming it; ``group``: confined to its compute stages, found by the group
+    verdict. ``vict``: a straggler verdict on another rank of the replica without ``victim_of`` (a victim
+    paged, or named culprit)."""
+    out: list[Run] = []
+    tp4pp2 = Layout(tp=4, pp=2, dp=4)
+    tp2pp2 = Layout(tp=2, pp=2, dp=8)
+
+    def onset() -> int:
+        return rng.randint(40, 60)
+
+    def fault(kind: str, layout: Layout, stages: tuple[str, ...], size: float) -> Fault:
+        on = onset()
+        return Fault(kind, rng.randrange(layout.world_size), stages, size, on, on + 60)
+
+    for _ in range(reps):
+        out.append(Run("tp4pp2:node:all-compute:+10%", fault("node", tp4pp2, COMPUTE_STAGES, 0.10), layout=tp4pp2,
+                       mp_sync=True, mp_optimizer_sync=True))
+        out.append(Run("tp4pp2:node:gpu:+10%", fault("node", tp4pp2, GPU_WIDE, 0.10), layout=tp4pp2,
+                       mp_sync=True, mp_optimizer_sync=True))
+        out.append(Run("tp2pp2:culprit:gpu:+15%", fault("device", tp2pp2, GPU_WIDE, 0.15), layout=tp2pp2,
+                       mp_sync=True, mp_optimizer_sync=True, expect_group=False))
+        out.append(Run("tp2pp2:culprit:gpu:+5%", fault("device", tp2pp2, GPU_WIDE, 0.05), layout=tp2pp2,
+                       mp_sync=True, mp_optimizer_sync=True, expect_group=False))
+        out.append(Run("tp2pp2:group:all-compute:+15%", fault("device", tp2pp2, COMPUTE_STAGES, 0.15),
+                       layout=tp2pp2, mp_sync=True, mp_optimizer_sync=True, expect_group=True))
+        out.append(Run("tp4pp2:healthy", None, layout=tp4pp2, mp_sync=True, mp_optimizer_sync=True))
+    return out
+
+
+CONTENTION_SEED = 0xC0_4E  # the host-contention shapes' random stream: args.seed ^ this
+HOST_ONLY = 10**9  # device_every: never timed on the device (a CPU job)
+
+
+def contention_scenarios(reps: int, rng: random.Random) -> list[Run]:
+    """Host contention (``contention`` faults, ``host_contention`` in docs/detector.md): an 8-rank DDP job on one
+    host whose CPUs are oversubscribed, one rank descheduled three times as often as the others; timed on the
+    host only (a CPU job) or on the device too. Any straggler verdict is a false page."""
+    out: list[Run] = []
+    ddp8 = Layout(tp=1, dp=8)
+    stages = ("batch-generator", *COMPUTE_STAGES, "optimizer-inner-step")
+
+    def fault(size: float) -> Fault:
+        return Fault("contention", rng.randrange(ddp8.world_size), stages, size, 1, duty=0.3)
+
+    for _ in range(reps):
+        out.append(Run("contention:ddp8:host-only:x1", fault(1.0), layout=ddp8, ddp=True, device_every=HOST_ONLY))
+        out.append(Run("contention:ddp8:host-only:x3", fault(3.0), layout=ddp8, ddp=True, device_every=HOST_ONLY))
+        out.append(Run("contention:ddp8:device:x1", fault(1.0), layout=ddp8, ddp=True))
+        out.append(Run("contention:ddp8:device:x3", fault(3.0), layout=ddp8, ddp=True))
+    return out
+
+
+def _tpxpp(args: argparse.Namespace, overrides: dict, t0: float) -> str:
+    """``tpxpp_scenarios``: their table and ``tpxpp:`` line."""
+    reps = args.tpxpp_reps if args.tpxpp_reps is not None else (2 if args.quick else 6)
+    rng = random.Random(args.seed ^ TPXPP_SEED)
+    return _shape_table(args, overrides, t0, "tpxpp", tpxpp_scenarios(reps, rng), rng,
+                        "TP x PP x DP: waits in the optimizer's model-parallel all-reduce (see tpxpp_scenarios)")
+
+
+def _contention(args: argparse.Namespace, overrides: dict, t0: float) -> str:
+    """``contention_scenarios``: their table and ``contention:`` line."""
+    reps = args.contention_reps if args.contention_reps is not None else (2 if args.quick else 6)
+    rng = random.Random(args.seed ^ CONTENTION_SEED)
+    return _shape_table(args, overrides, t0, "contention", contention_scenarios(reps, rng), rng,
+                        "Host contention on one machine (see contention_scenarios)")
+
+
+def _shape_table(args: argparse.Namespace, overrides: dict, t0: float, label: str, runs: list[Run],
+                 rng: random.Random, title: str) -> str:
+    """Run ``runs`` (seeds from ``rng``), print their table per shape (recall, steps to detect, false pages per
+    1e5 healthy rank-steps, victims named), return their ``<label>:`` line ('' when there are none)."""
+    if not runs:
+        return ""
+    seeds = [rng.getrandbits(32) for _ in runs]
+    results: dict[str, list[RunScore]] = defaultdict(list)
+    expects = {run.name: run.fault is not None and (run.fault.expect_straggler or run.expect_group is not None)
+               for run in runs}
+    for i, (run, seed) in enumerate(zip(runs, seeds, strict=True)):
+        score, _ = run_one(sim_config(args, run, seed), run.fault, overrides, expect_group=run.expect_group)
+        results[run.name].append(score)
+        if (i + 1) % 6 == 0 or i + 1 == len(runs):
+            print(f"  {label}: {i + 1}/{len(runs)} runs, {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
+    print(f"\n{title}")
+    print(f"{'scenario':37} {'runs':>4} {'recall':>6} {'<=15':>6} {'med st':>6} {'p95 st':>6} {'stage':>5} "
+          f"{'attr':>5} {'recov':>5} {'FA':>4} {'FA/1e5':>7} {'vict':>4}")
+    fa = healthy = victims = 0
+    found: list[RunScore] = []
+    for key in sorted(results):
+        rs = results[key]
+        n_fa = sum(r.false_alarms for r in rs)
+        n_h = sum(r.healthy_rank_steps for r in rs)
+        fa += n_fa
+        healthy += n_h
+        victims += sum(r.victims_convicted for r in rs)
+        expect = expects[key]
+        if expect:
+            found.extend(rs)
+        print(f"{key:37} {_row(rs, expect)} {n_fa / max(1, n_h) * 1e5:7.2f} {sum(r.victims_convicted for r in rs):4d}")
+    st = [float(r.steps_to_detect) for r in found if r.detected and r.steps_to_detect is not None]
+    return (f"{label}: false_alarms={fa} false_alarms_per_1e5={fa / max(1, healthy) * 1e5:.2f} "
+            f"healthy_rank_steps={healthy} victims_convicted={victims} "
+            f"recall={sum(r.detected for r in found) / len(found) if found else float('nan'):.4g} "
+            f"recall_within_15={sum(within(r) for r in found) / len(found) if found else float('nan'):.4g} "
+            f"p95_steps_to_detect={percentile(st, 0.95):.1f} runs={len(runs)}")
+
+
 def sim_config(args: argparse.Namespace, run: Run, seed: int, job: str = "sim-job") -> SimConfig:
     return SimConfig(layout=run.layout or Layout(tp=args.tp, dp=args.dp), steps=run.steps or args.steps,
                      step_model=StepModel.with_forward_ms(run.forward_ms),
                      noise=Noise(jitter=args.jitter, host_jitter=args.host_jitter,
                                  step_jitter=args.step_jitter),
-                     device_every=args.device_every, seed=seed, job=job, regime=run.regime, ddp=run.ddp,
+                     device_every=run.device_every or args.device_every, seed=seed, job=job, regime=run.regime,
+                     ddp=run.ddp,
                      collective_marked=run.marked, token_spread=run.token_spread, mp_sync=run.mp_sync,
-                     pp_sync=run.pp_sync)
+                     pp_sync=run.pp_sync, mp_optimizer_sync=run.mp_optimizer_sync)
 
 
 def within(r: RunScore) -> bool:
@@ -469,6 +601,12 @@ def main() -> int:
     ap.add_argument("--pair-ddp-only", action="store_true", help="only the DP = 2 / DDP scenarios")
     ap.add_argument("--beyond-only", action="store_true", help="only the variable-workload / bad-node scenarios")
     ap.add_argument("--groups-only", action="store_true", help="only the model-parallel group scenarios")
+    ap.add_argument("--tpxpp-only", action="store_true", help="only the TP x PP x DP scenarios")
+    ap.add_argument("--contention-only", action="store_true", help="only the host-contention scenarios")
+    ap.add_argument("--contention-reps", type=int, default=None,
+                    help="runs per host-contention scenario (default 6, quick 2; 0: none)")
+    ap.add_argument("--tpxpp-reps", type=int, default=None,
+                    help="runs per TP x PP x DP scenario (default 6, quick 2; 0: none)")
     ap.add_argument("--group-reps", type=int, default=None,
                     help="runs per model-parallel group scenario (default 6, quick 2; 0: none)")
     ap.add_argument("--beyond-reps", type=int, default=None,
@@ -498,12 +636,20 @@ def main() -> int:
     if args.groups_only:
         print(_groups(args, overrides, t0))
         return 0
+    if args.tpxpp_only:
+        print(_tpxpp(args, overrides, t0))
+        return 0
+    if args.contention_only:
+        print(_contention(args, overrides, t0))
+        return 0
     pair_line = _pair_ddp(args, overrides, t0)
     if args.pair_ddp_only:
         print(pair_line)
         return 0
     beyond_line = _beyond(args, overrides, t0)
     groups_line = _groups(args, overrides, t0)
+    tpxpp_line = _tpxpp(args, overrides, t0)
+    contention_line = _contention(args, overrides, t0)
     results: dict[str, list[RunScore]] = defaultdict(list)
     late_share: dict[str, list[float]] = defaultdict(list)  # scenario -> per run: late / offered step samples
     for i, (run, seed) in enumerate(zip(runs, seeds, strict=True)):
@@ -592,6 +738,10 @@ def main() -> int:
         print(beyond_line)
     if groups_line:
         print(groups_line)
+    if tpxpp_line:
+        print(tpxpp_line)
+    if contention_line:
+        print(contention_line)
     print(" ".join(f"{k}={v}" for k, v in summary.items()))
     return 0
 

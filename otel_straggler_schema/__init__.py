@@ -202,6 +202,7 @@ REASONS: Final = (
     "collective_wait",  # uncertain: the rank's excess is matched by its reference's excess in another stage (a wait)
     "node_slow",  # straggler (stage NODE_STAGE): most ranks of one host convicted together (a node verdict)
     "group_slow",  # straggler: a model-parallel group slow together, no member's timers name the culprit
+    "host_contention",  # uncertain: a host-time excess with every comparable peer on the same host (shared CPU)
 )
 NODE_STAGE: Final = "node"  # the stage of a node verdict (one host's ranks slow together)
 

@@ -56,6 +56,12 @@ STAGE_GROUP_BY_NAME: Final[dict[str, str]] = {
     "model-and-optimizer-setup": "setup",
 }
 
+# Timers whose time is an all-reduce over the model-parallel group (TP x PP x CP): the found-inf flag, the gradient
+# norm, the zero count. A rank slow there waits for a member of its group, it is not slow itself.
+MP_WAIT_TIMERS: Final = ("optimizer-unscale-and-check-inf", "optimizer-clip-main-grad", "optimizer-count-zeros")
+# Timers that enclose MP_WAIT_TIMERS: their excess is a wait where those timers' excess explains it.
+MP_WAIT_ENCLOSING: Final[dict[str, tuple[str, ...]]] = {"optimizer": MP_WAIT_TIMERS}
+
 _PREFIX_RULES: Final = (("startup-", "setup"),)
 _SUFFIX_RULES: Final = (("-data-iterators-setup", "setup"),)
 

@@ -131,7 +131,9 @@ def _allowed(default: str, bounds: str) -> str:
         return bounds
     if default in ("true", "false"):
         return "true, false"
-    return "stage groups" if ", " in default else "a string"
+    if ", " in default:
+        return "stage names" if "-" in default else "stage groups"
+    return "a string"
 
 
 def test_the_detector_page_gives_every_processor_key_as_the_code_has_it() -> None:

@@ -31,6 +31,10 @@ class Fault:
       node          every rank on the host of ``rank`` slowed on the device x (1 + size) (a bad node): expect one
                     node verdict naming that host (``node.py``), and each of its ranks convicted
       workload      rank does (1 + size) x the tokens and time: expect NO straggler (workload_incomparable)
+      contention    the CPUs of the host of ``rank`` oversubscribed: on a ``duty`` fraction of its stage-steps each
+                    rank of the host is descheduled for U(0, size) x the stage's device time on the host (the
+                    stream starves beyond the queued work); ``rank`` itself three times as often (the scheduler
+                    is not fair): expect NO straggler (the whole machine shares it; ``host_contention``)
 
     expect: None (by kind, as above), or whether a straggler verdict on ``rank`` is expected (False: the rank
     cannot be told from its peers, e.g. a DP = 2 pair under DDP without a marked collective stage; a verdict

@@ -13,7 +13,10 @@ the tensor-parallel all-reduces inside ``forward-compute`` and ``backward-comput
 time there is the group's slowest member's (each with its own small jitter on top): a slow GPU holds its
 peers inside their compute timers; the optimizer's inner step holds no collective of the group. ``pp_sync``:
 the pipeline stages of one DP replica wait for the slowest in ``forward-recv`` (a ``p2p`` stage): each rank's
-wait there is the replica's slowest compute minus its own. Noise: Gaussian jitter,
+wait there is the replica's slowest compute minus its own. ``mp_optimizer_sync``: every rank of one DP replica
+(TP peers and pipeline stages) waits in ``optimizer-clip-main-grad``, the grad-norm all-reduce over the
+model-parallel group, for the replica's slowest compute: a healthy pipeline stage is slow there, in a judged
+``optimizer`` stage, while its own work is at par. Noise: Gaussian jitter,
 heavy-tail spikes on random ranks, slow warmup with per-rank skew, ranks that start late, missing spans;
 device time present only on sampled steps (``device_every``).
 
@@ -92,6 +95,9 @@ class SimConfig:
     token_spread: float = 0.0
     mp_sync: bool = False  # the TP/CP/EP peers of a DP replica and pipeline stage end each compute stage together
     pp_sync: bool = False  # the pipeline stages of a DP replica wait for the slowest in forward-recv (p2p)
+    # every rank of a DP replica (TP peers and pipeline stages) waits in optimizer-clip-main-grad (the grad-norm
+    # all-reduce over the model-parallel group) for the replica's slowest compute
+    mp_optimizer_sync: bool = False
     # every rank-step carries an NVML sample (otel_straggler/nvml.py): SM clock 1,980 MHz at 60 C, a rank under a
     # device fault its clock divided by the slowdown at 85 C, with sw_thermal_slowdown
     nvml: bool = False
@@ -104,6 +110,8 @@ class SimConfig:
 _kv = key_value
 MP_SYNC_STAGES = ("forward-compute", "backward-compute")  # with SimConfig.mp_sync: stages holding TP all-reduces
 PP_WAIT_STAGE = "forward-recv"  # with SimConfig.pp_sync: the p2p stage that holds the wait for the slowest stage
+MP_OPT_WAIT_STAGE = "optimizer-clip-main-grad"  # with SimConfig.mp_optimizer_sync: the model-parallel all-reduce
+MP_OPT_WAIT_MS = 1.0  # its time when every member arrives together
 DDP_STAGE = "backward-compute"  # with SimConfig.ddp: the stage that holds the gradient all-reduce
 
 
@@ -137,6 +145,7 @@ class JobStream:
         self._step_rng = random.Random(cfg.seed ^ 0x5EED)
         self._token_rng = random.Random(cfg.seed ^ 0x70C5)  # its own stream too (token_spread)
         self._sync_rng = random.Random(cfg.seed ^ 0x5C)  # its own stream too (mp_sync)
+        self._contention_rng = random.Random(cfg.seed ^ 0xC0)  # its own stream too (contention faults)
         self.mp_groups: dict[tuple[int, int], list[int]] = {}  # (DP replica, pipeline stage) -> ranks
         self.replicas: dict[int, list[int]] = {}  # DP replica -> ranks
         for r in self.ranks:
@@ -168,6 +177,13 @@ class JobStream:
                 for r in members:
                     wait = slowest - compute[r]
                     per_rank[r].append((PP_WAIT_STAGE, stage_group(PP_WAIT_STAGE), 2, wait, wait, 1))
+        if cfg.mp_optimizer_sync:
+            for members in self.replicas.values():
+                compute = {r: sum(row[3] for row in per_rank[r] if row[0] in MP_SYNC_STAGES) for r in members}
+                slowest = max(compute.values())
+                for r in members:
+                    wait = slowest - compute[r] + MP_OPT_WAIT_MS * (1.0 + self._sync_rng.gauss(0.0, jitter * 4))
+                    per_rank[r].append((MP_OPT_WAIT_STAGE, stage_group(MP_OPT_WAIT_STAGE), 1, wait, wait, 1))
         for r, rows in per_rank.items():
             arrival[r] = sum(max(dev, host if group == "data" else 0.0) if group in ("data", "forward", "backward")
                              else (dev if group == "p2p" else 0.0) for _n, group, _lv, dev, host, _c in rows)
@@ -228,6 +244,12 @@ class JobStream:
                         host *= k
                     rv = self.rng.random()
                     for f in self.faults:
+                        if f.kind == "contention":
+                            if info.host == self.ranks[f.rank].host and f.active(step, 0.0):
+                                duty = min(1.0, f.duty * (3.0 if info.rank == f.rank else 1.0))
+                                if self._contention_rng.random() < duty:
+                                    host += f.size * st.device_ms * self._contention_rng.random()
+                            continue
                         if f.kind == "node":
                             if info.host != node_of[f.rank] or st.name not in f.stages or not f.active(step, rv):
                                 continue
@@ -253,7 +275,7 @@ class JobStream:
                         before_sync += max(dev, host if st.group == "data" else 0.0)
                 per_rank[info.rank] = rows
                 arrival[info.rank] = before_sync
-            if cfg.mp_sync or cfg.pp_sync:
+            if cfg.mp_sync or cfg.pp_sync or cfg.mp_optimizer_sync:
                 self._sync(per_rank, arrival)
             by_cohort: dict[str, float] = {}
             for info in self.ranks:

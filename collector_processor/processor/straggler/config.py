@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 import otel_straggler_schema as s
 from collector_processor.processor.straggler.decode import COLLECTOR_SERVICE_NAME
+from otel_straggler_schema.stages import MP_WAIT_TIMERS
 
 # Time bounds: finite and at most 1e9 s (about 31 years, "never"): nanosecond arithmetic on them stays in 64 bits
 _NEVER = 1e9
@@ -125,6 +126,17 @@ class Config(BaseModel):
     # (DDP's backward holds the gradient all-reduce). uncertain/collective_wait names the reference.
     collective_wait: bool = True
     collective_wait_fraction: float = Field(default=0.5, gt=0, le=1)
+    # mp_wait: stages whose time is an all-reduce over the model-parallel group (Megatron's optimizer found-inf,
+    # grad-norm and zero-count all-reduces). A rank slow there waits for another member of its group:
+    # uncertain/collective_wait, never a straggler, a node's or a group's evidence; so is an enclosing timer
+    # ("optimizer") whose excess those stages explain by collective_wait_fraction. The waits are evidence that
+    # the rank is not its group's culprit (culprit.py). Empty: off.
+    mp_wait_stages: list[str] = Field(default_factory=lambda: list(MP_WAIT_TIMERS))
+    # host_contention: a window that would convict a rank on host time (host_stall, or no device samples) while
+    # every comparable peer runs on the rank's own host is uncertain/host_contention (attributed
+    # host_only_stall), never a page: the ranks share the machine's CPUs, and without a peer on another host a
+    # rank's own stall cannot be told from the machine's contention (a DDP job on one loaded machine).
+    host_contention: bool = True
     # Relative token difference beyond which two ranks do not do comparable work.
     workload_tolerance: float = Field(default=0.05, ge=0)
     # per_unit (per_unit.py): where the cohort's tokens per step spread beyond workload_tolerance (MoE routing,

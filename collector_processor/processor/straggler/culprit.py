@@ -75,6 +75,8 @@ class _Group:
     windows: OrderedDict[int, dict[int, set[str]]] = field(default_factory=OrderedDict)
     # window index -> rank -> stages it was judged in (beyond or not)
     judged: OrderedDict[int, dict[int, set[str]]] = field(default_factory=OrderedDict)
+    # window index -> ranks that waited in a model-parallel collective (mp_wait): victims, never the culprit
+    waits: dict[int, set[int]] = field(default_factory=dict)
     active: dict[str, dict[int, Verdict]] = field(default_factory=dict)  # stage -> rank -> its latest verdict
     decisions: dict[str, _Decision] = field(default_factory=dict)  # stage -> the decision while it holds
     pp: dict[int, str] = field(default_factory=dict)  # rank -> its pipeline stage ("" unknown)
@@ -88,14 +90,18 @@ class Correlator:
         self.groups: OrderedDict[_GroupKey, _Group] = OrderedDict()
 
     # --- evidence, per closed window ----------------------------------------------------------------
-    def window(self, cohort: Cohort, index: int, stage_excess: dict[tuple[int, str], tuple[float, bool]]) -> None:
-        """The stages each rank of ``cohort`` is beyond in window ``index`` (solo evidence is read from these)."""
-        if not self.cfg.culprit or not stage_excess:
+    def window(self, cohort: Cohort, index: int, stage_excess: dict[tuple[int, str], tuple[float, bool]],
+               mp_waits: Iterable[tuple[int, str]] = ()) -> None:
+        """The stages each rank of ``cohort`` is beyond in window ``index`` (solo evidence is read from these), and
+        the ranks that waited in a model-parallel collective there (``mp_waits``: never the culprit)."""
+        if not self.cfg.culprit or (not stage_excess and not mp_waits):
             return
         run = s.cohort_run(cohort.key)
         m = _PP.search(cohort.key)
         pp = m.group(1) if m else ""
-        for (rank, stage), (_rel, beyond) in stage_excess.items():
+        entries = [(rank, stage, beyond, False) for (rank, stage), (_rel, beyond) in stage_excess.items()]
+        entries += [(rank, stage, False, True) for rank, stage in mp_waits]
+        for rank, stage, beyond, waited in entries:
             info = cohort.ranks.get(rank)
             if info is None or info.dp_rank < 0:
                 continue
@@ -108,6 +114,9 @@ class Correlator:
                 judged = g.judged[index] = {}
                 g.windows[index] = {}
                 self._trim(g)
+            if waited:
+                g.waits.setdefault(index, set()).add(rank)
+                continue
             judged.setdefault(rank, set()).add(stage)
             if beyond:
                 g.windows.setdefault(index, {}).setdefault(rank, set()).add(stage)
@@ -218,10 +227,13 @@ class Correlator:
         ranks = g.active[stage]
         pps = {g.pp.get(r, "") for r in ranks}
         name = f"dp{key[2]}" + (f".pp{next(iter(pps))}" if len(pps) == 1 and "" not in pps else "")
+        waiters = set().union(*g.waits.values()) if g.waits else set()
         solo: dict[int, int] = {}
         for idx, beyond in g.windows.items():
             judged = g.judged.get(idx, {})
             for r, stages in beyond.items():
+                if r in waiters:
+                    continue  # it waited for a member of its group: a victim, never the culprit
                 for st in stages:
                     others = [o for o, js in judged.items() if o != r and st in js]
                     if others and not any(st in beyond.get(o, ()) for o in others):
@@ -232,6 +244,8 @@ class Correlator:
             order = sorted(solo.items(), key=lambda kv: -kv[1])
             if order[0][1] >= _MIN_SOLO_WINDOWS and (len(order) == 1 or order[0][1] >= 2 * order[1][1]):
                 culprit = order[0][0]
+        if culprit is not None and culprit in ranks and _outrun(culprit, ranks):
+            culprit = None  # a member waiting for it is slower beyond noise: the evidence conflicts, say the group
         if culprit is not None:
             if culprit not in ranks:
                 return None
@@ -263,7 +277,19 @@ class Correlator:
             oldest = min(g.judged)
             del g.judged[oldest]
             g.windows.pop(oldest, None)
+            g.waits.pop(oldest, None)
 
+
+
+def _outrun(culprit: int, ranks: dict[int, Verdict]) -> bool:
+    """Another member's deviation in the stage exceeds the named culprit's by more than the culprit's own
+    excess would allow: one that waits for it cannot be slower than it beyond the noise (a tenth of the
+    culprit's deviation, and 1 %)."""
+    mine = ranks[culprit].deviation
+    if mine is None:
+        return False
+    margin = max(0.01, 0.1 * abs(mine))
+    return any(v.deviation is not None and v.deviation > mine + margin for r, v in ranks.items() if r != culprit)
 
 
 class _Replicas:

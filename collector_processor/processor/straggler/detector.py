@@ -33,6 +33,7 @@ from collector_processor.processor.straggler.model import (
     BELOW_ABSOLUTE_FLOOR,
     COHORT_BELOW_MIN_SIZE,
     COLLECTIVE_WAIT,
+    HOST_CONTENTION,
     MISSING_SAMPLES,
     NON_FINITE_SAMPLE,
     PAIR_AMBIGUOUS,
@@ -55,8 +56,20 @@ from collector_processor.processor.straggler.statistics import (
     within_relative,
 )
 from collector_processor.processor.straggler.window import KIND_STEP, Window
+from otel_straggler_schema.stages import MP_WAIT_ENCLOSING
 
+_CONTENTION_SHARE = 0.25  # host_contention: the share of the rank's peers that spike on the host too
+_CONTENTION_MIN_PEERS = 2  # and at least this many
+_SPIKE = 1.5  # a host sample this many times its rank's median (and the host floor above it) is a spike
 _PAR_SE = 2.0  # hysteresis: the recovery margin is at least this many standard errors of a window median
+
+
+def _spikes(samples: list[float], floor_ms: float) -> bool:
+    """Some sample is a spike: ``_SPIKE`` x the samples' median and ``floor_ms`` above it."""
+    if len(samples) < 2:
+        return False
+    m = median(samples)
+    return any(x > _SPIKE * m and x - m >= floor_ms for x in samples)
 
 
 # --- evidence ---------------------------------------------------------------------------------------------
@@ -72,6 +85,9 @@ class WindowOutcome:
     # (rank, stage) -> the rank's excess over its comparable peers' median, relative, and whether it is beyond
     # the stage's tolerance and floor (evidence for culprit.py: who is slow in a stage alone)
     stage_excess: dict[tuple[int, str], tuple[float, bool]] = field(default_factory=dict)
+    # (rank, stage) where the rank waited in a model-parallel collective (mp_wait): evidence for culprit.py
+    # that the rank waits for a member of its group, so it is not the group's culprit
+    mp_waits: set[tuple[int, str]] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -418,6 +434,13 @@ class Judgement:
         if self.collective_wait(cmp):
             c["collective_wait_windows"] += 1
             return self._unusable(COLLECTIVE_WAIT, cmp)
+        if self.mp_wait(cmp):
+            c["mp_wait_windows"] += 1
+            self.ev.out.mp_waits.add((self.rank, self.se.name))
+            return self._unusable(COLLECTIVE_WAIT, cmp)
+        if self.host_contention(cmp):
+            c["host_contention_windows"] += 1
+            return self._unusable(HOST_CONTENTION, cmp, s.ATTRIBUTION_HOST)
         self._record_deviation(cmp)
         self._record_excess(cmp)
         if cmp.slow:
@@ -511,6 +534,61 @@ class Judgement:
         if not counts or not self.cfg.collective_wait:
             return False
         return collective.waits(self.det, self.ev, self.se, self.rank, cmp)
+
+    def mp_wait(self, cmp: Comparison) -> bool:
+        """``mp_wait``: a window that would count against the rank in a stage whose time is an all-reduce over
+        its model-parallel group (``mp_wait_stages``), or in a timer enclosing them whose excess their excess
+        explains (by ``collective_wait_fraction``): the rank waits there for a member of its group. It is
+        never the rank's conviction (nor its node's, nor a group's); ``culprit.py`` reads it as the rank's
+        evidence of being a victim."""
+        seq = self.seq
+        counts = cmp.slow or (seq is not None and seq.fires and self._sequential_fires())
+        waits = self.cfg.mp_wait_stages
+        if not counts or not waits:
+            return False
+        name = self.se.name
+        if name in waits:
+            return True
+        inner = MP_WAIT_ENCLOSING.get(name)
+        if inner is None or cmp.measurement is None or cmp.gap <= 0.0:
+            return False
+        explained = 0.0
+        for stage in inner:
+            if stage not in waits:
+                continue
+            per = self.ev.stats.get(stage)
+            mine = per.get(self.rank) if per else None
+            v = mine.value(cmp.measurement) if mine is not None else None
+            if v is None or per is None:
+                continue
+            peers = [x for p, st in per.items() if p != self.rank and (x := st.value(cmp.measurement)) is not None]
+            if peers:
+                explained += v - median(peers)
+        return explained >= self.cfg.collective_wait_fraction * cmp.gap
+
+    def host_contention(self, cmp: Comparison) -> bool:
+        """``host_contention``: a slow window on host time, or on device time the host starved (attributed
+        ``host_only_stall``), whose comparable peers all run on the rank's host while at least a quarter of them
+        (and 2) spike on the host in the window too (a step 1.5 x their own median and ``absolute_floor_ms``
+        above it): the ranks share the machine's starved CPUs, so the excess is attributed to the host and
+        pages nobody. One rank slow on a machine whose other ranks run steadily is still judged."""
+        if not self.cfg.host_contention or not cmp.slow:
+            return False
+        if cmp.measurement != HOST and self._attribution(cmp) != s.ATTRIBUTION_HOST:
+            return False  # a GPU slow on its own (the device excess explains the host's)
+        ranks = self.ev.cohort.ranks
+        info = ranks.get(self.rank)
+        if info is None or not info.host:
+            return False
+        per = self.se.per
+        peers = cmp.peers if cmp.peers is not None else self.se.others(self.rank)
+        with_host = [p for p in peers if p in ranks and per[p].host is not None]
+        if {ranks[p].host for p in with_host} != {info.host}:
+            return False
+        # shared: the machine deschedules the peers too (steps far above their own median), not this rank alone
+        floor = self.cfg.absolute_floor_ms
+        spiking = sum(1 for p in with_host if _spikes(per[p].host_samples, floor))
+        return spiking >= max(_CONTENTION_MIN_PEERS, _CONTENTION_SHARE * len(with_host))
 
     def host_stall(self, cmp: Comparison) -> Comparison:
         """``host_stall``: in a ``host_stall_groups`` stage whose device comparison does not fire (flat or
@@ -650,7 +728,7 @@ class Judgement:
             self._hold(Comparison())
 
     # --- unusable evidence: hold an alert, else a rate-limited uncertain verdict --------------------------
-    def _unusable(self, reason: str, cmp: Comparison) -> None:
+    def _unusable(self, reason: str, cmp: Comparison, attribution: str = s.ATTRIBUTION_UNKNOWN) -> None:
         st = self.st
         st.streak = 0
         st.last_slow_index = None
@@ -667,7 +745,7 @@ class Judgement:
         st.last_uncertain_index = idx
         if cmp.measurement is None:
             cmp.measurement = DEVICE
-        self.ev.out.verdicts.append(self._emit(s.VERDICT_UNCERTAIN, reason, s.ATTRIBUTION_UNKNOWN, cmp))
+        self.ev.out.verdicts.append(self._emit(s.VERDICT_UNCERTAIN, reason, attribution, cmp))
         return None
 
     def _hold(self, cmp: Comparison) -> None:

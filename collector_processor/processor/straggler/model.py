@@ -35,6 +35,7 @@ NON_FINITE_SAMPLE = _reason("non_finite_sample")  # uncertain: non_finite
 PAIR_AMBIGUOUS = _reason("pair_ambiguous")  # uncertain: pair
 COLLECTIVE_WAIT = _reason("collective_wait")  # uncertain: collective_wait
 NODE_SLOW = _reason("node_slow")  # straggler: node (node.py)
+HOST_CONTENTION = _reason("host_contention")  # uncertain: host_contention
 GROUP_SLOW = _reason("group_slow")  # straggler: culprit (culprit.py), no member of the group named
 
 

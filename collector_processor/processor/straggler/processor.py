@@ -67,7 +67,8 @@ COUNTERS = (
     "progress_close_deferred",
     "workload_incomparable_windows",
     "below_min_cohort_windows", "below_floor_windows", "recovery_withheld_windows", "uncertain_suppressed",
-    "pair_ambiguous_windows", "collective_wait_windows",
+    "pair_ambiguous_windows", "collective_wait_windows", "mp_wait_windows",
+    "host_contention_windows",
     "verdicts_straggler", "verdicts_recovered", "verdicts_uncertain", "emit_failures",
     "evicted_cohorts", "evicted_windows", "evicted_ranks", "evicted_stages", "evicted_dedup",
     "evicted_states", "verdict_spans_dropped",
@@ -578,7 +579,7 @@ class StragglerProcessor:
         self.c["windows_closed"] += 1
         self._closed_flush += 1
         out = self.detector.judge(cohort, w, self._wall_ns())
-        self.culprits.window(cohort, w.index, out.stage_excess)
+        self.culprits.window(cohort, w.index, out.stage_excess, out.mp_waits)
         if self.metrics.registered:
             self.metrics.record_window(cohort.job, cohort.key, out, now)
             for alert in out.alerts.values():
