@@ -65,7 +65,7 @@ def test_the_wheel_carries_types_license_config_and_entry_points(dist: Dist) -> 
     assert f"otel_straggler-{otel_straggler.__version__}.dist-info/licenses/LICENSE" in names
     assert config == (ROOT / "collector_processor/config/collector.yaml").read_text(encoding="utf-8")
     assert "otel-straggler = otel_straggler.cli:main" in entry_points
-    assert "otel-straggler-collector = collector_processor.cli:main" in entry_points
+    assert "otel-straggler-collector = collector_processor.entry:main" in entry_points
     assert "[opentelemetry_instrumentor]\notel_straggler = otel_straggler.instrumentation:MegatronInstrumentor" \
         in entry_points
     assert not [n for n in names if n.startswith(("tests/", "bench/", "configs/"))]
