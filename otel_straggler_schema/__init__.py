@@ -215,26 +215,27 @@ ATTRIBUTIONS: Final = (ATTRIBUTION_GPU, ATTRIBUTION_HOST, ATTRIBUTION_UNKNOWN)
 # a scrape with the default ``honor_labels: false`` would rename those ``exported_*``); a label whose value
 # would be empty is left out of the series.
 L_TRAINING_JOB: Final = "training_job"
+L_RUN: Final = "run"  # the launch (straggler.run.id): two runs under one job id are two series
 L_FIRST_STEP: Final = "first_step"  # the step where the alert was first convicted
 L_TRACE_ID: Final = "trace_id"  # that step's trace id (hex): where its verdict span lives
 # on an alert's series whose verdict another verdict explains: "node:<host>" (a node verdict holds on its host)
 # or "rank:<culprit>" / "group:<name>" (a victim's: culprit.py); absent on the series that page
 # (StragglerDetected selects covered_by="")
 L_COVERED_BY: Final = "covered_by"
-# Straggler state (labels: training_job, cohort, rank, host, gpu, stage, attribution, first_step, trace_id)
+# Straggler state (labels: training_job, run, cohort, rank, host, gpu, stage, attribution, first_step, trace_id)
 M_STRAGGLER_ACTIVE: Final = "otel_straggler_active"  # gauge 1 while a straggler verdict holds, else 0
 M_STRAGGLER_DEVIATION: Final = "otel_straggler_deviation_ratio"  # gauge, deviation of the active verdict
 M_STEP_TIME_LOST: Final = "otel_straggler_step_time_lost_seconds"  # gauge, per step
 M_GPU_LOST_RATIO: Final = "otel_straggler_gpu_lost_ratio"  # gauge, GPU-seconds lost per second of wall time
-# GPU-seconds lost by the waiting ranks while alerts held (labels: training_job, cohort, rank, host, gpu, stage,
+# GPU-seconds lost by the waiting ranks while alerts held (labels: training_job, run, cohort, rank, host, gpu, stage,
 # attribution; exemplar: trace_id of the convicting step)
 M_GPU_LOST_SECONDS: Final = "otel_straggler_gpu_lost_seconds_total"
-# Verdict counter (labels: training_job, verdict, reason; exemplar: trace_id of the verdict's step)
+# Verdict counter (labels: training_job, run, verdict, reason; exemplar: trace_id of the verdict's step)
 M_VERDICTS: Final = "otel_straggler_verdicts_total"
-# Per-rank view for dashboards (labels: training_job, cohort, rank, stage_group, measurement), capped
+# Per-rank view for dashboards (labels: training_job, run, cohort, rank, stage_group, measurement), capped
 M_RANK_STAGE_SECONDS: Final = "otel_straggler_rank_stage_seconds"  # gauge, last window statistic
-M_RANK_DEVIATION: Final = "otel_straggler_rank_deviation_ratio"  # gauge (labels: training_job, cohort, rank)
-# Wall-clock time (Unix seconds) the collector last accepted a sample of the job (labels: training_job); expires
+M_RANK_DEVIATION: Final = "otel_straggler_rank_deviation_ratio"  # gauge (labels: training_job, run, cohort, rank)
+# Wall-clock time (Unix seconds) the collector last accepted a sample of the job (labels: training_job, run); expires
 # after series_ttl_s like the per-rank series, so "stopped sending" alerts for that long
 M_JOB_LAST_SEEN: Final = "otel_straggler_job_last_seen_timestamp_seconds"
 # Collector self-telemetry
@@ -304,7 +305,7 @@ class Metric(NamedTuple):
     unit: str = ""  # emitter instruments: UCUM unit
 
 
-_STATE_LABELS: Final = ("training_job", "cohort", "rank", "host", "gpu", "stage", "attribution", "first_step",
+_STATE_LABELS: Final = ("training_job", "run", "cohort", "rank", "host", "gpu", "stage", "attribution", "first_step",
                         "trace_id", "covered_by")
 # Prometheus metrics of the collector (its /metrics), in the order docs/schema.md lists them.
 COLLECTOR_METRICS: Final = (
@@ -319,17 +320,18 @@ COLLECTOR_METRICS: Final = (
            "estimated step time lost per step"),
     Metric(M_GPU_LOST_RATIO, "gauge", _STATE_LABELS,
            "GPU-seconds the waiting ranks lose per second of wall time (2.0: two GPUs' worth of time)"),
-    Metric(M_GPU_LOST_SECONDS, "counter", ("training_job", "cohort", "rank", "host", "gpu", "stage", "attribution"),
+    Metric(M_GPU_LOST_SECONDS, "counter",
+           ("training_job", "run", "cohort", "rank", "host", "gpu", "stage", "attribution"),
            "GPU-seconds the waiting ranks lost while the alert held (added per judged window); "
            "exemplar `trace_id`: the convicting step's trace"),
-    Metric(M_VERDICTS, "counter", ("training_job", "verdict", "reason"),
+    Metric(M_VERDICTS, "counter", ("training_job", "run", "verdict", "reason"),
            "verdicts emitted; exemplar `trace_id`: the latest verdict's trace "
            "(`straggler.first_trace_id`)"),
-    Metric(M_RANK_STAGE_SECONDS, "gauge", ("training_job", "cohort", "rank", "stage_group", "measurement"),
+    Metric(M_RANK_STAGE_SECONDS, "gauge", ("training_job", "run", "cohort", "rank", "stage_group", "measurement"),
            "last window statistic (capped series)"),
-    Metric(M_RANK_DEVIATION, "gauge", ("training_job", "cohort", "rank"),
+    Metric(M_RANK_DEVIATION, "gauge", ("training_job", "run", "cohort", "rank"),
            "worst deviation of the rank over stages in its last windows (capped series)"),
-    Metric(M_JOB_LAST_SEEN, "gauge", ("training_job",),
+    Metric(M_JOB_LAST_SEEN, "gauge", ("training_job", "run"),
            "Unix time the collector last accepted a sample of the job; the series expires "
            "`metrics.series_ttl_s` after that (`StragglerJobStoppedSending`)"),
     Metric(M_SPANS_RECEIVED, "counter", ("receiver",),

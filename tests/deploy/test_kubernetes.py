@@ -265,3 +265,38 @@ def test_kustomizations_list_every_manifest_once() -> None:
     manifests = {p.resolve() for p in K8S.rglob("*.yaml") if p.name != "kustomization.yaml"
                  and "training" not in p.parts}
     assert manifests == listed
+
+
+def _env_var(container: dict[str, Any], name: str) -> dict[str, Any]:
+    (var,) = [e for e in container["env"] if e["name"] == name]
+    return var
+
+
+def test_training_pods_send_the_collectors_token_when_it_is_on() -> None:
+    """The ranks read their OTLP header from the Secret that turns the collector's token on (optional: no Secret,
+    no header, no token). The Secret's ``otlp-headers``, made as ``training/env.yaml`` says, is what the OTel
+    exporter parses into the ``authorization`` header the collector accepts."""
+    from opentelemetry.util.re import parse_env_headers
+
+    from collector_processor.receiver.auth import AuthConfig, BearerAuth
+
+    (rank,) = _pod(_find("Job", "pretrain-gpt"))["spec"]["containers"]
+    (collector,) = _pod(_find("Deployment", "straggler-collector"))["spec"]["containers"]
+    token_ref = _env_var(collector, "OTEL_STRAGGLER_TOKEN")["valueFrom"]["secretKeyRef"]
+    header_ref = _env_var(rank, "OTEL_EXPORTER_OTLP_HEADERS")["valueFrom"]["secretKeyRef"]
+    assert header_ref["name"] == token_ref["name"] and header_ref["optional"] is True
+    env_doc = (K8S / "training" / "env.yaml").read_text(encoding="utf-8")
+    assert f"--from-literal={header_ref['key']}=\"authorization=Bearer%20$T\"" in env_doc
+    assert f"--from-literal={token_ref['key']}=\"$T\"" in env_doc
+    token = "s3cret-token"
+    headers = parse_env_headers(f"authorization=Bearer%20{token}", liberal=True)
+    assert BearerAuth(AuthConfig(bearer_token=token)).check(headers["authorization"])
+
+
+def test_training_pods_name_their_node_in_host_name_and_k8s_node_name() -> None:
+    """In a pod ``gethostname()`` is the pod's name: the resource names the node (downward API) so node verdicts
+    and alert grouping follow the machine."""
+    (rank,) = _pod(_find("Job", "pretrain-gpt"))["spec"]["containers"]
+    assert _env_var(rank, "NODE_NAME")["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    attrs = dict(kv.split("=", 1) for kv in _env_var(rank, "OTEL_RESOURCE_ATTRIBUTES")["value"].split(","))
+    assert attrs == {s.RES_HOST_NAME: "$(NODE_NAME)", "k8s.node.name": "$(NODE_NAME)"}

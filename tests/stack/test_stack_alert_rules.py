@@ -104,9 +104,13 @@ def test_runbook_urls_point_at_existing_runbook_sections() -> None:
     runbook = (REPO / "docs" / "runbook.md").read_text(encoding="utf-8")
     anchors = {re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-")
                for h in re.findall(r"^#+\s+(.*)$", runbook, re.M)}
+    import tomllib
+
+    home = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["urls"]["Source"]
     for rule in _prom_rules().values():
-        path, _, anchor = rule["annotations"]["runbook_url"].partition("#")
-        assert path == "docs/runbook.md" and anchor in anchors, (rule["alert"], anchor, sorted(anchors))
+        url, _, anchor = rule["annotations"]["runbook_url"].partition("#")
+        # absolute: a notification (mail, chat, pager) opens it outside the repository
+        assert url == f"{home}/blob/main/docs/runbook.md" and anchor in anchors, (rule["alert"], url, anchor)
 
 
 def test_grafana_alerting_provisioning_format() -> None:
