@@ -185,7 +185,7 @@ def test_the_collector_runs_the_configmaps_valid_configuration(kind: str, name: 
     volumes = {v["name"]: v for v in _pod(w)["spec"]["volumes"]}
     config_volume = next(n for n, v in volumes.items()
                          if v.get("configMap", {}).get("name") == "straggler-collector-config")
-    assert c["args"] == ["--config", f"{mounts[config_volume]}/{key}"]
+    assert c["args"][:2] == ["--config", f"{mounts[config_volume]}/{key}"]
     raw, marks = load_text(cm["data"][key], key, env={})
     validate(raw, marks)
     ports = _container_ports(w)
@@ -300,3 +300,48 @@ def test_training_pods_name_their_node_in_host_name_and_k8s_node_name() -> None:
     assert _env_var(rank, "NODE_NAME")["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     attrs = dict(kv.split("=", 1) for kv in _env_var(rank, "OTEL_RESOURCE_ATTRIBUTES")["value"].split(","))
     assert attrs == {s.RES_HOST_NAME: "$(NODE_NAME)", "k8s.node.name": "$(NODE_NAME)"}
+
+
+def _effective_collector_config(w: dict[str, Any], tmp: Path) -> dict[str, Any]:
+    """The configuration a collector pod runs: every ``--config`` file of its args, read from the ConfigMap its
+    mount holds, merged in order by the collector's own loader."""
+    from collector_processor.config.loader import load_files
+
+    (c,) = _pod(w)["spec"]["containers"]
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in _pod(w)["spec"]["volumes"]}
+    args = c["args"]
+    paths = [args[i + 1] for i, a in enumerate(args) if a == "--config"]
+    files = []
+    for i, path in enumerate(paths):
+        mount, _, key = path.rpartition("/")
+        cm = _find("ConfigMap", volumes[mounts[mount]]["configMap"]["name"])
+        f = tmp / f"{i}-{key}"
+        f.write_text(cm["data"][key], encoding="utf-8")
+        files.append(str(f))
+    raw, marks = load_files(files)
+    validate(raw, marks)
+    return raw
+
+
+def test_the_single_profile_forwards_every_span_to_the_trace_stores(tmp_path: Path) -> None:
+    """No gateway in front of the single collector: its traces pipeline keeps the ranks' stage spans (no
+    ``filter/verdict_spans``) and exports them, with the verdict spans, to Jaeger and Tempo."""
+    raw = _effective_collector_config(_find("Deployment", "straggler-collector"), tmp_path)
+    traces = raw["service"]["pipelines"]["traces"]
+    assert not [p for p in traces["processors"] if p.startswith("filter")], traces
+    assert {"otlp_grpc/jaeger", "otlp_grpc/tempo"} <= set(traces["exporters"])
+
+
+def test_the_sharded_profile_forwards_stage_spans_at_the_gateway(tmp_path: Path) -> None:
+    """Sharded: the gateway sends every span to the trace stores as well as to the shards; each shard forwards
+    only its verdict spans (the stage spans already went from the gateway)."""
+    gateway = yaml.safe_load(_find("ConfigMap", "straggler-gateway-config")["data"]["config.yaml"])
+    traces = gateway["service"]["pipelines"]["traces"]
+    assert {"otlp_grpc/jaeger", "otlp_grpc/tempo", "load_balancing/straggler"} <= set(traces["exporters"])
+    assert not [p for p in traces["processors"] if p.startswith("filter")]
+    (c,) = _pod(_find("Deployment", "straggler-gateway"))["spec"]["containers"]
+    env = {e["name"] for e in c.get("env", [])}
+    assert {"JAEGER_OTLP_ENDPOINT", "TEMPO_OTLP_ENDPOINT"} <= env
+    shard = _effective_collector_config(_find("StatefulSet", "straggler-collector-shard"), tmp_path)
+    assert "filter/verdict_spans" in shard["service"]["pipelines"]["traces"]["processors"]

@@ -101,3 +101,21 @@ def test_the_sbatch_logic_starts_the_collector_on_the_first_node_and_points_the_
     unauthenticated = total("otel_straggler_collector_unauthenticated_total")
     assert received >= 5 and unauthenticated == 0, metrics_text[:2000]
     assert "configuration: built-in" in log and "exit (drained)" in log, log[-2000:]
+
+
+def test_the_slurm_collector_forwards_every_span_to_the_trace_store_it_is_given() -> None:
+    """The script runs the built-in configuration: with OTEL_STRAGGLER_TRACES_ENDPOINT (named in the script's
+    settings and passed to the collector's task) its traces pipeline sends every span, stage and verdict spans
+    alike (no span filter), to that trace store."""
+    from collector_processor.config.loader import load_text
+    from collector_processor.config.validate import validate
+
+    script = SBATCH.read_text(encoding="utf-8")
+    assert 'OTEL_STRAGGLER_TRACES_ENDPOINT="${OTEL_STRAGGLER_TRACES_ENDPOINT:-}"' in script
+    text = (ROOT / "collector_processor" / "config" / "collector.yaml").read_text(encoding="utf-8")
+    raw, marks = load_text(text, "collector.yaml", env={"OTEL_STRAGGLER_TRACES_ENDPOINT": "jaeger-host:4317"})
+    validate(raw, marks)
+    traces = raw["service"]["pipelines"]["traces"]
+    assert not [p for p in traces.get("processors", []) if p.startswith("filter")], traces
+    (exporter,) = [e for e in traces["exporters"] if e.startswith("otlp_grpc")]
+    assert raw["exporters"][exporter]["endpoint"] == "jaeger-host:4317"
