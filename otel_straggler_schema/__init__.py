@@ -268,7 +268,7 @@ COLLECTOR_DROPPED_REASONS: Final = ("queue_full", "memory_limit", "shutting_down
 COLLECTOR_REJECTED_REASONS: Final = ("malformed", "non_finite", "duplicate", "late", "over_cap", "quarantined")
 COLLECTOR_REQUEST_OUTCOMES: Final = ("ok", "partial", "invalid", "throttled", "unauthenticated", "too_large",
                                      "aborted", "forbidden")
-# Emitter self-metrics re-exported from OTLP metrics the ranks send (labels: training_job, rank, reason)
+# Emitter self-metrics re-exported from OTLP metrics the ranks send (labels: training_job, run, rank, reason)
 M_EMITTER_PREFIX: Final = "otel_straggler_emitter_"
 
 # --- emitter self-metrics (OTel metric instruments, exported over OTLP by every rank) -----------
@@ -279,6 +279,9 @@ SM_DEGRADED: Final = "otel_straggler.emitter.degraded"  # counter, attr reason (
 SM_BARRIERS_SKIPPED: Final = "otel_straggler.emitter.barriers_skipped"  # counter
 SM_POOL_HIGH_WATER: Final = "otel_straggler.emitter.pool.high_water"  # gauge, events in flight (max)
 SM_READOUT_LAG: Final = "otel_straggler.emitter.readout.lag"  # gauge, unit s, stop -> readout delay
+# gauge: 1 once the rank's export shut down (the job ended normally: otel_straggler.shutdown, atexit, SIGTERM),
+# in the last metrics it exports; 0 before. The alert rules resolve a run whose ranks all report it.
+SM_ENDED: Final = "otel_straggler.emitter.ended"
 SM_FAULTS: Final = "otel_straggler.emitter.faults"  # counter, attr where (exceptions swallowed)
 SM_REASON_ATTR: Final = "reason"
 SM_STEPS_EVICTED: Final = "otel_straggler.emitter.steps.evicted"  # counter, step aggregates closed early (cap)
@@ -379,10 +382,10 @@ COLLECTOR_METRICS: Final = (
            "process RSS seen by the memory limiter"),
     Metric(M_COMPONENT_ERRORS, "counter", ("component",),
            "exceptions caught in a processor call or tick (the request was passed on unchanged)"),
-    Metric(M_EMITTER_PREFIX + "<name>_total", "counter", ("training_job", "rank", "reason"),
+    Metric(M_EMITTER_PREFIX + "<name>_total", "counter", ("training_job", "run", "rank", "reason"),
            "emitter self-metric counters received over OTLP, re-exported "
            "(`otel_straggler_emitter_dropped_total`)"),
-    Metric(M_EMITTER_PREFIX + "<name>_<unit>", "gauge", ("training_job", "rank", "reason"),
+    Metric(M_EMITTER_PREFIX + "<name>_<unit>", "gauge", ("training_job", "run", "rank", "reason"),
            "emitter self-metric gauges, the unit as a suffix, none for `1` "
            "(`otel_straggler_emitter_readout_lag_seconds`, `otel_straggler_emitter_pool_high_water`)"),
 )
@@ -408,6 +411,8 @@ EMITTER_METRICS: Final = (
            "most CUDA events in flight at once", UNIT_COUNT),
     Metric(SM_READOUT_LAG, "gauge", (),
            "delay from stop to readout of the latest interval", UNIT_SECONDS),
+    Metric(SM_ENDED, "gauge", (),
+           "1 once the rank's export shut down (a normal end), in its last export; 0 before", UNIT_COUNT),
     Metric(SM_STEPS_EVICTED, "counter", (),
            "step aggregates closed early because `max_open_steps` were open", UNIT_COUNT),
     Metric(SM_SIDECAR_RESTARTS, "counter", (),

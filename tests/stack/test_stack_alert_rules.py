@@ -8,7 +8,8 @@ import re
 import pytest
 from stack_support import GRAFANA_ALERTS, GRAFANA_PROVISIONING, PROM_RULES, REPO, load_yaml
 
-STRAGGLER_LABELS = ["training_job", "cohort", "rank", "host", "gpu", "stage", "attribution", "first_step", "trace_id"]
+STRAGGLER_LABELS = ["training_job", "run", "cohort", "rank", "host", "gpu", "stage", "attribution", "first_step",
+                    "trace_id"]
 ALERTS = {"StragglerDetected", "StragglerCollectorDropping", "StragglerCollectorDown", "StragglerJobStoppedSending",
           "StragglerEmitterDropping"}
 LINKS = ("tempo_url", "jaeger_url", "dashboard_url")
@@ -42,7 +43,10 @@ def test_the_alerts_exist_in_both_systems() -> None:
 
 def test_straggler_detected_expression_and_labels() -> None:
     rule = _prom_rules()["StragglerDetected"]
-    assert _norm(rule["expr"]) == f'max by ({", ".join(STRAGGLER_LABELS)}) (otel_straggler_active{{covered_by=""}}) > 0'
+    assert _norm(rule["expr"]) == (f'max by ({", ".join(STRAGGLER_LABELS)}) '
+                                   '(otel_straggler_active{covered_by=""}) > 0 '
+                                   'unless on (training_job, run) (min by (training_job, run) '
+                                   '(otel_straggler_emitter_ended) == 1)')
     assert "job" not in STRAGGLER_LABELS and "instance" not in STRAGGLER_LABELS  # the scrape's, not the job's
     assert rule["for"] == "1m"
     assert rule["labels"]["severity"]
