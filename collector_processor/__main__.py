@@ -2,6 +2,6 @@
 
 import sys
 
-from collector_processor.cli import main
+from collector_processor.entry import main
 
 sys.exit(main())

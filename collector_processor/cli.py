@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from collector_processor import allocator
+from collector_processor import allocator, preflight
 from collector_processor.config.loader import ConfigError, load_files
 from collector_processor.config.validate import CollectorConfig, validate
 
@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                 sys.stdout.write(effective_yaml(paths))
                 return 0
             cfg = load_config(paths)
+            raw, _marks = load_files(paths)
         except ConfigError as e:
             print(f"otel-straggler-collector: {e}", file=sys.stderr)
             return EXIT_INVALID
@@ -121,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from collector_processor.service import Service
 
+    taken = preflight.clashes(raw)
+    if taken:  # every clash in one message, before anything binds
+        log.error("cannot start: cannot listen on %d address(es): %s", len(taken), "; ".join(taken))
+        return 1
     try:
         svc = Service(cfg)
         svc.start()

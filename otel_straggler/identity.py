@@ -180,6 +180,25 @@ def service_name_from_env(env: Mapping[str, str]) -> str | None:
     return None
 
 
+def resource_attribute_from_env(env: Mapping[str, str], key: str) -> str | None:
+    """The value of ``key`` in ``OTEL_RESOURCE_ATTRIBUTES`` (``k=v,k2=v2``, URL-encoded values), else None."""
+    for item in (env.get("OTEL_RESOURCE_ATTRIBUTES") or "").split(","):
+        k, sep, value = item.partition("=")
+        if sep and k.strip() == key and value.strip():
+            return unquote(value.strip())
+    return None
+
+
+K8S_NODE_NAME = "k8s.node.name"
+
+
+def host_from_env(env: Mapping[str, str]) -> str | None:
+    """The machine the rank runs on, as the environment names it: ``host.name`` in ``OTEL_RESOURCE_ATTRIBUTES``
+    (the SDK's precedence: the variable over what is detected), else ``k8s.node.name`` there (a pod's downward
+    API: ``gethostname()`` in a pod is the pod's name, not the node's), else None (then ``gethostname()``)."""
+    return resource_attribute_from_env(env, schema.RES_HOST_NAME) or resource_attribute_from_env(env, K8S_NODE_NAME)
+
+
 @dataclass(frozen=True, slots=True)
 class JobId:
     value: str
@@ -429,7 +448,7 @@ def resolve_identity(
         rank=int(r),
         local_rank=int(lr),
         world_size=int(w),
-        host=_safe(socket.gethostname, "unknown") or "unknown",
+        host=host_from_env(env) or _safe(socket.gethostname, "unknown") or "unknown",
         pid=os.getpid(),
         job_id=job.value,
         run_id=run.value,

@@ -56,6 +56,9 @@ from otel_straggler.stages import stage_group
 from otel_straggler.step_context import StepContext
 
 _log = logging.getLogger("otel_straggler.timers")
+# Timers.log's text goes where megatron-core's Timers.log puts it: INFO on this logger, so the logging set up for
+# Megatron (its --logging-level, a handler on "megatron") shows both the same way
+_megatron_log = logging.getLogger("megatron.core.timers")
 _clock = time.perf_counter_ns
 _pack = RECORD.pack_into  # the stop's one write: its record into the ring's bytes
 RECORD_SIZE = RECORD.size
@@ -764,12 +767,13 @@ class Timers(TimersCore, metaclass=type if TimersCore is _PyTimersCore else _Tim
         reset: bool = True,
         barrier: bool = False,
     ) -> None:
-        """Log this rank's timers (Megatron logs on the last rank by default; so does this)."""
+        """Log this rank's timers as megatron-core does: on the last rank by default, at INFO on the
+        ``megatron.core.timers`` logger."""
         output = self.get_all_timers_string(names, normalizer, reset, barrier)
         if rank is None:
             rank = self._world_size - 1
         if rank == self._rank and output is not None:
-            _log.info(output)
+            _megatron_log.info(output)
 
     def write(
         self,

@@ -216,26 +216,27 @@ ATTRIBUTIONS: Final = (ATTRIBUTION_GPU, ATTRIBUTION_HOST, ATTRIBUTION_UNKNOWN)
 # a scrape with the default ``honor_labels: false`` would rename those ``exported_*``); a label whose value
 # would be empty is left out of the series.
 L_TRAINING_JOB: Final = "training_job"
+L_RUN: Final = "run"  # the launch (straggler.run.id): two runs under one job id are two series
 L_FIRST_STEP: Final = "first_step"  # the step where the alert was first convicted
 L_TRACE_ID: Final = "trace_id"  # that step's trace id (hex): where its verdict span lives
 # on an alert's series whose verdict another verdict explains: "node:<host>" (a node verdict holds on its host)
 # or "rank:<culprit>" / "group:<name>" (a victim's: culprit.py); absent on the series that page
 # (StragglerDetected selects covered_by="")
 L_COVERED_BY: Final = "covered_by"
-# Straggler state (labels: training_job, cohort, rank, host, gpu, stage, attribution, first_step, trace_id)
+# Straggler state (labels: training_job, run, cohort, rank, host, gpu, stage, attribution, first_step, trace_id)
 M_STRAGGLER_ACTIVE: Final = "otel_straggler_active"  # gauge 1 while a straggler verdict holds, else 0
 M_STRAGGLER_DEVIATION: Final = "otel_straggler_deviation_ratio"  # gauge, deviation of the active verdict
 M_STEP_TIME_LOST: Final = "otel_straggler_step_time_lost_seconds"  # gauge, per step
 M_GPU_LOST_RATIO: Final = "otel_straggler_gpu_lost_ratio"  # gauge, GPU-seconds lost per second of wall time
-# GPU-seconds lost by the waiting ranks while alerts held (labels: training_job, cohort, rank, host, gpu, stage,
+# GPU-seconds lost by the waiting ranks while alerts held (labels: training_job, run, cohort, rank, host, gpu, stage,
 # attribution; exemplar: trace_id of the convicting step)
 M_GPU_LOST_SECONDS: Final = "otel_straggler_gpu_lost_seconds_total"
-# Verdict counter (labels: training_job, verdict, reason; exemplar: trace_id of the verdict's step)
+# Verdict counter (labels: training_job, run, verdict, reason; exemplar: trace_id of the verdict's step)
 M_VERDICTS: Final = "otel_straggler_verdicts_total"
-# Per-rank view for dashboards (labels: training_job, cohort, rank, stage_group, measurement), capped
+# Per-rank view for dashboards (labels: training_job, run, cohort, rank, stage_group, measurement), capped
 M_RANK_STAGE_SECONDS: Final = "otel_straggler_rank_stage_seconds"  # gauge, last window statistic
-M_RANK_DEVIATION: Final = "otel_straggler_rank_deviation_ratio"  # gauge (labels: training_job, cohort, rank)
-# Wall-clock time (Unix seconds) the collector last accepted a sample of the job (labels: training_job); expires
+M_RANK_DEVIATION: Final = "otel_straggler_rank_deviation_ratio"  # gauge (labels: training_job, run, cohort, rank)
+# Wall-clock time (Unix seconds) the collector last accepted a sample of the job (labels: training_job, run); expires
 # after series_ttl_s like the per-rank series, so "stopped sending" alerts for that long
 M_JOB_LAST_SEEN: Final = "otel_straggler_job_last_seen_timestamp_seconds"
 # Collector self-telemetry
@@ -268,7 +269,7 @@ COLLECTOR_DROPPED_REASONS: Final = ("queue_full", "memory_limit", "shutting_down
 COLLECTOR_REJECTED_REASONS: Final = ("malformed", "non_finite", "duplicate", "late", "over_cap", "quarantined")
 COLLECTOR_REQUEST_OUTCOMES: Final = ("ok", "partial", "invalid", "throttled", "unauthenticated", "too_large",
                                      "aborted", "forbidden")
-# Emitter self-metrics re-exported from OTLP metrics the ranks send (labels: training_job, rank, reason)
+# Emitter self-metrics re-exported from OTLP metrics the ranks send (labels: training_job, run, rank, reason)
 M_EMITTER_PREFIX: Final = "otel_straggler_emitter_"
 
 # --- emitter self-metrics (OTel metric instruments, exported over OTLP by every rank) -----------
@@ -279,6 +280,9 @@ SM_DEGRADED: Final = "otel_straggler.emitter.degraded"  # counter, attr reason (
 SM_BARRIERS_SKIPPED: Final = "otel_straggler.emitter.barriers_skipped"  # counter
 SM_POOL_HIGH_WATER: Final = "otel_straggler.emitter.pool.high_water"  # gauge, events in flight (max)
 SM_READOUT_LAG: Final = "otel_straggler.emitter.readout.lag"  # gauge, unit s, stop -> readout delay
+# gauge: 1 once the rank's export shut down (the job ended normally: otel_straggler.shutdown, atexit, SIGTERM),
+# in the last metrics it exports; 0 before. The alert rules resolve a run whose ranks all report it.
+SM_ENDED: Final = "otel_straggler.emitter.ended"
 SM_FAULTS: Final = "otel_straggler.emitter.faults"  # counter, attr where (exceptions swallowed)
 SM_REASON_ATTR: Final = "reason"
 SM_STEPS_EVICTED: Final = "otel_straggler.emitter.steps.evicted"  # counter, step aggregates closed early (cap)
@@ -305,7 +309,7 @@ class Metric(NamedTuple):
     unit: str = ""  # emitter instruments: UCUM unit
 
 
-_STATE_LABELS: Final = ("training_job", "cohort", "rank", "host", "gpu", "stage", "attribution", "first_step",
+_STATE_LABELS: Final = ("training_job", "run", "cohort", "rank", "host", "gpu", "stage", "attribution", "first_step",
                         "trace_id", "covered_by")
 # Prometheus metrics of the collector (its /metrics), in the order docs/schema.md lists them.
 COLLECTOR_METRICS: Final = (
@@ -320,17 +324,18 @@ COLLECTOR_METRICS: Final = (
            "estimated step time lost per step"),
     Metric(M_GPU_LOST_RATIO, "gauge", _STATE_LABELS,
            "GPU-seconds the waiting ranks lose per second of wall time (2.0: two GPUs' worth of time)"),
-    Metric(M_GPU_LOST_SECONDS, "counter", ("training_job", "cohort", "rank", "host", "gpu", "stage", "attribution"),
+    Metric(M_GPU_LOST_SECONDS, "counter",
+           ("training_job", "run", "cohort", "rank", "host", "gpu", "stage", "attribution"),
            "GPU-seconds the waiting ranks lost while the alert held (added per judged window); "
            "exemplar `trace_id`: the convicting step's trace"),
-    Metric(M_VERDICTS, "counter", ("training_job", "verdict", "reason"),
+    Metric(M_VERDICTS, "counter", ("training_job", "run", "verdict", "reason"),
            "verdicts emitted; exemplar `trace_id`: the latest verdict's trace "
            "(`straggler.first_trace_id`)"),
-    Metric(M_RANK_STAGE_SECONDS, "gauge", ("training_job", "cohort", "rank", "stage_group", "measurement"),
+    Metric(M_RANK_STAGE_SECONDS, "gauge", ("training_job", "run", "cohort", "rank", "stage_group", "measurement"),
            "last window statistic (capped series)"),
-    Metric(M_RANK_DEVIATION, "gauge", ("training_job", "cohort", "rank"),
+    Metric(M_RANK_DEVIATION, "gauge", ("training_job", "run", "cohort", "rank"),
            "worst deviation of the rank over stages in its last windows (capped series)"),
-    Metric(M_JOB_LAST_SEEN, "gauge", ("training_job",),
+    Metric(M_JOB_LAST_SEEN, "gauge", ("training_job", "run"),
            "Unix time the collector last accepted a sample of the job; the series expires "
            "`metrics.series_ttl_s` after that (`StragglerJobStoppedSending`)"),
     Metric(M_SPANS_RECEIVED, "counter", ("receiver",),
@@ -378,10 +383,10 @@ COLLECTOR_METRICS: Final = (
            "process RSS seen by the memory limiter"),
     Metric(M_COMPONENT_ERRORS, "counter", ("component",),
            "exceptions caught in a processor call or tick (the request was passed on unchanged)"),
-    Metric(M_EMITTER_PREFIX + "<name>_total", "counter", ("training_job", "rank", "reason"),
+    Metric(M_EMITTER_PREFIX + "<name>_total", "counter", ("training_job", "run", "rank", "reason"),
            "emitter self-metric counters received over OTLP, re-exported "
            "(`otel_straggler_emitter_dropped_total`)"),
-    Metric(M_EMITTER_PREFIX + "<name>_<unit>", "gauge", ("training_job", "rank", "reason"),
+    Metric(M_EMITTER_PREFIX + "<name>_<unit>", "gauge", ("training_job", "run", "rank", "reason"),
            "emitter self-metric gauges, the unit as a suffix, none for `1` "
            "(`otel_straggler_emitter_readout_lag_seconds`, `otel_straggler_emitter_pool_high_water`)"),
 )
@@ -407,6 +412,8 @@ EMITTER_METRICS: Final = (
            "most CUDA events in flight at once", UNIT_COUNT),
     Metric(SM_READOUT_LAG, "gauge", (),
            "delay from stop to readout of the latest interval", UNIT_SECONDS),
+    Metric(SM_ENDED, "gauge", (),
+           "1 once the rank's export shut down (a normal end), in its last export; 0 before", UNIT_COUNT),
     Metric(SM_STEPS_EVICTED, "counter", (),
            "step aggregates closed early because `max_open_steps` were open", UNIT_COUNT),
     Metric(SM_SIDECAR_RESTARTS, "counter", (),

@@ -111,3 +111,32 @@ def test_the_ddp_example_runs_under_torchrun_and_every_rank_reports_every_stage(
     for rank in (0, 1):
         for stage in ("forward-compute", "backward-compute", "all-grads-sync", "optimizer"):
             assert {st for r, s, st in seen if r == rank and s == stage} == set(range(12)), (rank, stage)
+
+
+def test_the_see_it_section_forwards_every_span_to_a_local_jaeger_beside_the_collector() -> None:
+    """"See it": the collector line, with its variables, runs the shipped configuration so that it forwards the
+    traces pipeline (stage and verdict spans, no filter) to Jaeger's OTLP port and binds none of Jaeger's ports
+    (4317, 4318, 16686); the ranks send to the collector's moved port."""
+    import shlex
+
+    from collector_processor.config.loader import load_text
+    from collector_processor.config.validate import validate
+
+    section = README.split("## See it", 1)[1].split("\n## ", 1)[0]
+    (line,) = [ln for ln in section.splitlines() if "otel-straggler-collector" in ln and "=" in ln.split()[0]]
+    words = shlex.split(line)
+    env = dict(w.split("=", 1) for w in words if "=" in w and w.split("=", 1)[0].isupper())
+    assert words[-1] == "otel-straggler-collector"
+    text = (ROOT / "collector_processor" / "config" / "collector.yaml").read_text(encoding="utf-8")
+    raw, marks = load_text(text, "collector.yaml", env=env)
+    cfg = validate(raw, marks)
+    traces = raw["service"]["pipelines"]["traces"]
+    assert not [p for p in traces.get("processors", []) if p.startswith("filter")]
+    (exporter,) = [e for e in traces["exporters"] if e.startswith("otlp_grpc")]
+    assert raw["exporters"][exporter]["endpoint"] == "127.0.0.1:4317"
+    bound = {int(e.rpartition(":")[2]) for e in env.values() if e.startswith("127.0.0.1:") and e != "127.0.0.1:4317"}
+    assert bound and not bound & {4317, 4318, 16686}
+    assert cfg is not None
+    grpc = env["OTEL_STRAGGLER_OTLP_GRPC_ENDPOINT"]
+    assert f"OTEL_EXPORTER_OTLP_ENDPOINT=http://{grpc}" in section
+    assert "16686/trace/" in section and "grafana-alerting" in section

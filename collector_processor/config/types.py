@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import socket
 from typing import Annotated
 from urllib.parse import urlsplit
 
@@ -70,11 +71,18 @@ def split_host_port(endpoint: str, default_port: int | None = None) -> tuple[str
 
 
 def _listen(default_port: int) -> BeforeValidator:
-    """An address to listen on: ``host:port`` whose port parses and is in range (checked at ``--validate``)."""
+    """An address to listen on: ``host:port`` whose port parses and is in range and whose host is an address or a
+    name that resolves here (checked at ``--validate``: ``notaport``, a host without a port, is refused there, not
+    at start)."""
 
     def check(value: object) -> object:
         if isinstance(value, str):
-            split_host_port(value, default_port)
+            host, port = split_host_port(value, default_port)
+            try:
+                socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            except (socket.gaierror, UnicodeError):
+                raise ValueError(f"endpoint {value!r}: host {host!r} is not an address that resolves here; "
+                                 "expected host:port") from None
         return value
 
     return BeforeValidator(check)

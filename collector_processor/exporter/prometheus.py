@@ -1,7 +1,7 @@
 """``prometheus`` exporter: ``/metrics`` and ``/healthz`` over HTTP.
 
 ``/metrics`` serves the collector's shared registry (self-telemetry and the straggler processor's series) plus the
-emitter self-metrics that ranks send over OTLP metrics, re-exported with labels ``{training_job,rank,reason}``
+emitter self-metrics that ranks send over OTLP metrics, re-exported with labels ``{training_job,run,rank,reason}``
 under their Prometheus names (``prometheus_names``: the OTel instrument name with dots as underscores, the unit as
 a suffix, ``_total`` on counters): ``otel_straggler.emitter.dropped`` (unit ``1``) is
 ``otel_straggler_emitter_dropped_total``, the gauge ``otel_straggler.emitter.readout.lag`` (unit ``s``) is
@@ -40,7 +40,7 @@ from collector_processor.telemetry import Telemetry, add_sample
 
 log = logging.getLogger(__name__)
 OTEL_PREFIX = "otel_straggler.emitter."
-LABELS = (s.L_TRAINING_JOB, "rank", "reason")
+LABELS = (s.L_TRAINING_JOB, s.L_RUN, "rank", "reason")
 _OM_EOF = b"# EOF\n"
 DEFAULT_HELP = "Emitter self-metric re-exported from OTLP"
 
@@ -72,7 +72,8 @@ class EmitterMetrics(Collector):
         self.t = telemetry
         self.max_series = max_series
         self._lock = threading.Lock()
-        self._series: dict[tuple[str, str, str, str, str], float] = {}  # (kind, name, job, rank, reason)
+        # (kind, name, job, run, rank, reason)
+        self._series: dict[tuple[str, str, str, str, str, str], float] = {}
         self._help: dict[tuple[str, str], str] = {}  # (kind, name) -> HELP, for families with a series
 
     def update(self, req: ExportMetricsServiceRequest) -> None:
@@ -80,12 +81,13 @@ class EmitterMetrics(Collector):
             for rm in req.resource_metrics:
                 res = _attrs(rm.resource.attributes)
                 job, rank = res.get(s.RES_JOB_ID, ""), res.get(s.RES_RANK, "")
+                run = res.get(s.RES_RUN_ID, "")
                 for sm in rm.scope_metrics:
                     for m in sm.metrics:
                         if m.name.startswith(OTEL_PREFIX):
-                            self._metric(m, job, rank)
+                            self._metric(m, job, run, rank)
 
-    def _metric(self, m: metrics_pb2.Metric, job: str, rank: str) -> None:
+    def _metric(self, m: metrics_pb2.Metric, job: str, run: str, rank: str) -> None:
         kind = m.WhichOneof("data")
         if kind == "sum":
             monotonic = m.sum.is_monotonic
@@ -99,7 +101,7 @@ class EmitterMetrics(Collector):
         for dp in pts:
             a = _attrs(dp.attributes)
             reason = a.get(s.SM_REASON_ATTR) or a.get("where", "")
-            key = (prom_kind, name, job, rank, reason)
+            key = (prom_kind, name, job, run, rank, reason)
             if key not in self._series and len(self._series) >= self.max_series:
                 self.t.evictions.labels("metric_series").inc()
                 continue
@@ -113,7 +115,7 @@ class EmitterMetrics(Collector):
             items = sorted(self._series.items())
             helps = dict(self._help)
         fams: dict[tuple[str, str], Metric] = {}
-        for (kind, name, job, rank, reason), v in items:
+        for (kind, name, job, run, rank, reason), v in items:
             fam = fams.get((kind, name))
             if fam is None:
                 doc = helps.get((kind, name), DEFAULT_HELP)
@@ -122,7 +124,7 @@ class EmitterMetrics(Collector):
                 else:
                     fam = GaugeMetricFamily(name, doc)
                 fams[(kind, name)] = fam
-            add_sample(fam, LABELS, (job, rank, reason), v)
+            add_sample(fam, LABELS, (job, run, rank, reason), v)
         yield from fams.values()
 
 

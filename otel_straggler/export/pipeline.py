@@ -136,6 +136,7 @@ class ExportPipeline:
 
     def shutdown(self, timeout_s: float) -> bool:
         self.close_steps()
+        self.counters.add("ended")  # the last metrics (exported by the meter provider's shutdown) say so
         if self.nvml is not None:
             self.nvml.stop()
         return self.providers.shutdown(timeout_s)

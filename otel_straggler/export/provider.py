@@ -122,6 +122,13 @@ class CountingSpanExporter(SpanExporter):
         self._counters = counters
         self._pid = os.getpid()
         self.on_export: Callable[[int], None] = lambda n: None
+        self._failing = False  # one warning per run of failed exports, not one per batch
+
+    def _say_failing(self, n: int) -> None:
+        endpoint = getattr(self._inner, "_endpoint", "") or "the OTLP endpoint"
+        log.warning("otel-straggler: cannot export spans to %s (%d dropped); the straggler collector sees nothing "
+                    "of this rank. Run `otel-straggler doctor` on this node with the ranks' environment to check the "
+                    "endpoint", endpoint, n)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         self.on_export(len(spans))
@@ -134,8 +141,14 @@ class CountingSpanExporter(SpanExporter):
             result = SpanExportResult.FAILURE
         if result == SpanExportResult.SUCCESS:
             self._counters.add("spans_exported", len(spans))
+            if self._failing:
+                self._failing = False
+                log.warning("otel-straggler: span export works again")
         else:
             self._counters.add("dropped_export_failed", len(spans))
+            if not self._failing:
+                self._failing = True
+                self._say_failing(len(spans))
         return result
 
     def shutdown(self) -> None:

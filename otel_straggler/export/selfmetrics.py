@@ -107,3 +107,5 @@ class SelfMetrics:
                                       description="Most CUDA events in flight at once")
         meter.create_observable_gauge(schema.SM_READOUT_LAG, [readout_lag_s], unit=schema.UNIT_SECONDS,
                                       description="Delay from stop to readout of the latest interval")
+        meter.create_observable_gauge(schema.SM_ENDED, [scalar("ended")], unit=count,
+                                      description="1 once the rank's export shut down (a normal end)")

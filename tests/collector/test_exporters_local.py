@@ -155,8 +155,15 @@ service:
     meter.create_counter("otel_straggler.emitter.spill.bytes", unit="By").add(4096)
     meter.create_up_down_counter("otel_straggler.emitter.wait_seconds", unit="s").add(2)  # not monotonic: gauge
     mp.shutdown()
+    # a second run under the job id: its series carry its run id; its ranks' last metrics say they ended
+    mp2 = MeterProvider(metric_readers=[PeriodicExportingMetricReader(
+        OTLPMetricExporter(endpoint=run.grpc, insecure=True, timeout=5), export_interval_millis=60_000)],
+        shutdown_on_exit=False, resource=Resource.create({s.RES_JOB_ID: "j", s.RES_RANK: 0, s.RES_RUN_ID: "r2"}))
+    mp2.get_meter("x").create_gauge(s.SM_ENDED, unit=s.UNIT_COUNT).set(1)
+    mp2.shutdown()
     url = f"http://127.0.0.1:{run.svc.exporters['prometheus'].port}/metrics"
     m = scrape(url)
+    assert m["otel_straggler_emitter_ended{rank=0,run=r2,training_job=j}"] == 1
     assert m["otel_straggler_emitter_pool_high_water{rank=0,training_job=j}"] == 17
     assert m["otel_straggler_emitter_readout_lag_seconds{rank=0,training_job=j}"] == 0.25
     assert m["otel_straggler_emitter_intervals_total{rank=0,training_job=j}"] == 3

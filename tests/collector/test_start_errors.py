@@ -55,6 +55,27 @@ def test_a_port_clash_names_the_component_and_the_address(tmp_path: Path, clash:
     assert ("prometheus" if clash == "metrics" else "otlp") in line, line
 
 
+def test_a_clash_on_every_port_is_one_message_naming_each_port(tmp_path: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """All three listening ports taken: one line names the three addresses and why (the gRPC one too, with an
+    errno's text, never "[Errno None]"), instead of one port per attempt."""
+    taken = [_taken() for _ in range(3)]
+    ports = dict(zip(("grpc", "http", "metrics"), (p for _s, p in taken)))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(CONFIG % ports, encoding="utf-8")
+    caplog.set_level(logging.ERROR)
+    try:
+        assert main(["--config", str(cfg)]) == 1
+    finally:
+        for s, _p in taken:
+            s.close()
+    (line,) = [r.getMessage() for r in caplog.records if "cannot start" in r.getMessage()]
+    for what, port in (("otlp (grpc)", ports["grpc"]), ("otlp (http)", ports["http"]),
+                       ("prometheus", ports["metrics"])):
+        assert f"{what} 127.0.0.1:{port}: Address already in use" in line, line
+    assert "Errno None" not in line
+
+
 @pytest.mark.parametrize(("value", "key"), [
     ('"127.0.0.1:99999"', "99999"), ('"127.0.0.1:notaport"', "notaport"),
 ])
@@ -67,6 +88,16 @@ def test_validate_refuses_an_address_that_cannot_be_listened_on(tmp_path: Path, 
     assert main(["--config", str(cfg), "--validate"]) == 2
     err = capsys.readouterr().err
     assert "grpc" in err and "endpoint" in err and key in err, err
+
+
+def test_validate_refuses_a_listen_address_without_a_port_whose_host_does_not_resolve(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``OTEL_STRAGGLER_OTLP_GRPC_ENDPOINT=notaport``: read as host ``notaport``, which cannot be listened on;
+    ``--validate`` says so (the start would fail) and names the key."""
+    monkeypatch.setenv("OTEL_STRAGGLER_OTLP_GRPC_ENDPOINT", "notaport")
+    assert main(["--validate"]) == 2
+    err = capsys.readouterr().err
+    assert "grpc.endpoint" in err and "OTEL_STRAGGLER_OTLP_GRPC_ENDPOINT" in err and "resolves" in err, err
 
 
 def test_validate_refuses_an_exporter_endpoint_with_a_bad_port(tmp_path: Path,

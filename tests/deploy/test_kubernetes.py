@@ -185,7 +185,7 @@ def test_the_collector_runs_the_configmaps_valid_configuration(kind: str, name: 
     volumes = {v["name"]: v for v in _pod(w)["spec"]["volumes"]}
     config_volume = next(n for n, v in volumes.items()
                          if v.get("configMap", {}).get("name") == "straggler-collector-config")
-    assert c["args"] == ["--config", f"{mounts[config_volume]}/{key}"]
+    assert c["args"][:2] == ["--config", f"{mounts[config_volume]}/{key}"]
     raw, marks = load_text(cm["data"][key], key, env={})
     validate(raw, marks)
     ports = _container_ports(w)
@@ -265,3 +265,83 @@ def test_kustomizations_list_every_manifest_once() -> None:
     manifests = {p.resolve() for p in K8S.rglob("*.yaml") if p.name != "kustomization.yaml"
                  and "training" not in p.parts}
     assert manifests == listed
+
+
+def _env_var(container: dict[str, Any], name: str) -> dict[str, Any]:
+    (var,) = [e for e in container["env"] if e["name"] == name]
+    return var
+
+
+def test_training_pods_send_the_collectors_token_when_it_is_on() -> None:
+    """The ranks read their OTLP header from the Secret that turns the collector's token on (optional: no Secret,
+    no header, no token). The Secret's ``otlp-headers``, made as ``training/env.yaml`` says, is what the OTel
+    exporter parses into the ``authorization`` header the collector accepts."""
+    from opentelemetry.util.re import parse_env_headers
+
+    from collector_processor.receiver.auth import AuthConfig, BearerAuth
+
+    (rank,) = _pod(_find("Job", "pretrain-gpt"))["spec"]["containers"]
+    (collector,) = _pod(_find("Deployment", "straggler-collector"))["spec"]["containers"]
+    token_ref = _env_var(collector, "OTEL_STRAGGLER_TOKEN")["valueFrom"]["secretKeyRef"]
+    header_ref = _env_var(rank, "OTEL_EXPORTER_OTLP_HEADERS")["valueFrom"]["secretKeyRef"]
+    assert header_ref["name"] == token_ref["name"] and header_ref["optional"] is True
+    env_doc = (K8S / "training" / "env.yaml").read_text(encoding="utf-8")
+    assert f"--from-literal={header_ref['key']}=\"authorization=Bearer%20$T\"" in env_doc
+    assert f"--from-literal={token_ref['key']}=\"$T\"" in env_doc
+    token = "s3cret-token"
+    headers = parse_env_headers(f"authorization=Bearer%20{token}", liberal=True)
+    assert BearerAuth(AuthConfig(bearer_token=token)).check(headers["authorization"])
+
+
+def test_training_pods_name_their_node_in_host_name_and_k8s_node_name() -> None:
+    """In a pod ``gethostname()`` is the pod's name: the resource names the node (downward API) so node verdicts
+    and alert grouping follow the machine."""
+    (rank,) = _pod(_find("Job", "pretrain-gpt"))["spec"]["containers"]
+    assert _env_var(rank, "NODE_NAME")["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    attrs = dict(kv.split("=", 1) for kv in _env_var(rank, "OTEL_RESOURCE_ATTRIBUTES")["value"].split(","))
+    assert attrs == {s.RES_HOST_NAME: "$(NODE_NAME)", "k8s.node.name": "$(NODE_NAME)"}
+
+
+def _effective_collector_config(w: dict[str, Any], tmp: Path) -> dict[str, Any]:
+    """The configuration a collector pod runs: every ``--config`` file of its args, read from the ConfigMap its
+    mount holds, merged in order by the collector's own loader."""
+    from collector_processor.config.loader import load_files
+
+    (c,) = _pod(w)["spec"]["containers"]
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in _pod(w)["spec"]["volumes"]}
+    args = c["args"]
+    paths = [args[i + 1] for i, a in enumerate(args) if a == "--config"]
+    files = []
+    for i, path in enumerate(paths):
+        mount, _, key = path.rpartition("/")
+        cm = _find("ConfigMap", volumes[mounts[mount]]["configMap"]["name"])
+        f = tmp / f"{i}-{key}"
+        f.write_text(cm["data"][key], encoding="utf-8")
+        files.append(str(f))
+    raw, marks = load_files(files)
+    validate(raw, marks)
+    return raw
+
+
+def test_the_single_profile_forwards_every_span_to_the_trace_stores(tmp_path: Path) -> None:
+    """No gateway in front of the single collector: its traces pipeline keeps the ranks' stage spans (no
+    ``filter/verdict_spans``) and exports them, with the verdict spans, to Jaeger and Tempo."""
+    raw = _effective_collector_config(_find("Deployment", "straggler-collector"), tmp_path)
+    traces = raw["service"]["pipelines"]["traces"]
+    assert not [p for p in traces["processors"] if p.startswith("filter")], traces
+    assert {"otlp_grpc/jaeger", "otlp_grpc/tempo"} <= set(traces["exporters"])
+
+
+def test_the_sharded_profile_forwards_stage_spans_at_the_gateway(tmp_path: Path) -> None:
+    """Sharded: the gateway sends every span to the trace stores as well as to the shards; each shard forwards
+    only its verdict spans (the stage spans already went from the gateway)."""
+    gateway = yaml.safe_load(_find("ConfigMap", "straggler-gateway-config")["data"]["config.yaml"])
+    traces = gateway["service"]["pipelines"]["traces"]
+    assert {"otlp_grpc/jaeger", "otlp_grpc/tempo", "load_balancing/straggler"} <= set(traces["exporters"])
+    assert not [p for p in traces["processors"] if p.startswith("filter")]
+    (c,) = _pod(_find("Deployment", "straggler-gateway"))["spec"]["containers"]
+    env = {e["name"] for e in c.get("env", [])}
+    assert {"JAEGER_OTLP_ENDPOINT", "TEMPO_OTLP_ENDPOINT"} <= env
+    shard = _effective_collector_config(_find("StatefulSet", "straggler-collector-shard"), tmp_path)
+    assert "filter/verdict_spans" in shard["service"]["pipelines"]["traces"]["processors"]

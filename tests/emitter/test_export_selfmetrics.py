@@ -86,7 +86,7 @@ def test_every_counter_and_every_reason_exists_at_zero_from_the_start() -> None:
     m = collect({}, units)
     scalars = (schema.SM_INTERVALS, schema.SM_SPANS_EXPORTED, schema.SM_BARRIERS_SKIPPED, schema.SM_STEPS_EVICTED,
                schema.SM_SIDECAR_RESTARTS, schema.SM_POOL_HIGH_WATER, schema.SM_READOUT_LAG,
-               schema.SM_NAMES_TRUNCATED)
+               schema.SM_NAMES_TRUNCATED, schema.SM_ENDED)
     for name in scalars:
         assert m[(name, ())] == 0, name
     r = schema.SM_REASON_ATTR
@@ -102,3 +102,41 @@ def test_every_counter_and_every_reason_exists_at_zero_from_the_start() -> None:
     assert {u for name, u in units.items() if name != schema.SM_READOUT_LAG} == {"1"}
     m = collect({"dropped_brand_new": 2})  # a reason outside the list still shows
     assert m[(schema.SM_DROPPED, ((r, "brand_new"),))] == 2
+
+
+def test_the_last_metrics_of_a_shut_down_export_say_the_rank_ended() -> None:
+    """A normal end (the pipeline's shutdown, as ``otel_straggler.shutdown``, atexit and SIGTERM run it) exports
+    ``ended`` 1 in the last metrics the meter provider pushes; before it, 0."""
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from otel_straggler.export.pipeline import ExportPipeline
+
+    class Recording(MetricExporter):
+        def __init__(self) -> None:
+            super().__init__()
+            self.batches: list = []
+
+        def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs):  # type: ignore[no-untyped-def]
+            self.batches.append(metrics_data)
+            return MetricExportResult.SUCCESS
+
+        def force_flush(self, timeout_millis: float = 10_000) -> bool:
+            return True
+
+        def shutdown(self, timeout_millis: float = 30_000, **kwargs: object) -> None:
+            return None
+
+    metrics = Recording()
+    pipe = ExportPipeline({schema.RES_RANK: 0}, rank=0, job_id="j", span_exporter=InMemorySpanExporter(),
+                          metric_exporter=metrics)
+
+    def ended() -> list[float]:
+        return [dp.value for batch in metrics.batches for sm in batch.resource_metrics
+                for s in sm.scope_metrics for m in s.metrics if m.name == schema.SM_ENDED for dp in m.data.data_points]
+
+    assert pipe.providers.meter_provider is not None
+    pipe.providers.meter_provider.force_flush()
+    assert ended() == [0]
+    assert pipe.shutdown(10.0)
+    assert ended()[-1] == 1

@@ -166,3 +166,42 @@ def test_raising_exporter_is_counted_and_caller_unaffected() -> None:
     t0 = time.monotonic()
     sink.shutdown(2.0)
     assert time.monotonic() - t0 < 2.0 + 20  # bounded (generous slack for a loaded machine)
+
+
+def test_an_unreachable_endpoint_gets_one_line_from_this_package_pointing_at_doctor(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The real OTLP/gRPC exporter towards a port nobody listens on (1 s timeout): one warning from this package
+    that names the endpoint and ``otel-straggler doctor``, however many batches fail; a working export again says
+    so once."""
+    import logging
+    import socket
+
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    from otel_straggler.export.provider import Counters, CountingSpanExporter
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    inner = OTLPSpanExporter(endpoint=f"127.0.0.1:{port}", insecure=True, timeout=1)
+    counting = CountingSpanExporter(inner, Counters())
+    caplog.set_level(logging.WARNING, logger="otel_straggler")
+    tracer_spans = _two_spans()
+    for _ in range(2):
+        assert counting.export(tracer_spans) == SpanExportResult.FAILURE
+    ours = [r.getMessage() for r in caplog.records if r.name.startswith("otel_straggler")]
+    assert len(ours) == 1, ours
+    assert f"127.0.0.1:{port}" in ours[0] and "otel-straggler doctor" in ours[0]
+    inner.shutdown()
+
+
+def _two_spans() -> list:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    provider = TracerProvider()
+    spans = []
+    for name in ("a", "b"):
+        with provider.get_tracer("t").start_as_current_span(name) as sp:
+            spans.append(sp)
+    return spans

@@ -276,3 +276,30 @@ def test_step_ids_of_two_runs_of_one_job_differ_and_without_a_run_are_as_before(
     assert schema.job_step_span_id("j", 5, "r0") != schema.job_step_span_id("j", 5)
     key = schema.run_cohort("e0/s/tp0.pp0", "r1")
     assert schema.cohort_run(key) == "r1" and schema.cohort_run("e0/s/tp0.pp0") == ""
+
+
+@pytest.mark.parametrize(("attrs", "node"), [
+    ("host.name=node-7", "node-7"),  # set by hand: the SDK's precedence, the variable over detection
+    ("k8s.node.name=node-3", "node-3"),  # a pod's downward API (deploy/kubernetes/training/job-example.yaml)
+    ("k8s.node.name=node-3,host.name=node-7", "node-7"),
+    ("service.name=x,host.name=gpu%2Dnode-1", "gpu-node-1"),  # URL-encoded values
+])
+def test_in_a_pod_the_host_is_the_node_the_environment_names(attrs: str, node: str) -> None:
+    """A pod-shaped environment: ``gethostname()`` is the pod's name; the resource's ``host.name`` (what node
+    verdicts and the alerts' ``host`` group by) is the node from ``OTEL_RESOURCE_ATTRIBUTES``."""
+    import socket
+
+    from otel_straggler.export.provider import build_resource
+
+    env = {"RANK": "0", "WORLD_SIZE": "2", "OTEL_RESOURCE_ATTRIBUTES": attrs}
+    ident = resolve_identity(env=env, use_parallel_state=False)
+    assert ident.host == node != socket.gethostname()
+    assert ident.resource_attributes()[schema.RES_HOST_NAME] == node
+    assert build_resource(ident.resource_attributes()).attributes[schema.RES_HOST_NAME] == node
+
+
+def test_without_a_named_host_the_host_is_gethostname() -> None:
+    import socket
+
+    ident = resolve_identity(env={"RANK": "0", "WORLD_SIZE": "2"}, use_parallel_state=False)
+    assert ident.host == socket.gethostname()

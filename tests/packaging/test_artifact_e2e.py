@@ -103,6 +103,18 @@ def test_the_installed_wheel_is_the_one_that_runs(venv: Path) -> None:
     assert hot == "python", "the pure wheel runs the Python hot path"
 
 
+def test_the_installed_collector_script_without_the_extra_names_the_extra(venv: Path, tmp_path: Path) -> None:
+    """The bare wheel installs ``otel-straggler-collector``; without the ``collector`` extra (its modules blocked
+    from import by a ``sitecustomize``: this environment has them) it exits 2 with one line naming the extra."""
+    (tmp_path / "sitecustomize.py").write_text(BLOCKER.replace(repr(BLOCKED), repr(("pydantic", "yaml",
+                                                                                    "prometheus_client"))))
+    proc = subprocess.run([str(venv / "bin" / "otel-straggler-collector")], capture_output=True, text=True,
+                          timeout=120, env=_env(PYTHONPATH=str(tmp_path)), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (line,) = proc.stderr.splitlines()
+    assert line.endswith("pip install 'otel-straggler[collector]'") and "pyyaml" in line, line
+
+
 def _wait_for_metrics(port: int, proc: subprocess.Popen[str], timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:

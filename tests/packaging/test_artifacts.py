@@ -65,7 +65,7 @@ def test_the_wheel_carries_types_license_config_and_entry_points(dist: Dist) -> 
     assert f"otel_straggler-{otel_straggler.__version__}.dist-info/licenses/LICENSE" in names
     assert config == (ROOT / "collector_processor/config/collector.yaml").read_text(encoding="utf-8")
     assert "otel-straggler = otel_straggler.cli:main" in entry_points
-    assert "otel-straggler-collector = collector_processor.cli:main" in entry_points
+    assert "otel-straggler-collector = collector_processor.entry:main" in entry_points
     assert "[opentelemetry_instrumentor]\notel_straggler = otel_straggler.instrumentation:MegatronInstrumentor" \
         in entry_points
     assert not [n for n in names if n.startswith(("tests/", "bench/", "configs/"))]
@@ -192,3 +192,32 @@ def test_the_cibuildwheel_configuration_builds_manylinux_wheels_with_the_c_path(
     for py in ("cp311", "cp312", "cp313"):
         assert {f"{py}-manylinux_x86_64", f"{py}-manylinux_aarch64"} <= ids, ids
     assert not [i for i in ids if "musllinux" in i or i.startswith(("cp38", "cp39", "cp310", "pp"))], ids
+
+
+@pytest.mark.slow
+def test_the_release_switch_builds_a_platform_wheel_that_carries_the_c_path(dist: Dist, tmp_path: Path) -> None:
+    """What cibuildwheel runs in each manylinux container (``python -m build`` with
+    ``OTEL_STRAGGLER_BUILD_NATIVE=1``, its ``environment``), run here on the host: without Docker the manylinux
+    containers cannot run in this repository's tests, so the wheel is this host's (``linux_*`` tag; the release's
+    ``auditwheel repair`` step retags it manylinux). It is a CPython platform wheel with the extension inside."""
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler")
+    out = tmp_path / "wheels"
+    proc = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out),
+                           str(dist.sdist)], capture_output=True, text=True, timeout=600,
+                          env=build_env(**_pyproject()["tool"]["cibuildwheel"]["environment"]), cwd=tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    (wheel,) = out.glob("*.whl")
+    py = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    assert re.search(rf"-{py}-{py}-linux_[a-z0-9_]+\.whl$", wheel.name), wheel.name
+    assert [n for n in zipfile.ZipFile(wheel).namelist() if re.fullmatch(r"otel_straggler/_hotpath.*\.so", n)]
+
+
+def test_the_readme_says_which_wheel_carries_the_c_path() -> None:
+    """The README tells the release wheels apart: the manylinux wheels (cibuildwheel) carry the C path, the
+    pure wheel (``python -m build``) runs the Python one, and ``otel-straggler --version`` says which runs."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    para = next(p for p in readme.split("\n\n") if "manylinux" in p)
+    for words in ("cibuildwheel", "python -m build", "py3-none-any", "otel-straggler --version",
+                  "OTEL_STRAGGLER_BUILD_NATIVE=1"):
+        assert words in para, words

@@ -249,3 +249,31 @@ def test_the_collector_runs_its_built_in_configuration_without_flags(tmp_path: P
         _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err[-3000:]
     assert "configuration: built-in" in err
+
+
+EXTRA_BLOCKER = '''
+import importlib.abc, sys
+
+class _Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"yaml", "pydantic", "prometheus_client"}:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, _Blocked())
+'''
+
+
+def test_without_the_collector_extra_the_collector_says_so_in_one_line(tmp_path: Path) -> None:
+    """The install without the ``collector`` extra: its modules blocked from import (a ``sitecustomize``), the rest
+    of this environment as it is. ``python -m collector_processor`` runs the console script's entry point."""
+    (tmp_path / "sitecustomize.py").write_text(EXTRA_BLOCKER)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["PYTHONPATH"] = str(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "collector_processor", "--validate"], capture_output=True,
+                          text=True, timeout=60, env=env, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "otel-straggler-collector: needs the collector extra, missing pyyaml, pydantic, prometheus-client: "
+        "pip install 'otel-straggler[collector]'"], proc.stderr
+    assert "Traceback" not in proc.stderr

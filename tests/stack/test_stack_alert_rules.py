@@ -8,7 +8,8 @@ import re
 import pytest
 from stack_support import GRAFANA_ALERTS, GRAFANA_PROVISIONING, PROM_RULES, REPO, load_yaml
 
-STRAGGLER_LABELS = ["training_job", "cohort", "rank", "host", "gpu", "stage", "attribution", "first_step", "trace_id"]
+STRAGGLER_LABELS = ["training_job", "run", "cohort", "rank", "host", "gpu", "stage", "attribution", "first_step",
+                    "trace_id"]
 ALERTS = {"StragglerDetected", "StragglerCollectorDropping", "StragglerCollectorDown", "StragglerJobStoppedSending",
           "StragglerEmitterDropping"}
 LINKS = ("tempo_url", "jaeger_url", "dashboard_url")
@@ -42,7 +43,10 @@ def test_the_alerts_exist_in_both_systems() -> None:
 
 def test_straggler_detected_expression_and_labels() -> None:
     rule = _prom_rules()["StragglerDetected"]
-    assert _norm(rule["expr"]) == f'max by ({", ".join(STRAGGLER_LABELS)}) (otel_straggler_active{{covered_by=""}}) > 0'
+    assert _norm(rule["expr"]) == (f'max by ({", ".join(STRAGGLER_LABELS)}) '
+                                   '(otel_straggler_active{covered_by=""}) > 0 '
+                                   'unless on (training_job, run) (min by (training_job, run) '
+                                   '(otel_straggler_emitter_ended) == 1)')
     assert "job" not in STRAGGLER_LABELS and "instance" not in STRAGGLER_LABELS  # the scrape's, not the job's
     assert rule["for"] == "1m"
     assert rule["labels"]["severity"]
@@ -104,9 +108,13 @@ def test_runbook_urls_point_at_existing_runbook_sections() -> None:
     runbook = (REPO / "docs" / "runbook.md").read_text(encoding="utf-8")
     anchors = {re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-")
                for h in re.findall(r"^#+\s+(.*)$", runbook, re.M)}
+    import tomllib
+
+    home = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["urls"]["Source"]
     for rule in _prom_rules().values():
-        path, _, anchor = rule["annotations"]["runbook_url"].partition("#")
-        assert path == "docs/runbook.md" and anchor in anchors, (rule["alert"], anchor, sorted(anchors))
+        url, _, anchor = rule["annotations"]["runbook_url"].partition("#")
+        # absolute: a notification (mail, chat, pager) opens it outside the repository
+        assert url == f"{home}/blob/main/docs/runbook.md" and anchor in anchors, (rule["alert"], url, anchor)
 
 
 def test_grafana_alerting_provisioning_format() -> None:

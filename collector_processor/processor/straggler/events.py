@@ -134,9 +134,11 @@ def verdicts_to_logs(verdicts: Iterable[Verdict], service_name: str = COLLECTOR_
             attributes=[_kv(k, val) for k, val in event_attributes(v)],
             event_name=s.EVENT_VERDICT,
         )
-        trace = convicted_step(v)[1]
+        step, trace = convicted_step(v)
         if trace:
             rec.trace_id = trace
+            if step is not None:  # the verdict span's id (verdict_span): the record links to that span
+                rec.span_id = verdict_span_id(v)
         records.append(rec)
     return ExportLogsServiceRequest(resource_logs=[ResourceLogs(
         resource=Resource(attributes=[_kv(s.RES_SERVICE_NAME, service_name)]),

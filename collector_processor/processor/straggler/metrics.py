@@ -8,7 +8,8 @@ new series is not created and ``evictions{structure="metric_series"}`` counts it
 held, so only alerts of cohorts that stopped reporting or were evicted expire).
 
 Labels (docs/schema.md "Metrics"): the training job is ``training_job`` (a scrape with ``honor_labels: false``
-keeps it as is), a label whose value is empty (an unknown host or GPU, no step) is left out of the series, and
+keeps it as is) and its launch ``run`` (``straggler.run.id``: two runs under one job id are two series), a label
+whose value is empty (an unknown host or GPU, no step) is left out of the series, and
 an alert's series carry the step where it was first convicted and that step's trace id, so the alert leads to
 the trace. The verdict counter and the GPU-seconds-lost counter carry that trace id as an OpenMetrics exemplar.
 """
@@ -27,13 +28,13 @@ from collector_processor.processor.straggler.events import convicted_step
 from collector_processor.processor.straggler.model import Verdict
 from collector_processor.telemetry import Telemetry, add_sample
 
-JOB = s.L_TRAINING_JOB
-COST_LABELS = (JOB, "cohort", "rank", "host", "gpu", "stage", "attribution")
+JOB, RUN = s.L_TRAINING_JOB, s.L_RUN
+COST_LABELS = (JOB, RUN, "cohort", "rank", "host", "gpu", "stage", "attribution")
 ALERT_LABELS = (*COST_LABELS, s.L_FIRST_STEP, s.L_TRACE_ID, s.L_COVERED_BY)
-VERDICT_LABELS = (JOB, "verdict", "reason")
-RANK_STAGE_LABELS = (JOB, "cohort", "rank", "stage_group", "measurement")
-RANK_DEV_LABELS = (JOB, "cohort", "rank")
-JOB_LABELS = (JOB,)
+VERDICT_LABELS = (JOB, RUN, "verdict", "reason")
+RANK_STAGE_LABELS = (JOB, RUN, "cohort", "rank", "stage_group", "measurement")
+RANK_DEV_LABELS = (JOB, RUN, "cohort", "rank")
+JOB_LABELS = (JOB, RUN)
 
 _Key = tuple[str, ...]
 _Snapshot = tuple[
@@ -59,7 +60,7 @@ class StragglerMetrics(Collector):
         self._rank_dev: dict[_Key, list[float]] = {}
         self._verdicts: dict[_Key, list[float | str]] = {}  # labels -> [count, exemplar trace id]
         self._cost: dict[_Key, list[float | str]] = {}  # labels -> [GPU-seconds, exemplar trace id]
-        self._seen: dict[_Key, list[float]] = {}  # (job,) -> [last accepted sample's wall time, t]
+        self._seen: dict[_Key, list[float]] = {}  # (job, run) -> [last accepted sample's wall time, t]
         self._snapshot: _Snapshot = _EMPTY
         self._dirty: set[int] = set()  # the snapshot's parts (indices of _Snapshot) to rebuild at publish
         self._next_expiry_s = 0.0
@@ -97,15 +98,16 @@ class StragglerMetrics(Collector):
             store[key] = row
 
     def record_window(self, job: str, cohort: str, outcome: WindowOutcome, now_s: float) -> None:
+        run = s.cohort_run(cohort)
         for (rank, group, meas), seconds in outcome.rank_group_seconds.items():
-            self._put(self._rank_stage, (job, cohort, str(rank), group, meas), [seconds, now_s])
+            self._put(self._rank_stage, (job, run, cohort, str(rank), group, meas), [seconds, now_s])
         for rank, dev in outcome.rank_deviation.items():
-            self._put(self._rank_dev, (job, cohort, str(rank)), [dev, now_s])
+            self._put(self._rank_dev, (job, run, cohort, str(rank)), [dev, now_s])
         self._dirty.update((_RANK_STAGE, _RANK_DEV))
 
-    def record_seen(self, job: str, now_s: float) -> None:
-        """The collector accepted a sample of ``job`` at ``now_s`` (its wall clock)."""
-        self._put(self._seen, (job,), [now_s, now_s], priority=True)
+    def record_seen(self, job: str, now_s: float, run: str = "") -> None:
+        """The collector accepted a sample of ``job`` (its run ``run``) at ``now_s`` (its wall clock)."""
+        self._put(self._seen, (job, run), [now_s, now_s], priority=True)
         self._dirty.add(_SEEN)
 
     def record_alert(self, v: Verdict, now_s: float, judged: bool = False, covered_by: str = "") -> None:
@@ -117,7 +119,7 @@ class StragglerMetrics(Collector):
         step, trace = convicted_step(v)
         ranks = v.node_ranks or v.group_ranks
         rank = ",".join(str(r) for r in ranks) if ranks else str(v.rank)
-        base = (v.job, v.cohort, rank, v.host, v.gpu, v.stage, v.attribution)
+        base = (v.job, s.cohort_run(v.cohort), v.cohort, rank, v.host, v.gpu, v.stage, v.attribution)
         alert = (*base, "" if step is None else str(step), trace.hex())
         key = (*alert, covered_by)
         active = 1.0 if v.verdict == s.VERDICT_STRAGGLER else 0.0
@@ -145,7 +147,7 @@ class StragglerMetrics(Collector):
 
     def count_verdicts(self, verdicts: Iterable[Verdict]) -> None:
         for v in verdicts:
-            key = (v.job, v.verdict, v.reason)
+            key = (v.job, s.cohort_run(v.cohort), v.verdict, v.reason)
             trace = convicted_step(v)[1].hex()
             cur = self._verdicts.get(key)
             if cur is not None:

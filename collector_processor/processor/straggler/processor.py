@@ -186,7 +186,7 @@ class StragglerProcessor:
         for cohort in touched.values():
             if self.metrics.registered and cohort.job != seen:
                 seen = cohort.job
-                self.metrics.record_seen(cohort.job, now)
+                self.metrics.record_seen(cohort.job, now, s.cohort_run(cohort.key))
             self._close_by_progress(cohort, now)
         # telemetry, once per request
         c["spans_accepted"] += accepted

@@ -90,7 +90,9 @@ def test_log_record_carries_the_event_contract() -> None:
     assert attrs[s.EV_RANK].int_value == 3 and attrs[s.EV_DEVIATION].double_value == 0.1
     assert recs[0].trace_id == v.trace_id and attrs[s.EV_TRACE_ID].string_value == v.trace_id.hex()
     assert "rank 3" in recs[0].body.string_value and "\n" not in recs[0].body.string_value
-    assert recs[2].trace_id == b""
+    assert recs[2].trace_id == b"" and recs[2].span_id == b""
+    span = verdict_span(v)
+    assert span is not None and recs[0].span_id == span.span_id and len(recs[0].span_id) == 8
 
 
 def test_evidence_dict_is_json_safe() -> None:
@@ -173,6 +175,7 @@ def test_prometheus_view_follows_the_alert() -> None:
                                                         "reason": "slower_than_reference"}) == 1
     assert tel.registry.get_sample_value(s.M_RANK_DEVIATION, {"training_job": "job-1", "cohort": alert.cohort,
                                                               "rank": "3"}) is not None
+    assert tel.registry.get_sample_value(s.M_JOB_LAST_SEEN, {"training_job": "job-1"}) is not None
     assert not re.search(r'[{,](job|instance)=', text) and '=""' not in text
     om = openmetrics_latest(tel.registry).decode()
     exemplars = [ln for ln in om.splitlines() if " # {" in ln]
@@ -190,6 +193,29 @@ def test_prometheus_view_follows_the_alert() -> None:
     proc.tick(clock.t)
     text = generate_latest(tel.registry).decode()
     assert not [ln for ln in text.splitlines() if ln.startswith(s.M_STRAGGLER_ACTIVE + "{")]
+
+
+def test_two_runs_under_one_job_id_are_series_of_their_own() -> None:
+    """A second launch under the same job id (its own ``straggler.run.id``) gets its own series, told apart by the
+    ``run`` label: the job's last-seen time, the per-rank view and the slow rank's alert."""
+    from straggler_build import kv
+
+    clock = SimClock()
+    proc, _, tel = make_processor(Config(), clock)
+    for run in ("run-a", "run-b"):
+        for st in range(30):
+            req = step_request(st, {r: (72.0 if r == 3 else 60.0, 10.0) for r in range(8)})
+            for rs in req.resource_spans:
+                rs.resource.attributes.append(kv(s.RES_RUN_ID, run))
+            proc.process_traces(req)
+            clock.t += 0.3
+    text = generate_latest(tel.registry).decode()
+    for name in (s.M_JOB_LAST_SEEN, s.M_RANK_DEVIATION, s.M_STRAGGLER_ACTIVE):
+        lines = [ln for ln in text.splitlines() if ln.startswith(name + "{")]
+        assert {m for ln in lines for m in re.findall(r'[{,]run="([^"]+)"', ln)} == {"run-a", "run-b"}, (name, lines)
+        assert all('training_job="job-1"' in ln for ln in lines)
+    seen = [ln for ln in text.splitlines() if ln.startswith(s.M_JOB_LAST_SEEN + "{")]
+    assert len(seen) == 2
 
 
 def test_rank_deviation_ignores_comparisons_under_the_floor() -> None:
