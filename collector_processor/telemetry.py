@@ -63,6 +63,8 @@ class Telemetry:
                                           "connection budget", ["receiver", "reason"], registry=r)
         self.tenant_refused = Counter(_base(s.M_TENANT_REFUSED), "Requests naming a job their token may not write",
                                       ["receiver"], registry=r)
+        self.duplicate_identity = Counter(_base(s.M_DUPLICATE_IDENTITY), "Requests naming an identity attribute "
+                                          "twice in one resource", ["receiver"], registry=r)
         self.memory_bytes = Gauge(s.M_MEMORY_BYTES, "Process RSS seen by the memory limiter", registry=r)
         self.inline_deferred = Counter(_base(s.M_INLINE_DEFERRED), "Requests queued because the pipeline's budget "
                                        "for processing on a receiver's event loop was spent", ["pipeline"],
@@ -81,5 +83,6 @@ class Telemetry:
             self.requests.labels(label, outcome)
         self.unauthenticated.labels(label)
         self.tenant_refused.labels(label)
+        self.duplicate_identity.labels(label)
         for reason in s.COLLECTOR_CONNECTION_CLOSE_REASONS:
             self.connections_closed.labels(label, reason)

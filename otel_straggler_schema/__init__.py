@@ -60,6 +60,12 @@ RES_SCHEMA_VERSION: Final = "straggler.schema.version"
 RES_HOT_PATH: Final = "straggler.emitter.hot_path"  # native | python: which start/stop the process runs (hot_path.py)
 RES_STEP_SUMMARY: Final = "straggler.step_summary"  # bool: rank-step spans carry the ATTR_SUMMARY_* arrays
 
+# Resource attributes that say whose a span is (tenant, job, run, rank, cohort, node, GPU). A resource naming one of
+# them twice is refused as a whole: no two readers (the tenant check, the processor, a gateway routing by the cohort
+# key) can ever resolve it differently.
+RES_IDENTITY_KEYS: Final = (RES_SERVICE_NAME, RES_JOB_ID, RES_RUN_ID, RES_RANK, RES_WORLD_SIZE, RES_DP_RANK,
+                            RES_DP_SIZE, RES_COHORT_KEY, RES_HOST_NAME, RES_GPU_UUID, RES_STEP_SUMMARY)
+
 # Parallel dimensions that define a cohort (DP is the compared axis and is excluded).
 COHORT_DIMENSIONS: Final = (
     (RES_TP_RANK, RES_TP_SIZE),
@@ -258,6 +264,8 @@ M_CONNECTIONS_CLOSED: Final = "otel_straggler_collector_connections_closed_total
 COLLECTOR_CONNECTION_CLOSE_REASONS: Final = ("refused", "stalled")
 # requests refused because they name a job their token may not write (labels: receiver)
 M_TENANT_REFUSED: Final = "otel_straggler_collector_tenant_refused_total"
+# requests refused because a resource names an identity attribute (RES_IDENTITY_KEYS) twice
+M_DUPLICATE_IDENTITY: Final = "otel_straggler_collector_duplicate_identity_total"
 # requests a receiver would have processed on its event loop, queued because the pipeline's inline budget was spent
 # (labels: pipeline)
 M_INLINE_DEFERRED: Final = "otel_straggler_collector_inline_deferred_total"
@@ -375,6 +383,9 @@ COLLECTOR_METRICS: Final = (
     Metric(M_TENANT_REFUSED, "counter", ("receiver",),
            "requests refused because a resource names a job (`straggler.job.id`) the request's token "
            "may not write (`auth.tenants`)"),
+    Metric(M_DUPLICATE_IDENTITY, "counter", ("receiver",),
+           "requests refused (`invalid`) because a resource names an identity attribute (job, run, rank, cohort, "
+           "host, GPU, service) more than once"),
     Metric(M_INLINE_DEFERRED, "counter", ("pipeline",),
            "requests a receiver would have processed on its event loop (its pipeline idle) that were queued "
            "instead because the pipeline's budget for that was spent: each item's time beyond 10 ms is charged "
