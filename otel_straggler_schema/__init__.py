@@ -256,6 +256,12 @@ M_EVICTIONS: Final = "otel_straggler_collector_evictions_total"  # labels: struc
 M_WINDOWS_CLOSED: Final = "otel_straggler_collector_windows_closed_total"
 M_PROCESSING_SECONDS: Final = "otel_straggler_collector_processing_seconds"  # histogram per batch
 M_EXPORT_FAILURES: Final = "otel_straggler_collector_export_failures_total"  # labels: exporter
+# items (spans, log records) per OTLP exporter: enqueued = sent + failed + waiting in its sending queue (labels:
+# exporter, signal; failed also reason, one of EXPORTER_FAILED_REASONS)
+M_EXPORTER_ENQUEUED: Final = "otel_straggler_collector_exporter_enqueued_items_total"
+M_EXPORTER_SENT: Final = "otel_straggler_collector_exporter_sent_items_total"
+M_EXPORTER_FAILED: Final = "otel_straggler_collector_exporter_failed_items_total"
+M_EXPORTER_QUEUED: Final = "otel_straggler_collector_exporter_queued_items"
 M_EVIDENCE_LINES: Final = "otel_straggler_collector_evidence_lines_total"
 M_UNAUTHENTICATED: Final = "otel_straggler_collector_unauthenticated_total"  # labels: endpoint
 # connections (HTTP) and calls (gRPC) ended by the connection budget before a request was read (labels: receiver,
@@ -273,6 +279,10 @@ M_MEMORY_BYTES: Final = "otel_straggler_collector_memory_bytes"
 M_COMPONENT_ERRORS: Final = "otel_straggler_collector_component_errors_total"  # labels: component
 # Label values each collector counter reports from the start (at 0), so a rate sees its first event; the
 # receiver / endpoint / exporter / component labels take the ids of the configured components.
+# queue_full: the oldest request dropped for a new one; refused: the receiver answered a non-retryable error;
+# partial: the receiver took the request and refused these items (partial success); gave_up: retries ran out;
+# shutdown: still queued when the collector stopped; error: anything else
+EXPORTER_FAILED_REASONS: Final = ("queue_full", "refused", "partial", "gave_up", "shutdown", "error")
 COLLECTOR_DROPPED_REASONS: Final = ("queue_full", "memory_limit", "shutting_down", "export_failed", "shutdown")
 COLLECTOR_REJECTED_REASONS: Final = ("malformed", "non_finite", "duplicate", "late", "over_cap", "quarantined")
 COLLECTOR_REQUEST_OUTCOMES: Final = ("ok", "partial", "invalid", "throttled", "unauthenticated", "too_large",
@@ -372,6 +382,15 @@ COLLECTOR_METRICS: Final = (
            "processing time per request"),
     Metric(M_EXPORT_FAILURES, "counter", ("exporter",),
            "failed exports"),
+    Metric(M_EXPORTER_ENQUEUED, "counter", ("exporter", "signal"),
+           "items an OTLP exporter took into its sending queue; equals sent + failed + queued"),
+    Metric(M_EXPORTER_SENT, "counter", ("exporter", "signal"),
+           "items an OTLP exporter delivered (accepted by the receiving end)"),
+    Metric(M_EXPORTER_FAILED, "counter", ("exporter", "signal", "reason"),
+           "items an OTLP exporter did not deliver, by reason (`queue_full`, `refused`, `partial`, `gave_up`, "
+           "`shutdown`, `error`)"),
+    Metric(M_EXPORTER_QUEUED, "gauge", ("exporter", "signal"),
+           "items in an OTLP exporter's sending queue or being sent"),
     Metric(M_EVIDENCE_LINES, "counter", (),
            "JSONL evidence lines written"),
     Metric(M_UNAUTHENTICATED, "counter", ("endpoint",),
