@@ -122,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from collector_processor.service import Service
 
+    for what in preflight.exposed(raw):  # one line each: reachable from the network without credentials
+        log.warning("%s listens beyond loopback without authentication: anyone who reaches it can write any job's "
+                    "spans or read every job's series; set its auth (docs/reliability.md, section 4)", what)
     taken = preflight.clashes(raw)
     if taken:  # every clash in one message, before anything binds
         log.error("cannot start: cannot listen on %d address(es): %s", len(taken), "; ".join(taken))

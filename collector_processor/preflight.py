@@ -1,4 +1,5 @@
-"""Before anything binds: every address the configuration listens on, tried at once, so a clash is reported whole.
+"""Before anything binds: every address the configuration listens on, tried at once, so a clash is reported whole,
+and every one reachable beyond this host without credentials named.
 
 A collector that starts component by component meets one taken port per attempt (and gRPC's bind failure carries no
 errno). ``clashes`` binds each listening address of the raw configuration (receivers' protocol endpoints, the
@@ -9,6 +10,7 @@ message naming every address that cannot be listened on and why.
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import socket
 from collections.abc import Iterator
@@ -57,4 +59,42 @@ def clashes(raw: dict[str, Any]) -> list[str]:
         why = _try_bind(host, port)
         if why:
             out.append(f"{what} {endpoint}: {why}")
+    return out
+
+
+def _has_auth(section: object) -> bool:
+    """A component's ``auth`` asks for credentials (a bearer token, a token file or tenants), or its TLS asks for
+    client certificates (``client_ca_file``)."""
+    if not isinstance(section, dict):
+        return False
+    auth = section.get("auth")
+    if isinstance(auth, dict) and any(auth.get(k) for k in ("bearer_token", "bearer_token_file", "tenants")):
+        return True
+    tls = section.get("tls")
+    return isinstance(tls, dict) and bool(tls.get("client_ca_file"))
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to any interface
+
+
+def exposed(raw: dict[str, Any]) -> list[str]:
+    """``what host:port`` for every listening address beyond loopback whose component asks no credentials: anyone
+    who reaches it writes spans into any job, or reads every job's series."""
+    auth = {f"{rid} ({proto})": _has_auth(rcfg) for rid, rcfg in (raw.get("receivers") or {}).items()
+            for proto in ((rcfg or {}).get("protocols") or {})}
+    auth.update({eid: _has_auth(ecfg) for eid, ecfg in (raw.get("exporters") or {}).items()})
+    out = []
+    for what, endpoint in listen_addresses(raw):
+        try:
+            host, _port = split_host_port(endpoint, 0)
+        except ValueError:
+            continue  # validation reports it
+        if not is_loopback(host) and not auth.get(what, False):
+            out.append(f"{what} {endpoint}")
     return out

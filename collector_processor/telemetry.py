@@ -56,6 +56,14 @@ class Telemetry:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
         )
         self.export_failures = Counter(_base(s.M_EXPORT_FAILURES), "Failed exports", ["exporter"], registry=r)
+        self.exporter_enqueued = Counter(_base(s.M_EXPORTER_ENQUEUED), "Items taken into an exporter's queue",
+                                         ["exporter", "signal"], registry=r)
+        self.exporter_sent = Counter(_base(s.M_EXPORTER_SENT), "Items an exporter delivered",
+                                     ["exporter", "signal"], registry=r)
+        self.exporter_failed = Counter(_base(s.M_EXPORTER_FAILED), "Items an exporter did not deliver",
+                                       ["exporter", "signal", "reason"], registry=r)
+        self.exporter_queued = Gauge(s.M_EXPORTER_QUEUED, "Items queued or being sent by an exporter",
+                                     ["exporter", "signal"], registry=r)
         self.evidence_lines = Counter(_base(s.M_EVIDENCE_LINES), "JSONL evidence lines written", registry=r)
         self.unauthenticated = Counter(_base(s.M_UNAUTHENTICATED), "Requests refused for credentials",
                                        ["endpoint"], registry=r)
@@ -63,6 +71,8 @@ class Telemetry:
                                           "connection budget", ["receiver", "reason"], registry=r)
         self.tenant_refused = Counter(_base(s.M_TENANT_REFUSED), "Requests naming a job their token may not write",
                                       ["receiver"], registry=r)
+        self.duplicate_identity = Counter(_base(s.M_DUPLICATE_IDENTITY), "Requests naming an identity attribute "
+                                          "twice in one resource", ["receiver"], registry=r)
         self.memory_bytes = Gauge(s.M_MEMORY_BYTES, "Process RSS seen by the memory limiter", registry=r)
         self.inline_deferred = Counter(_base(s.M_INLINE_DEFERRED), "Requests queued because the pipeline's budget "
                                        "for processing on a receiver's event loop was spent", ["pipeline"],
@@ -81,5 +91,6 @@ class Telemetry:
             self.requests.labels(label, outcome)
         self.unauthenticated.labels(label)
         self.tenant_refused.labels(label)
+        self.duplicate_identity.labels(label)
         for reason in s.COLLECTOR_CONNECTION_CLOSE_REASONS:
             self.connections_closed.labels(label, reason)

@@ -13,7 +13,9 @@ import json
 import os
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+
+from otel_straggler.export.probe import TlsFiles, redact
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -34,6 +36,13 @@ def _headers(env: Mapping[str, str]) -> dict[str, str]:
         if sep and k.strip():
             out[urllib.parse.unquote(k.strip())] = urllib.parse.unquote(v.strip())
     return out
+
+
+def _tls(env: Mapping[str, str]) -> TlsFiles:
+    """The exporter's TLS files, the per-signal variable before the general one (as the SDK reads them)."""
+    def var(key: str) -> str | None:
+        return env.get(f"OTEL_EXPORTER_OTLP_TRACES_{key}") or env.get(f"OTEL_EXPORTER_OTLP_{key}") or None
+    return TlsFiles(var("CERTIFICATE"), var("CLIENT_KEY"), var("CLIENT_CERTIFICATE"))
 
 
 def checks(env: Mapping[str, str] | None = None, *, timeout_s: float = 5.0) -> list[Check]:
@@ -85,9 +94,17 @@ def checks(env: Mapping[str, str] | None = None, *, timeout_s: float = 5.0) -> l
     if otel.sdk_disabled or sig.exporter != "otlp":
         out.append(Check("endpoint", FAIL, "trace export is off (OTEL_SDK_DISABLED or OTEL_TRACES_EXPORTER)"))
         return out
-    answer = probe_otlp(sig.endpoint, sig.protocol, timeout_s, _headers(env))
+    tls = _tls(env)
+    unreadable = [f"{f.name} {getattr(tls, f.name)}" for f in fields(tls)
+                  if getattr(tls, f.name) and not os.access(getattr(tls, f.name), os.R_OK)]
+    if unreadable:
+        out.append(Check("tls", FAIL, f"cannot read the exporter's TLS file(s): {', '.join(unreadable)}"))
+    elif tls.certificate or tls.client_certificate:
+        out.append(Check("tls", OK, "trusting " + (tls.certificate or "the system's CAs")
+                         + (f", client certificate {tls.client_certificate}" if tls.client_certificate else "")))
+    answer = probe_otlp(sig.endpoint, sig.protocol, timeout_s, _headers(env), tls)
     out.append(Check("endpoint", OK if answer.ok else FAIL,
-                     f"{sig.endpoint} ({sig.protocol}): " + (f"{answer.detail}, {answer.rtt_ms} ms" if answer.ok
+                     f"{redact(sig.endpoint)} ({sig.protocol}): " + (f"{answer.detail}, {answer.rtt_ms} ms" if answer.ok
                                                               else f"no collector takes exports: {answer.detail}")))
     if not answer.ok:
         return out

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import otel_straggler_schema as s
+from otel_straggler.export.probe import redact
 from otel_straggler_demo.options import DemoOptions, Detection, describe_injection, injecting
 from otel_straggler_demo.outcome import explain, series_window_deviations, stage_series
 from otel_straggler_demo.run import detector_settings
@@ -54,8 +55,8 @@ def robust_limits(values: list[float]) -> tuple[float, float]:
 def outcome_line(opts: DemoOptions, detections: list[Detection], problems: list[str], external: bool) -> str:
     """One sentence: what the run found (the banner of the page and the picture)."""
     if external:
-        return (f"Spans went to the external collector {opts.endpoint}: its evidence, metrics and events hold the "
-                "verdicts.")
+        return (f"Spans went to the external collector {redact(opts.endpoint)}: its evidence, metrics and events "
+                "hold the verdicts.")
     hits = [d for d in detections if d.injected]
     if problems:
         return "FAILED: " + "; ".join(problems)

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 import otel_straggler_schema as s
-from otel_straggler.export.probe import probe_otlp
+from otel_straggler.export.probe import probe_otlp, redact
 from otel_straggler_demo.options import (
     DemoOptions,
     DemoResult,
@@ -333,9 +333,9 @@ def _run_demo(opts: DemoOptions, children: list[Any]) -> DemoResult:
         endpoint = opts.endpoint
         answer = probe_otlp(endpoint, opts.protocol)
         if not answer.ok:  # the ranks' spans would reach no collector: nothing to find, nothing to say it found
-            raise CollectorStartError(f"no collector takes OTLP ({opts.protocol}) exports at {endpoint}: "
+            raise CollectorStartError(f"no collector takes OTLP ({opts.protocol}) exports at {redact(endpoint)}: "
                                       f"{answer.detail}")
-        con.say(f"exporting to external collector {endpoint} ({answer.detail})")
+        con.say(f"exporting to external collector {redact(endpoint)} ({answer.detail})")
 
     con.say(f"starting {opts.ranks} ranks x {opts.steps} steps ({opts.model}); injected slowdown: "
             f"{describe_injection(opts)}")
@@ -417,7 +417,7 @@ def _print_summary(result: DemoResult, opts: DemoOptions, con: _Console) -> None
     con.say(f"== summary ({result.elapsed_s}s, {result.spans_seen} spans through the collector, "
             f"{result.verdicts} verdict records{dropped})")
     if opts.endpoint is not None:
-        con.say(f"spans went to the external collector {opts.endpoint}: its evidence, metrics and events hold "
+        con.say(f"spans went to the external collector {redact(opts.endpoint)}: its evidence, metrics and events hold "
                 "the verdicts")
     elif not result.detected:
         con.say("no straggler detected")

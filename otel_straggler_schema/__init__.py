@@ -60,6 +60,12 @@ RES_SCHEMA_VERSION: Final = "straggler.schema.version"
 RES_HOT_PATH: Final = "straggler.emitter.hot_path"  # native | python: which start/stop the process runs (hot_path.py)
 RES_STEP_SUMMARY: Final = "straggler.step_summary"  # bool: rank-step spans carry the ATTR_SUMMARY_* arrays
 
+# Resource attributes that say whose a span is (tenant, job, run, rank, cohort, node, GPU). A resource naming one of
+# them twice is refused as a whole: no two readers (the tenant check, the processor, a gateway routing by the cohort
+# key) can ever resolve it differently.
+RES_IDENTITY_KEYS: Final = (RES_SERVICE_NAME, RES_JOB_ID, RES_RUN_ID, RES_RANK, RES_WORLD_SIZE, RES_DP_RANK,
+                            RES_DP_SIZE, RES_COHORT_KEY, RES_HOST_NAME, RES_GPU_UUID, RES_STEP_SUMMARY)
+
 # Parallel dimensions that define a cohort (DP is the compared axis and is excluded).
 COHORT_DIMENSIONS: Final = (
     (RES_TP_RANK, RES_TP_SIZE),
@@ -250,6 +256,12 @@ M_EVICTIONS: Final = "otel_straggler_collector_evictions_total"  # labels: struc
 M_WINDOWS_CLOSED: Final = "otel_straggler_collector_windows_closed_total"
 M_PROCESSING_SECONDS: Final = "otel_straggler_collector_processing_seconds"  # histogram per batch
 M_EXPORT_FAILURES: Final = "otel_straggler_collector_export_failures_total"  # labels: exporter
+# items (spans, log records) per OTLP exporter: enqueued = sent + failed + waiting in its sending queue (labels:
+# exporter, signal; failed also reason, one of EXPORTER_FAILED_REASONS)
+M_EXPORTER_ENQUEUED: Final = "otel_straggler_collector_exporter_enqueued_items_total"
+M_EXPORTER_SENT: Final = "otel_straggler_collector_exporter_sent_items_total"
+M_EXPORTER_FAILED: Final = "otel_straggler_collector_exporter_failed_items_total"
+M_EXPORTER_QUEUED: Final = "otel_straggler_collector_exporter_queued_items"
 M_EVIDENCE_LINES: Final = "otel_straggler_collector_evidence_lines_total"
 M_UNAUTHENTICATED: Final = "otel_straggler_collector_unauthenticated_total"  # labels: endpoint
 # connections (HTTP) and calls (gRPC) ended by the connection budget before a request was read (labels: receiver,
@@ -258,6 +270,8 @@ M_CONNECTIONS_CLOSED: Final = "otel_straggler_collector_connections_closed_total
 COLLECTOR_CONNECTION_CLOSE_REASONS: Final = ("refused", "stalled")
 # requests refused because they name a job their token may not write (labels: receiver)
 M_TENANT_REFUSED: Final = "otel_straggler_collector_tenant_refused_total"
+# requests refused because a resource names an identity attribute (RES_IDENTITY_KEYS) twice
+M_DUPLICATE_IDENTITY: Final = "otel_straggler_collector_duplicate_identity_total"
 # requests a receiver would have processed on its event loop, queued because the pipeline's inline budget was spent
 # (labels: pipeline)
 M_INLINE_DEFERRED: Final = "otel_straggler_collector_inline_deferred_total"
@@ -265,6 +279,10 @@ M_MEMORY_BYTES: Final = "otel_straggler_collector_memory_bytes"
 M_COMPONENT_ERRORS: Final = "otel_straggler_collector_component_errors_total"  # labels: component
 # Label values each collector counter reports from the start (at 0), so a rate sees its first event; the
 # receiver / endpoint / exporter / component labels take the ids of the configured components.
+# queue_full: the oldest request dropped for a new one; refused: the receiver answered a non-retryable error;
+# partial: the receiver took the request and refused these items (partial success); gave_up: retries ran out;
+# shutdown: still queued when the collector stopped; error: anything else
+EXPORTER_FAILED_REASONS: Final = ("queue_full", "refused", "partial", "gave_up", "shutdown", "error")
 COLLECTOR_DROPPED_REASONS: Final = ("queue_full", "memory_limit", "shutting_down", "export_failed", "shutdown")
 COLLECTOR_REJECTED_REASONS: Final = ("malformed", "non_finite", "duplicate", "late", "over_cap", "quarantined")
 COLLECTOR_REQUEST_OUTCOMES: Final = ("ok", "partial", "invalid", "throttled", "unauthenticated", "too_large",
@@ -364,6 +382,15 @@ COLLECTOR_METRICS: Final = (
            "processing time per request"),
     Metric(M_EXPORT_FAILURES, "counter", ("exporter",),
            "failed exports"),
+    Metric(M_EXPORTER_ENQUEUED, "counter", ("exporter", "signal"),
+           "items an OTLP exporter took into its sending queue; equals sent + failed + queued"),
+    Metric(M_EXPORTER_SENT, "counter", ("exporter", "signal"),
+           "items an OTLP exporter delivered (accepted by the receiving end)"),
+    Metric(M_EXPORTER_FAILED, "counter", ("exporter", "signal", "reason"),
+           "items an OTLP exporter did not deliver, by reason (`queue_full`, `refused`, `partial`, `gave_up`, "
+           "`shutdown`, `error`)"),
+    Metric(M_EXPORTER_QUEUED, "gauge", ("exporter", "signal"),
+           "items in an OTLP exporter's sending queue or being sent"),
     Metric(M_EVIDENCE_LINES, "counter", (),
            "JSONL evidence lines written"),
     Metric(M_UNAUTHENTICATED, "counter", ("endpoint",),
@@ -375,6 +402,9 @@ COLLECTOR_METRICS: Final = (
     Metric(M_TENANT_REFUSED, "counter", ("receiver",),
            "requests refused because a resource names a job (`straggler.job.id`) the request's token "
            "may not write (`auth.tenants`)"),
+    Metric(M_DUPLICATE_IDENTITY, "counter", ("receiver",),
+           "requests refused (`invalid`) because a resource names an identity attribute (job, run, rank, cohort, "
+           "host, GPU, service) more than once"),
     Metric(M_INLINE_DEFERRED, "counter", ("pipeline",),
            "requests a receiver would have processed on its event loop (its pipeline idle) that were queued "
            "instead because the pipeline's budget for that was spent: each item's time beyond 10 ms is charged "

@@ -23,8 +23,11 @@ from typing import Literal
 import grpc
 from google.protobuf.message import Message
 from google.rpc.error_details_pb2 import RetryInfo
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from pydantic import Field
 
+import otel_straggler_schema as s
 from collector_processor.config.types import ClientTLS, Duration, ExportEndpoint, Strict
 from collector_processor.receiver.decode import CT_PROTOBUF, GRPC_SERVICES, HTTP_PATHS, RETRY_INFO_KEY, count_items
 from collector_processor.registry import BuildContext, Factory
@@ -86,6 +89,13 @@ class OtlpExporter:
         self._thread = threading.Thread(target=self._run, name=f"exporter-{eid}", daemon=True)
         self._depth = telemetry.queue_depth.labels(f"exporter:{eid}")
         self.sent = 0  # requests delivered (for tests and logs)
+        self._queued = {sig: 0 for sig in _SIGNALS}  # items queued or being sent, per signal
+        for sig in _SIGNALS:  # every series at 0 from the start: enqueued = sent + failed + queued
+            telemetry.exporter_enqueued.labels(eid, sig)
+            telemetry.exporter_sent.labels(eid, sig)
+            telemetry.exporter_queued.labels(eid, sig)
+            for reason in s.EXPORTER_FAILED_REASONS:
+                telemetry.exporter_failed.labels(eid, sig, reason)
 
     # ---- pipeline side ------------------------------------------------------------------------------------
     def _enqueue(self, signal: str, msg: Message) -> None:
@@ -93,13 +103,22 @@ class OtlpExporter:
             return
         n = count_items(signal, msg)
         data = msg.SerializeToString()
+        self.t.exporter_enqueued.labels(self.id, signal).inc(n)
         with self._cv:
             if len(self._q) >= self.cfg.sending_queue.queue_size:
-                _, _, n_old = self._q.popleft()  # drop the oldest: fresh data is worth more
-                self._failed(signal, n_old, "sending queue full")
+                sig_old, _, n_old = self._q.popleft()  # drop the oldest: fresh data is worth more
+                self._unqueued(sig_old, n_old)
+                self._failed(sig_old, n_old, "sending queue full", "queue_full")
             self._q.append((signal, data, n))
+            self._queued[signal] += n
+            self.t.exporter_queued.labels(self.id, signal).set(self._queued[signal])
             self._depth.set(len(self._q))
             self._cv.notify()
+
+    def _unqueued(self, signal: str, n: int) -> None:
+        """``n`` items of ``signal`` left the queue (under ``_cv``)."""
+        self._queued[signal] -= n
+        self.t.exporter_queued.labels(self.id, signal).set(self._queued[signal])
 
     def export_traces(self, request: Message) -> None:
         self._enqueue("traces", request)
@@ -107,8 +126,9 @@ class OtlpExporter:
     def export_logs(self, request: Message) -> None:
         self._enqueue("logs", request)
 
-    def _failed(self, signal: str, n: int, why: str) -> None:
+    def _failed(self, signal: str, n: int, why: str, reason: str) -> None:
         self.t.export_failures.labels(self.id).inc()
+        self.t.exporter_failed.labels(self.id, signal, reason).inc(n)
         if signal == "traces":
             self.t.spans_dropped.labels("export_failed").inc(n)
         log.warning("exporter %s: dropped a %s request (%d items): %s", self.id, signal, n, why)
@@ -124,7 +144,8 @@ class OtlpExporter:
     def _connect(self) -> None:
         raise NotImplementedError
 
-    def _send(self, signal: str, data: bytes, timeout_s: float) -> None:
+    def _send(self, signal: str, data: bytes, timeout_s: float) -> bytes:
+        """Deliver one request; the receiving end's answer (an Export*ServiceResponse)."""
         raise NotImplementedError
 
     def _run(self) -> None:
@@ -137,6 +158,8 @@ class OtlpExporter:
                 signal, data, n = self._q.popleft()
                 self._depth.set(len(self._q))
             self._deliver(signal, data, n)
+            with self._cv:  # queued until delivered or failed: enqueued = sent + failed + queued once settled
+                self._unqueued(signal, n)
 
     def _deliver(self, signal: str, data: bytes, n: int) -> None:
         rc = self.cfg.retry_on_failure
@@ -145,22 +168,27 @@ class OtlpExporter:
         while True:
             remaining = min(self._deadline, start + rc.max_elapsed_time) - time.monotonic()
             try:
-                self._send(signal, data, max(0.05, min(self.cfg.timeout, remaining)))
+                answer = self._send(signal, data, max(0.05, min(self.cfg.timeout, remaining)))
                 self.sent += 1
+                refused = min(n, _rejected(signal, answer))
+                self.t.exporter_sent.labels(self.id, signal).inc(n - refused)
+                if refused:
+                    self._failed(signal, refused, f"{refused} refused by the receiving end (partial success)",
+                                 "partial")
                 return
             except _Permanent as e:
-                self._failed(signal, n, str(e))
+                self._failed(signal, n, str(e), "refused")
                 return
             except _Retryable as e:
                 wait = e.delay_s if e.delay_s is not None else delay * random.uniform(0.8, 1.2)
                 if not rc.enabled or time.monotonic() + wait >= min(self._deadline, start + rc.max_elapsed_time):
-                    self._failed(signal, n, f"{e} (gave up)")
+                    self._failed(signal, n, f"{e} (gave up)", "gave_up")
                     return
                 with self._cv:  # interruptible by shutdown
                     self._cv.wait_for(lambda: time.monotonic() >= self._deadline, wait)
                 delay = min(rc.max_interval, delay * 2)
             except Exception as e:  # never let the sender die
-                self._failed(signal, n, f"{type(e).__name__}: {e}")
+                self._failed(signal, n, f"{type(e).__name__}: {e}", "error")
                 return
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
@@ -174,7 +202,8 @@ class OtlpExporter:
         with self._cv:
             while self._q:
                 signal, _, n = self._q.popleft()
-                self._failed(signal, n, "not sent before shutdown")
+                self._unqueued(signal, n)
+                self._failed(signal, n, "not sent before shutdown", "shutdown")
         self._close()
 
     def _close(self) -> None:
@@ -205,9 +234,10 @@ class OtlpGrpcExporter(OtlpExporter):
         self._md = tuple((k.lower(), v) for k, v in self.cfg.headers.items())
         self._compression = grpc.Compression.Gzip if self.cfg.compression == "gzip" else grpc.Compression.NoCompression
 
-    def _send(self, signal: str, data: bytes, timeout_s: float) -> None:
+    def _send(self, signal: str, data: bytes, timeout_s: float) -> bytes:
         try:
-            self._calls[signal](data, timeout=timeout_s, metadata=self._md or None, compression=self._compression)
+            return self._calls[signal](data, timeout=timeout_s, metadata=self._md or None,
+                                       compression=self._compression) or b""
         except grpc.RpcError as e:
             code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
             if code not in _RETRYABLE_GRPC:
@@ -242,7 +272,7 @@ class OtlpHttpExporter(OtlpExporter):
             if tls.cert_file:
                 self._ctx.load_cert_chain(tls.cert_file, tls.key_file)
 
-    def _send(self, signal: str, data: bytes, timeout_s: float) -> None:
+    def _send(self, signal: str, data: bytes, timeout_s: float) -> bytes:
         headers = {"Content-Type": CT_PROTOBUF, **self.cfg.headers}
         if self.cfg.compression == "gzip":
             data = gzip.compress(data, compresslevel=5)
@@ -250,7 +280,9 @@ class OtlpHttpExporter(OtlpExporter):
         req = urllib.request.Request(self._base + HTTP_PATHS[signal], data=data, headers=headers, method="POST")
         try:
             with urllib.request.urlopen(req, timeout=timeout_s, context=self._ctx) as resp:
-                resp.read()
+                body = resp.read()
+                ctype = (resp.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
+                return body if ctype in ("", CT_PROTOBUF) else b""
         except urllib.error.HTTPError as e:
             if e.code in _RETRYABLE_HTTP:
                 ra = e.headers.get("Retry-After") if e.headers else None
@@ -259,6 +291,21 @@ class OtlpHttpExporter(OtlpExporter):
             raise _Permanent(f"HTTP {e.code}") from e
         except (urllib.error.URLError, OSError, TimeoutError) as e:
             raise _Retryable(f"{type(e).__name__}: {getattr(e, 'reason', e)}") from e
+
+
+_SIGNALS = ("traces", "logs")
+
+
+def _rejected(signal: str, answer: bytes) -> int:
+    """The items a receiving end refused in a partial success (0 when it says none, or nothing readable)."""
+    if not answer:
+        return 0
+    try:
+        if signal == "traces":
+            return max(0, ExportTraceServiceResponse.FromString(answer).partial_success.rejected_spans)
+        return max(0, ExportLogsServiceResponse.FromString(answer).partial_success.rejected_log_records)
+    except Exception:  # not a response this exporter can read: nothing is known to be refused
+        return 0
 
 
 def _create_grpc(ctx: BuildContext, cid: str, cfg: Config) -> OtlpGrpcExporter:

@@ -26,7 +26,7 @@ from collector_processor.receiver.decode import (
     decode_cost,
     decode_cost_bound,
 )
-from collector_processor.receiver.tenants import Forbidden, check_tenant
+from collector_processor.receiver.tenants import DuplicateIdentity, Forbidden, check_resources
 from collector_processor.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -141,6 +141,7 @@ class Dispatcher:
             self._gates[sig] = gates
         self._aborted_logged = threading.Event()
         self._forbidden_logged = threading.Event()
+        self._duplicate_logged = threading.Event()
         telemetry.receiver(label)
         # the receiver's counter children, looked up once (a labels() call takes a lock and builds a key)
         self._spans_received = telemetry.spans_received.labels(label)
@@ -188,7 +189,8 @@ class Dispatcher:
                             tenant: Tenant | None = None) -> Result | Refusal:
         """Reserve what decoding ``data`` takes at the signal's gates, decode, hand to its pipelines (on a worker
         thread). Every outcome is counted here: a refusal before decoding (returned), a decoding failure (counted
-        ``invalid``, ``DecodeFailure`` raised), a job outside the ``tenant``'s (counted ``forbidden`` and in
+        ``invalid``, ``DecodeFailure`` raised; a resource naming an identity attribute twice also in
+        ``duplicate_identity_total``), a job outside the ``tenant``'s (counted ``forbidden`` and in
         ``tenant_refused_total``, ``Forbidden`` raised), the pipelines' refusal (returned as a retryable
         ``Refusal``) and their acceptance (the ``Result``, ``rejected`` > 0 for a partial success)."""
         prepared = self.prepare(signal, data, ctype, tenant)
@@ -226,9 +228,17 @@ class Dispatcher:
         finally:
             self.release(signal, cost)
         try:
-            check_tenant(signal, msg, tenant)
+            check_resources(signal, msg, tenant)
         except Forbidden as e:
             self.forbidden(str(e))
+            raise
+        except DuplicateIdentity as e:
+            self.outcome("invalid")
+            self.t.duplicate_identity.labels(self.label).inc()
+            if not self._duplicate_logged.is_set():
+                self._duplicate_logged.set()
+                log.warning("%s: a request was refused: %s; such requests are counted in "
+                            "otel_straggler_collector_duplicate_identity_total and not logged again", self.label, e)
             raise
         n = count_items(signal, msg)
         if n > self.max_items:

@@ -1,13 +1,15 @@
-"""A tenant writes only its own jobs: every resource of a request must name (``straggler.job.id``) a job the
-request's token may write, or the request is refused as a whole (HTTP 403 / PERMISSION_DENIED), before any of it
-reaches a pipeline."""
+"""Whose a request is, read once (``resource_identity``) before any of it reaches a pipeline: a resource that names
+an identity attribute twice makes the request invalid (HTTP 400 / INVALID_ARGUMENT), whoever sends it; with
+tenants, every resource must name (``straggler.job.id``) a job the request's token may write, or the request is
+refused as a whole (HTTP 403 / PERMISSION_DENIED)."""
 
 from __future__ import annotations
 
 from google.protobuf.message import Message
 
-import otel_straggler_schema as s
 from collector_processor.receiver.auth import Tenant
+from collector_processor.receiver.decode import DecodeFailure
+from collector_processor.resource_identity import identity
 
 _RESOURCES = {"traces": "resource_spans", "metrics": "resource_metrics", "logs": "resource_logs"}
 
@@ -16,28 +18,18 @@ class Forbidden(ValueError):
     """The request names a job its token may not write."""
 
 
-def foreign_job(signal: str, msg: Message, tenant: Tenant) -> str | None:
-    """The first job named by a resource of ``msg`` that ``tenant`` may not write (``""`` for a resource that names
-    none); None when every resource is the tenant's."""
-    if tenant.every_job:
-        return None
-    key = s.RES_JOB_ID
-    for res in getattr(msg, _RESOURCES[signal]):
-        job = ""
-        for kv in res.resource.attributes:
-            if kv.key == key:
-                job = kv.value.string_value
-                break
-        if not tenant.allows(job):
-            return job
-    return None
+class DuplicateIdentity(DecodeFailure):
+    """A resource of the request names an identity attribute twice."""
 
 
-def check_tenant(signal: str, msg: Message, tenant: Tenant | None) -> None:
-    """Raise ``Forbidden`` when ``msg`` names a job outside ``tenant``'s."""
-    if tenant is None:
-        return
-    job = foreign_job(signal, msg, tenant)
-    if job is not None:
-        shown = job[:80] if job else "(no straggler.job.id)"
-        raise Forbidden(f"token of {tenant.name} may not write job {shown!r}")
+def check_resources(signal: str, msg: Message, tenant: Tenant | None) -> None:
+    """Raise ``DuplicateIdentity`` when a resource of ``msg`` names an identity attribute twice, ``Forbidden`` when
+    one names a job outside ``tenant``'s (None: every job)."""
+    every_job = tenant is None or tenant.every_job
+    for i, res in enumerate(getattr(msg, _RESOURCES[signal])):
+        ident = identity(res.resource)
+        if ident.duplicate:
+            raise DuplicateIdentity(f"resource {i} names {ident.duplicate} more than once")
+        if not every_job and not tenant.allows(ident.job):  # type: ignore[union-attr]
+            shown = ident.job[:80] if ident.job else "(no straggler.job.id)"
+            raise Forbidden(f"token of {tenant.name} may not write job {shown!r}")  # type: ignore[union-attr]

@@ -9,7 +9,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,35 @@ class ProbeResult:
     rtt_ms: float | None = None
     server: str | None = None  # who answered, when it says (HTTP Server; gRPC health check trailing metadata)
     clock_offset_s: float | None = None  # its clock minus this one's, when it says what its clock reads
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """The OTLP exporter's TLS files (``OTEL_EXPORTER_OTLP[_TRACES]_CERTIFICATE``, ``_CLIENT_KEY``,
+    ``_CLIENT_CERTIFICATE``): a CA bundle to trust, and a client key and certificate for mutual TLS."""
+
+    certificate: str | None = None
+    client_key: str | None = None
+    client_certificate: str | None = None
+
+
+def redact(url: str) -> str:
+    """``url`` with the password of its user info replaced (``user:***@host``), for anything printed."""
+    parts = urlsplit(url if "://" in url else f"//{url}")
+    if parts.password is None and "@" not in parts.netloc:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    netloc = f"{user}:***@{host}" if parts.password is not None else f"***@{host}"
+    out = urlunsplit(parts._replace(netloc=netloc))
+    return out if "://" in url else out.removeprefix("//")
+
+
+def _read(path: str | None) -> bytes | None:
+    if not path:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def _target(endpoint: str) -> tuple[str, bool]:
@@ -32,8 +61,9 @@ def _target(endpoint: str) -> tuple[str, bool]:
 
 
 def probe_otlp(endpoint: str, protocol: str = "grpc", timeout_s: float = 5.0,
-               headers: dict[str, str] | None = None) -> ProbeResult:
-    """Send one empty trace export to ``endpoint``; never raises."""
+               headers: dict[str, str] | None = None, tls: TlsFiles | None = None) -> ProbeResult:
+    """Send one empty trace export to ``endpoint`` (over TLS for ``https://``, trusting ``tls``'s files as the
+    exporter would); never raises. No answer shows a password of the endpoint's URL."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     body = ExportTraceServiceRequest().SerializeToString()
@@ -43,8 +73,10 @@ def probe_otlp(endpoint: str, protocol: str = "grpc", timeout_s: float = 5.0,
             import grpc
             from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
 
-            target, tls = _target(endpoint)
-            channel = grpc.secure_channel(target, grpc.ssl_channel_credentials()) if tls \
+            target, secure = _target(endpoint)
+            files = tls or TlsFiles()
+            channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(
+                _read(files.certificate), _read(files.client_key), _read(files.client_certificate))) if secure \
                 else grpc.insecure_channel(target)
             try:
                 md = tuple((k.lower(), v) for k, v in (headers or {}).items())
@@ -58,16 +90,24 @@ def probe_otlp(endpoint: str, protocol: str = "grpc", timeout_s: float = 5.0,
         url = url if url.endswith("/v1/traces") else url + "/v1/traces"
         req = urllib.request.Request(url, data=body, method="POST",
                                      headers={"Content-Type": "application/x-protobuf", **(headers or {})})
+        context = None
+        if tls is not None and url.startswith("https://"):
+            import ssl
+
+            context = ssl.create_default_context(cafile=tls.certificate or None)
+            if tls.client_certificate:
+                context.load_cert_chain(tls.client_certificate, tls.client_key or None)
         sent = time.time()
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(req, timeout=timeout_s, context=context) as resp:
             offset = None
             date = resp.headers.get("Date")
             if date:  # one-second resolution
                 offset = parsedate_to_datetime(date).timestamp() - (sent + time.time()) / 2
-            return ProbeResult(True, f"OTLP/HTTP export accepted by {url} ({resp.status})",
+            return ProbeResult(True, f"OTLP/HTTP export accepted by {redact(url)} ({resp.status})",
                                round((time.monotonic() - t0) * 1000, 1), resp.headers.get("Server"), offset)
     except Exception as exc:  # every failure is the answer: nothing takes exports there
-        return ProbeResult(False, _why(exc))
+        why = _why(exc)
+        return ProbeResult(False, why.replace(endpoint, redact(endpoint)) if redact(endpoint) != endpoint else why)
 
 
 def _grpc_identity(channel: object, timeout_s: float, md: tuple) -> tuple[str | None, float | None]:

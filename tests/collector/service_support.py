@@ -190,11 +190,20 @@ class GrpcSink(trace_service_pb2_grpc.TraceServiceServicer, logs_service_pb2_grp
         self.port = self.server.add_insecure_port("127.0.0.1:0")
         self.server.start()
 
+    delay_s = 0.0  # a slow trace store: each call waits this long before it answers
+    reject = 0  # spans refused per trace request (a partial success)
+
     def Export(self, request, context):  # type: ignore[no-untyped-def]
         self.metadata.append(dict(context.invocation_metadata()))
+        if self.delay_s:
+            time.sleep(self.delay_s)
         if isinstance(request, trace_service_pb2.ExportTraceServiceRequest):
             self.traces.append(request)
-            return trace_service_pb2.ExportTraceServiceResponse()
+            answer = trace_service_pb2.ExportTraceServiceResponse()
+            if self.reject:
+                answer.partial_success.rejected_spans = self.reject
+                answer.partial_success.error_message = "refused by the sink"
+            return answer
         self.logs.append(request)
         return logs_service_pb2.ExportLogsServiceResponse()
 

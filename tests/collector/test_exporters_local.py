@@ -189,6 +189,7 @@ def test_every_counter_exists_at_zero_before_any_traffic(start_service, tmp_path
         "OTEL_STRAGGLER_METRICS_ENDPOINT": "127.0.0.1:0", "OTEL_STRAGGLER_EVIDENCE_PATH": str(tmp_path / "v.jsonl")})
     m = scrape(f"http://127.0.0.1:{run.svc.exporters['prometheus'].port}/metrics")
     receivers = ("otlp/grpc", "otlp/http")
+    otlp, signals = ("otlp_grpc/traces", "otlp_http/events"), ("traces", "logs")
     expected = {
         s.M_SPANS_DROPPED: [{"reason": r} for r in s.COLLECTOR_DROPPED_REASONS],
         s.M_SPANS_REJECTED: [{"reason": r} for r in s.COLLECTOR_REJECTED_REASONS],
@@ -205,6 +206,12 @@ def test_every_counter_exists_at_zero_before_any_traffic(start_service, tmp_path
                                                    "queue:traces", "queue:logs/verdicts", "queue:metrics")],
         s.M_INLINE_DEFERRED: [{"pipeline": p} for p in ("traces", "logs/verdicts", "metrics")],
         s.M_SPANS_ACCEPTED: [{}], s.M_WINDOWS_CLOSED: [{}], s.M_EVIDENCE_LINES: [{}],
+        s.M_DUPLICATE_IDENTITY: [{"receiver": r} for r in receivers],
+        s.M_EXPORTER_ENQUEUED: [{"exporter": e, "signal": g} for e in otlp for g in signals],
+        s.M_EXPORTER_SENT: [{"exporter": e, "signal": g} for e in otlp for g in signals],
+        s.M_EXPORTER_QUEUED: [{"exporter": e, "signal": g} for e in otlp for g in signals],
+        s.M_EXPORTER_FAILED: [{"exporter": e, "signal": g, "reason": x} for e in otlp for g in signals
+                              for x in s.EXPORTER_FAILED_REASONS],
     }
     for name, label_sets in expected.items():
         for labels in label_sets:

@@ -104,3 +104,50 @@ service:
     assert wait_for(lambda: run.svc.exporters["otlp_http/b"].sent == 1, timeout=60)
     assert run.sample("otel_straggler_collector_export_failures_total", exporter="otlp_http/b") == 0
     assert "Content-Encoding" not in http_sink.posts[0][1]
+
+
+def test_every_accepted_span_is_sent_or_counted_failed_by_reason(grpc_sink, start_service) -> None:  # type: ignore[no-untyped-def]
+    """A slow trace store that also refuses one span of each request (a partial success), behind a sending queue
+    of two requests: some requests fall off the queue, some spans are refused. Whatever happens, every span the
+    collector accepted is accounted for at the exporter: enqueued = sent + failed (by reason) + queued, and after
+    shutdown nothing is left queued."""
+    grpc_sink.delay_s, grpc_sink.reject = 0.3, 1
+    text = BASE_RECEIVER + f"""
+processors:
+  double: {{}}
+exporters:
+  otlp_grpc/slow: {{endpoint: "127.0.0.1:{grpc_sink.port}", tls: {{insecure: true}}, timeout: 5s,
+                   sending_queue: {{queue_size: 2}}}}
+service:
+  pipelines:
+    traces: {{receivers: [otlp], processors: [double], exporters: [otlp_grpc/slow]}}
+"""
+    run = start_service(text)
+    exp = GrpcSpanExporter(endpoint=run.grpc, insecure=True, timeout=5)
+    for i in range(12):
+        assert exp.export(make_spans(3, rank=i % 4)) == SpanExportResult.SUCCESS
+    exp.shutdown()
+
+    def count(name: str, **labels: str) -> float:
+        return run.sample(f"otel_straggler_collector_exporter_{name}", exporter="otlp_grpc/slow", signal="traces",
+                          **labels)
+
+    def failed() -> dict[str, float]:
+        return {r: count("failed_items_total", reason=r) for r in s.EXPORTER_FAILED_REASONS}
+
+    def balanced() -> bool:
+        return count("enqueued_items_total") == count("sent_items_total") + sum(failed().values()) + \
+            count("queued_items")
+
+    accepted = run.sample("otel_straggler_collector_spans_received_total", receiver="otlp/grpc")
+    assert accepted == 36
+    assert wait_for(lambda: count("enqueued_items_total") == accepted and count("queued_items") == 0, timeout=30)
+    assert balanced()
+    f = failed()
+    assert f["queue_full"] > 0 and f["queue_full"] % 3 == 0  # whole requests fell off the queue
+    delivered = len(grpc_sink.traces)
+    assert f["partial"] == delivered  # one span refused per delivered request
+    assert count("sent_items_total") == 3 * delivered - delivered
+    assert run.sample("otel_straggler_collector_spans_dropped_total", reason="export_failed") == sum(f.values())
+    run.svc.shutdown()
+    assert balanced() and count("queued_items") == 0

@@ -37,13 +37,14 @@ service:
 """
 
 
-def _req(*jobs: str | None) -> bytes:
+def _req(*jobs: str | tuple[str, ...] | None) -> bytes:
+    """One resource per item: a job id, None (no job), or a tuple (the resource names the job once per value)."""
     req = trace_service_pb2.ExportTraceServiceRequest()
     for job in jobs:
         rs = req.resource_spans.add()
-        if job is not None:
+        for value in (() if job is None else job if isinstance(job, tuple) else (job,)):
             a = rs.resource.attributes.add()
-            a.key, a.value.string_value = s.RES_JOB_ID, job
+            a.key, a.value.string_value = s.RES_JOB_ID, value
         rs.scope_spans.add().spans.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="forward-compute")
     return req.SerializeToString()
 
@@ -113,3 +114,43 @@ def test_tenant_config_is_checked_and_never_shows_a_token() -> None:
     with pytest.raises(ValueError, match="share one token"):
         BearerAuth(AuthConfig.model_validate({"bearer_token": "x", "tenants": [{"bearer_token": "x", "jobs": ["a"]}]}))
     assert "sekrit" not in repr(AuthConfig.model_validate({"tenants": [{"bearer_token": "sekrit", "jobs": ["a"]}]}))
+
+
+@pytest.mark.parametrize(("token", "job"), [
+    ("tok-a", ("job-a", "job-b-exact")),  # the tenant's own job first, the victim's last
+    ("tok-a", ("job-b-exact", "job-a")),
+    ("tok-a", ("job-a", "job-a")),  # even twice the same: one reading, no second opinion
+    ("admin-tok", ("job-a", "job-b-exact")),  # whoever sends it
+])
+def test_a_resource_naming_its_job_twice_is_refused(start_service, token: str, job: tuple) -> None:  # type: ignore[no-untyped-def]
+    """A tenant's check and the processor once read different values of a doubled ``straggler.job.id``: tenant A
+    wrote into job B. Now no reader resolves a doubled identity attribute: the request is invalid for everyone."""
+    run = start_service(CFG)
+    body = _req(job)
+    code = _grpc(run.grpc, body, token)
+    status, answer = _http(run.http, body, token)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert status == 400 and b"straggler.job.id more than once" in Status.FromString(answer).message.encode()
+    assert DoubleProcessor.instances[0].requests == []
+    for rcv in ("otlp/grpc", "otlp/http"):
+        assert run.sample("otel_straggler_collector_duplicate_identity_total", receiver=rcv) == 1
+        assert run.sample("otel_straggler_collector_requests_total", receiver=rcv, outcome="invalid") == 1
+        assert run.sample("otel_straggler_collector_tenant_refused_total", receiver=rcv) == 0
+
+
+@pytest.mark.parametrize("key", s.RES_IDENTITY_KEYS)
+def test_every_identity_attribute_named_twice_is_refused(start_service, key: str) -> None:  # type: ignore[no-untyped-def]
+    run = start_service(CFG)
+    req = trace_service_pb2.ExportTraceServiceRequest.FromString(_req("job-a"))
+    res = req.resource_spans[0].resource
+    for _ in range(2):
+        a = res.attributes.add()
+        a.key, a.value.string_value = key, "x"
+    code = _grpc(run.grpc, req.SerializeToString(), "admin-tok")
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    # an attribute outside the identity, twice, is the sender's business
+    req2 = trace_service_pb2.ExportTraceServiceRequest.FromString(_req("job-a"))
+    for _ in range(2):
+        a = req2.resource_spans[0].resource.attributes.add()
+        a.key, a.value.string_value = "deployment.environment", "x"
+    assert _grpc(run.grpc, req2.SerializeToString(), "admin-tok") == grpc.StatusCode.OK

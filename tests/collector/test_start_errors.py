@@ -110,3 +110,39 @@ def test_validate_refuses_an_exporter_endpoint_with_a_bad_port(tmp_path: Path,
     assert main(["--config", str(cfg), "--validate"]) == 2
     err = capsys.readouterr().err
     assert "otlp_grpc/out" in err and "70000" in err, err
+
+
+def test_every_listener_beyond_loopback_without_credentials_is_named(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """One warning line per address reachable from the network that asks no credentials; loopback, a bearer
+    token, tenants or client certificates silence it."""
+    from collector_processor import preflight
+
+    raw = {"receivers": {"otlp": {"protocols": {"grpc": {"endpoint": "0.0.0.0:4317"},
+                                                "http": {"endpoint": "127.0.0.1:4318"}}}},
+           "exporters": {"prometheus": {"endpoint": "[::]:9464"}, "prometheus/2": {"endpoint": "localhost:9465"}},
+           "service": {"telemetry": {"metrics": {"endpoint": "10.1.2.3:8888"}}}}
+    assert preflight.exposed(raw) == ["otlp (grpc) 0.0.0.0:4317", "prometheus [::]:9464",
+                                      "service.telemetry.metrics 10.1.2.3:8888"]
+    raw["receivers"]["otlp"]["auth"] = {"tenants": [{"bearer_token": "t", "jobs": ["a"]}]}
+    raw["exporters"]["prometheus"]["auth"] = {"bearer_token_file": "/run/secrets/metrics"}
+    assert preflight.exposed(raw) == ["service.telemetry.metrics 10.1.2.3:8888"]
+    raw["receivers"]["otlp"] = {"protocols": {"grpc": {"endpoint": "node-7:4317"}}, "tls": {"client_ca_file": "ca"}}
+    assert preflight.exposed(raw) == ["service.telemetry.metrics 10.1.2.3:8888"]
+    del raw["receivers"]["otlp"]["tls"]
+    assert preflight.exposed(raw)[0] == "otlp (grpc) node-7:4317"
+
+    # through the command: the lines come before anything binds (here a clash then stops it)
+    sock, port = _taken()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text((CONFIG % {"grpc": _free(), "http": _free(), "metrics": port}).replace(
+        '"127.0.0.1:', '"0.0.0.0:'), encoding="utf-8")
+    caplog.set_level(logging.WARNING)
+    try:
+        assert main(["--config", str(cfg)]) == 1
+    finally:
+        sock.close()
+    lines = [r.getMessage() for r in caplog.records if "without authentication" in r.getMessage()]
+    assert len(lines) == 3, lines
+    for what in ("otlp (grpc) 0.0.0.0:", "otlp (http) 0.0.0.0:", f"prometheus 0.0.0.0:{port} "):
+        assert any(line.startswith(what) for line in lines), (what, lines)

@@ -92,3 +92,66 @@ def test_the_real_collector_says_what_it_is_and_what_its_clock_reads(tmp_path, p
     assert found["endpoint"].status == doctor.OK, found["endpoint"]
     assert found["collector"].status == doctor.OK and found["collector"].detail.startswith("otel-straggler-collector ")
     assert found["clock"].status == doctor.OK  # the same machine's clock, within the round trip (HTTP: 1 s)
+
+
+def test_a_password_in_the_endpoint_is_never_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    port = free_port()
+    env = {**WORKER, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://trainer:s3cr3t-pw@127.0.0.1:{port}",
+           "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
+    found = _by_name(doctor.checks(env, timeout_s=2.0))
+    assert found["endpoint"].status == doctor.FAIL
+    assert "trainer:***@127.0.0.1" in found["endpoint"].detail
+    assert all("s3cr3t" not in c.detail for c in found.values())
+
+
+@pytest.mark.skipif(__import__("shutil").which("openssl") is None, reason="needs the openssl binary for certificates")
+def test_the_otlp_certificate_variables_are_honoured(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An HTTPS collector whose certificate only a private CA signs: the probe trusts
+    ``OTEL_EXPORTER_OTLP_CERTIFICATE`` as the exporter does; without it, or with an unreadable file, it fails."""
+    import http.server
+    import ssl
+    import subprocess
+    import threading
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=tmp_path, check=True, capture_output=True, timeout=60)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
+            "-keyout", "ca.key", "-out", "ca.pem")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-keyout", "srv.key",
+            "-out", "srv.csr")
+    (tmp_path / "ext.cnf").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days",
+            "1", "-extfile", "ext.cnf", "-out", "srv.pem")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(tmp_path / "srv.pem", tmp_path / "srv.key")
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = {**WORKER, "OTEL_EXPORTER_OTLP_ENDPOINT": f"https://127.0.0.1:{server.server_address[1]}",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
+        found = _by_name(doctor.checks({**base, "OTEL_EXPORTER_OTLP_CERTIFICATE": str(tmp_path / "ca.pem")},
+                                       timeout_s=5.0))
+        assert found["endpoint"].status == doctor.OK, found["endpoint"]
+        assert found["tls"].status == doctor.OK and "ca.pem" in found["tls"].detail
+        found = _by_name(doctor.checks(base, timeout_s=5.0))
+        assert found["endpoint"].status == doctor.FAIL and "CERTIFICATE_VERIFY_FAILED" in found["endpoint"].detail
+        found = _by_name(doctor.checks({**base, "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE": str(tmp_path / "nope.pem")},
+                                       timeout_s=5.0))
+        assert found["tls"].status == doctor.FAIL and "nope.pem" in found["tls"].detail
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -26,6 +26,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans
 import otel_straggler_schema as s
 from collector_processor.processor.straggler import arrays, hints
 from collector_processor.processor.straggler.model import StageSample, StepSummary
+from collector_processor.resource_identity import ResourceIdentity, identity, read_identity
 
 REJECT_MALFORMED = "malformed"
 REJECT_NON_FINITE = "non_finite"
@@ -42,25 +43,6 @@ _isfinite = math.isfinite
 
 
 @dataclass(slots=True)
-class ResourceIdentity:
-    job: str = ""
-    cohort: str = ""  # the cohort key, with the run id once the resource is read (schema.run_cohort)
-    run: str = ""
-    rank: int = -1
-    host: str = ""
-    gpu: str = ""
-    world_size: int = 0
-    dp_size: int = 0
-    dp_rank: int = -1
-    service: str = ""
-    summary: bool = False
-
-    @property
-    def usable(self) -> bool:
-        return self.rank >= 0 and bool(self.cohort)
-
-
-@dataclass(slots=True)
 class DecodeResult:
     samples: list[StageSample] = field(default_factory=list)
     summaries: list[StepSummary] = field(default_factory=list)
@@ -73,75 +55,19 @@ class DecodeResult:
 
 
 def resource_identity(rs: ResourceSpans) -> ResourceIdentity:
-    ident = ResourceIdentity()
-    for kv in rs.resource.attributes:
-        k = kv.key
-        v = kv.value
-        if k == s.RES_RANK:
-            ident.rank = v.int_value if v.WhichOneof("value") == "int_value" else _int_of(v)
-        elif k == s.RES_COHORT_KEY:
-            ident.cohort = v.string_value
-        elif k == s.RES_JOB_ID:
-            ident.job = v.string_value
-        elif k == s.RES_RUN_ID:
-            ident.run = v.string_value
-        elif k == s.RES_HOST_NAME:
-            ident.host = v.string_value
-        elif k == s.RES_GPU_UUID:
-            ident.gpu = v.string_value
-        elif k == s.RES_WORLD_SIZE:
-            ident.world_size = _int_of(v)
-        elif k == s.RES_DP_SIZE:
-            ident.dp_size = _int_of(v)
-        elif k == s.RES_DP_RANK:
-            ident.dp_rank = _int_of(v)
-        elif k == s.RES_SERVICE_NAME:
-            ident.service = v.string_value
-        elif k == s.RES_STEP_SUMMARY:
-            ident.summary = v.bool_value
-    if ident.run and ident.cohort:
-        ident.cohort = s.run_cohort(ident.cohort, ident.run)
-    return ident
-
-
-_IDENTITY_MAX = 8192  # distinct resources remembered (one per rank of each job): cleared when full
-_IDENTITY_BYTES = 2048  # a resource of more wire bytes is read every time (a rank's: ~600)
-_identities: dict[bytes, ResourceIdentity] = {}
-
-
-def _identity(rs: ResourceSpans) -> ResourceIdentity:
-    """``resource_identity(rs)``, remembered by the resource's wire bytes: a rank sends the same resource in
-    every request. The identity returned is shared: read it, never change it."""
-    raw = rs.resource.SerializeToString()
-    ident = _identities.get(raw)
-    if ident is None:
-        if len(raw) > _IDENTITY_BYTES:  # not a rank's resource as the emitter sends it: read, not remembered
-            return resource_identity(rs)
-        if len(_identities) >= _IDENTITY_MAX:
-            _identities.clear()
-        ident = _identities[raw] = resource_identity(rs)
-    return ident
-
-
-def _int_of(v: object) -> int:
-    which = v.WhichOneof("value")  # type: ignore[attr-defined]
-    if which == "int_value":
-        return v.int_value  # type: ignore[attr-defined]
-    if which == "string_value":
-        try:
-            return int(v.string_value)  # type: ignore[attr-defined]
-        except ValueError:
-            return -1
-    if which == "double_value" and _isfinite(v.double_value):  # type: ignore[attr-defined]
-        return int(v.double_value)  # type: ignore[attr-defined]
-    return -1
+    """The identity of ``rs``'s resource (``resource_identity.read_identity``)."""
+    return read_identity(rs.resource)
 
 
 def decode_resource_spans(rs: ResourceSpans, out: DecodeResult, skip_service: str = COLLECTOR_SERVICE_NAME) -> None:
     """Append the stage samples of one ResourceSpans to ``out``, counting rejections. Spans of the
     collector's own resource (verdict spans carry ``straggler.stage``) are skipped."""
-    ident = _identity(rs)
+    ident = identity(rs.resource)
     if ident.service == skip_service:
+        return
+    if ident.duplicate:  # refused by the receivers; reached here only from a pipeline fed in process
+        n = sum(len(ss.spans) for ss in rs.scope_spans)
+        out.rejected[REJECT_MALFORMED] = out.rejected.get(REJECT_MALFORMED, 0) + n
         return
     if ident.summary:
         step_scope = s.SCOPE_STEP_NAME

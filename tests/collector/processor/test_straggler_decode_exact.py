@@ -16,6 +16,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span, Status
 
 import otel_straggler_schema as s
+from collector_processor import resource_identity
 from collector_processor.processor.straggler import arrays, decode, hints
 from collector_processor.processor.straggler.decode import (
     REJECT_MALFORMED,
@@ -304,8 +305,7 @@ def test_attribute_memos_are_bounded() -> None:
         assert 0 < len(memo) <= arrays._MEMO_MAX
 
 
-_RES_KEYS = [s.RES_RANK, s.RES_COHORT_KEY, s.RES_JOB_ID, s.RES_RUN_ID, s.RES_HOST_NAME, s.RES_GPU_UUID,
-             s.RES_WORLD_SIZE, s.RES_DP_SIZE, s.RES_DP_RANK, s.RES_SERVICE_NAME, s.RES_STEP_SUMMARY, "other"]
+_RES_KEYS = [*s.RES_IDENTITY_KEYS, "other"]
 
 
 @EXACT
@@ -313,15 +313,19 @@ _RES_KEYS = [s.RES_RANK, s.RES_COHORT_KEY, s.RES_JOB_ID, s.RES_RUN_ID, s.RES_HOS
 def test_a_remembered_resource_identity_is_the_one_read_field_by_field(attrs: list[tuple[str, AnyValue]]) -> None:
     rs = ResourceSpans(resource=Resource(attributes=[KeyValue(key=k, value=v) for k, v in attrs]))
     want = decode.resource_identity(rs)
-    assert decode._identity(rs) == want
-    assert decode._identity(rs) == want  # remembered
+    assert resource_identity.identity(rs.resource) == want
+    assert resource_identity.identity(rs.resource) == want  # remembered
+    named = [k for k, _ in attrs]
+    doubled = [k for i, k in enumerate(named) if k != "other" and k in named[:i]]
+    assert want.duplicate == (doubled[0] if doubled else "")
+    assert not (want.duplicate and want.usable)
 
 
 def test_the_identity_memo_is_bounded() -> None:
-    for i in range(decode._IDENTITY_MAX + 5):
-        rs = ResourceSpans(resource=Resource(attributes=[KeyValue(key=s.RES_RANK, value=AnyValue(int_value=i))]))
-        assert decode._identity(rs).rank == i
-    assert 0 < len(decode._identities) <= decode._IDENTITY_MAX
+    for i in range(resource_identity._IDENTITY_MAX + 5):
+        res = Resource(attributes=[KeyValue(key=s.RES_RANK, value=AnyValue(int_value=i))])
+        assert resource_identity.identity(res).rank == i
+    assert 0 < len(resource_identity._identities) <= resource_identity._IDENTITY_MAX
 
 
 def test_large_or_ever_new_arrays_and_resources_are_not_remembered() -> None:
@@ -332,10 +336,9 @@ def test_large_or_ever_new_arrays_and_resources_are_not_remembered() -> None:
     from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans
 
     from collector_processor.processor.straggler import arrays
-    from collector_processor.processor.straggler import decode as dec
 
     memos = (arrays._strings_memo, arrays._ints_memo, arrays._attr_strings_memo, arrays._attr_ints_memo,
-             arrays._unpackers, arrays._attr_layouts, dec._identities)
+             arrays._unpackers, arrays._attr_layouts, resource_identity._identities)
     for m in memos:
         m.clear()
     for i in range(20):
@@ -354,5 +357,26 @@ def test_large_or_ever_new_arrays_and_resources_are_not_remembered() -> None:
         res = ResourceSpans(resource=Resource(attributes=[
             KeyValue(key="straggler.rank", value=AnyValue(int_value=i)),
             KeyValue(key="pad", value=AnyValue(string_value="x" * 4096))]))
-        dec._identity(res)
+        resource_identity.identity(res.resource)
     assert all(len(m) == 0 for m in memos), [len(m) for m in memos]
+
+
+def test_a_resource_naming_an_identity_attribute_twice_gives_no_sample() -> None:
+    """Refused by the receivers; a pipeline fed in process rejects its spans as ``malformed``, whichever value of
+    the doubled attribute a reader would have taken."""
+    rs = ResourceSpans(resource=Resource(attributes=[
+        KeyValue(key=s.RES_RANK, value=AnyValue(int_value=3)),
+        KeyValue(key=s.RES_COHORT_KEY, value=AnyValue(string_value="c")),
+        KeyValue(key=s.RES_JOB_ID, value=AnyValue(string_value="job-a")),
+        KeyValue(key=s.RES_JOB_ID, value=AnyValue(string_value="job-b"))]))
+    span = rs.scope_spans.add().spans.add(name="forward-compute")
+    span.attributes.add(key=s.ATTR_STAGE, value=AnyValue(string_value="forward-compute"))
+    span.attributes.add(key=s.ATTR_ITERATION, value=AnyValue(int_value=1))
+    span.attributes.add(key=s.ATTR_HOST_MS, value=AnyValue(double_value=5.0))
+    out = DecodeResult()
+    decode.decode_resource_spans(rs, out)
+    assert out.samples == [] and out.rejected == {REJECT_MALFORMED: 1}
+    del rs.resource.attributes[-1]
+    out = DecodeResult()
+    decode.decode_resource_spans(rs, out)
+    assert len(out.samples) == 1 and out.rejected == {}
