@@ -18,6 +18,7 @@ Target scenario (the issue's wording): a sustained +5 % device slowdown of one r
   python bench/detection.py --groups-only            # only the model-parallel group (culprit) scenarios
   python bench/detection.py --tpxpp-only             # only the TP x PP x DP scenarios
   python bench/detection.py --contention-only        # only the host-contention scenarios
+  python bench/detection.py --intermittent-only      # only the intermittent (periodic spike) scenarios
 
 Shapes (``shape_scenarios``, their own random stream so the other scenarios' runs are the same with and
 without them): device faults in the GPU-bound regime (the host blocked on a full launch queue: host time
@@ -50,6 +51,14 @@ Host contention (``contention_scenarios``), the same table and a ``contention: .
 own random stream: an 8-rank DDP job on one host whose CPUs are oversubscribed (each rank descheduled on 30 %
 of its stage-steps for up to 1x or 3x the stage's time, one rank three times as often), timed on the host only
 or on the device too: every straggler verdict is a false page. ``--contention-reps 0`` leaves them out.
+
+Intermittent (``intermittent_scenarios``), the same table and an ``intermittent: ...`` line after the
+``contention:`` line, from their own random stream: DP 8 x TP 2, 200 steps; one rank slowed on one step in
+every P (a periodic background job), +30 % every 8 steps of forward-compute (3.75 % of it per step), +50 % every
+5 of both compute stages, +100 % every 16 of forward: found by ``intermittent_excess``, steps to detect counted
+from the first spike; one spike (+200 %, a GC pause) and one 5-step burst (+100 %, one rank's checkpoint step):
+any straggler verdict is a false page; +10 % every 10 steps (1 %, below what a steady straggler is convicted at):
+a verdict optional. ``--intermittent-reps 0`` leaves them out.
 
 DP = 2 and DDP scenarios (``pair`` and ``collective_wait`` in docs/detector.md), their own table and line
 (``pair_ddp: ...``) before the last line, drawn from their own random stream so the scenarios above keep their
@@ -503,6 +512,45 @@ def contention_scenarios(reps: int, rng: random.Random) -> list[Run]:
     return out
 
 
+INTERMITTENT_SEED = 0x1_7E_4  # the intermittent shapes' random stream: args.seed ^ this
+
+
+def intermittent_scenarios(reps: int, rng: random.Random) -> list[Run]:
+    """Periodic spikes of one rank (``periodic`` faults, ``intermittent_excess`` in docs/detector.md) and single
+    spikes or one burst (``burst`` faults: any straggler verdict is a false page), DP 8 x TP 2, 200 steps."""
+    out: list[Run] = []
+    layout = Layout(tp=2, dp=8)
+    fwd = ("forward-compute",)
+
+    def fault(kind: str, stages: tuple[str, ...], size: float, period: int, expect: bool | None = None) -> Fault:
+        on = rng.randint(40, 60)
+        return Fault(kind, rng.randrange(layout.world_size), stages, size, on,
+                     on + 100 if kind == "periodic" else None, period=period, expect=expect)
+
+    for _ in range(reps):
+        out.append(Run("intermittent:periodic:fwd-48ms:+30%/8", fault("periodic", fwd, 0.30, 8), layout=layout,
+                       steps=200))
+        out.append(Run("intermittent:periodic:all-compute:+50%/5", fault("periodic", COMPUTE_STAGES, 0.50, 5),
+                       layout=layout, steps=200))
+        out.append(Run("intermittent:periodic:fwd-48ms:+100%/16", fault("periodic", fwd, 1.0, 16), layout=layout,
+                       steps=200))
+        out.append(Run("intermittent:cheap:fwd-48ms:+10%/10", fault("periodic", fwd, 0.10, 10, expect=False),
+                       layout=layout, steps=200))
+        out.append(Run("intermittent:spike:fwd-48ms:+200%/1", fault("burst", fwd, 2.0, 1), layout=layout, steps=200))
+        out.append(Run("intermittent:burst:all-compute:+100%/5", fault("burst", COMPUTE_STAGES, 1.0, 5),
+                       layout=layout, steps=200))
+        out.append(Run("intermittent:healthy", None, layout=layout, steps=200))
+    return out
+
+
+def _intermittent(args: argparse.Namespace, overrides: dict, t0: float) -> str:
+    """``intermittent_scenarios``: their table and ``intermittent:`` line."""
+    reps = args.intermittent_reps if args.intermittent_reps is not None else (2 if args.quick else 6)
+    rng = random.Random(args.seed ^ INTERMITTENT_SEED)
+    return _shape_table(args, overrides, t0, "intermittent", intermittent_scenarios(reps, rng), rng,
+                        "Intermittent: periodic spikes of one rank, single spikes (see intermittent_scenarios)")
+
+
 def _tpxpp(args: argparse.Namespace, overrides: dict, t0: float) -> str:
     """``tpxpp_scenarios``: their table and ``tpxpp:`` line."""
     reps = args.tpxpp_reps if args.tpxpp_reps is not None else (2 if args.quick else 6)
@@ -603,6 +651,9 @@ def main() -> int:
     ap.add_argument("--groups-only", action="store_true", help="only the model-parallel group scenarios")
     ap.add_argument("--tpxpp-only", action="store_true", help="only the TP x PP x DP scenarios")
     ap.add_argument("--contention-only", action="store_true", help="only the host-contention scenarios")
+    ap.add_argument("--intermittent-only", action="store_true", help="only the intermittent scenarios")
+    ap.add_argument("--intermittent-reps", type=int, default=None,
+                    help="runs per intermittent scenario (default 6, quick 2; 0: none)")
     ap.add_argument("--contention-reps", type=int, default=None,
                     help="runs per host-contention scenario (default 6, quick 2; 0: none)")
     ap.add_argument("--tpxpp-reps", type=int, default=None,
@@ -642,6 +693,9 @@ def main() -> int:
     if args.contention_only:
         print(_contention(args, overrides, t0))
         return 0
+    if args.intermittent_only:
+        print(_intermittent(args, overrides, t0))
+        return 0
     pair_line = _pair_ddp(args, overrides, t0)
     if args.pair_ddp_only:
         print(pair_line)
@@ -650,6 +704,7 @@ def main() -> int:
     groups_line = _groups(args, overrides, t0)
     tpxpp_line = _tpxpp(args, overrides, t0)
     contention_line = _contention(args, overrides, t0)
+    intermittent_line = _intermittent(args, overrides, t0)
     results: dict[str, list[RunScore]] = defaultdict(list)
     late_share: dict[str, list[float]] = defaultdict(list)  # scenario -> per run: late / offered step samples
     for i, (run, seed) in enumerate(zip(runs, seeds, strict=True)):
@@ -742,6 +797,8 @@ def main() -> int:
         print(tpxpp_line)
     if contention_line:
         print(contention_line)
+    if intermittent_line:
+        print(intermittent_line)
     print(" ".join(f"{k}={v}" for k, v in summary.items()))
     return 0
 

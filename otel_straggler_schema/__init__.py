@@ -182,6 +182,9 @@ EV_GROUP_RANKS: Final = "straggler.group.ranks"  # int[], on a group verdict: th
 EV_VICTIMS: Final = "straggler.victims"  # int[], on a culprit's verdict: the ranks waiting for it
 EV_HINT: Final = "straggler.hint"  # str, on a straggler verdict: its GPU's NVML sample against its peers'
 EV_VICTIM_OF: Final = "straggler.victim_of"  # str, on a victim's verdict: "rank:<culprit>" or "group:<name>"
+# intermittent_excess verdicts: the median steps between the rank's spike episodes and the episodes in the lookback
+EV_PERIOD_STEPS: Final = "straggler.intermittent.period_steps"  # double
+EV_EPISODES: Final = "straggler.intermittent.episodes"  # int
 
 VERDICT_STRAGGLER: Final = "straggler"
 VERDICT_RECOVERED: Final = "recovered"
@@ -203,6 +206,7 @@ REASONS: Final = (
     "node_slow",  # straggler (stage NODE_STAGE): most ranks of one host convicted together (a node verdict)
     "group_slow",  # straggler: a model-parallel group slow together, no member's timers name the culprit
     "host_contention",  # uncertain: a host-time excess with every comparable peer on the same host (shared CPU)
+    "intermittent_excess",  # straggler: recurring spikes over the peers' per-step median costing a steady straggler's
 )
 NODE_STAGE: Final = "node"  # the stage of a node verdict (one host's ranks slow together)
 

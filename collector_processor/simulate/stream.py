@@ -53,7 +53,7 @@ REGIME_GPU_BOUND = "gpu_bound"
 REGIMES = (REGIME_LAUNCH, REGIME_GPU_BOUND)
 _QUEUED_GROUPS = ("forward", "backward", "optimizer")  # stages whose launches queue on the stream
 _TOKEN_GROUPS = ("forward", "backward")  # stages whose work follows the rank's tokens (token_spread)
-_DEVICE_FAULTS = ("device", "intermittent", "flapping", "ramp", "node")
+_DEVICE_FAULTS = ("device", "intermittent", "flapping", "ramp", "node", "periodic", "burst")
 
 
 @dataclass

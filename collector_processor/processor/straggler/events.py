@@ -87,6 +87,8 @@ def event_attributes(v: Verdict) -> list[tuple[str, object]]:
         attrs.append((s.EV_VICTIM_OF, v.victim_of))
     if v.hint:
         attrs.append((s.EV_HINT, v.hint))
+    if v.period_steps is not None:
+        attrs += [(s.EV_PERIOD_STEPS, float(v.period_steps)), (s.EV_EPISODES, int(v.episodes))]
     return attrs
 
 
@@ -110,6 +112,10 @@ def summary(v: Verdict) -> str:
                 else f"victim in group {v.mp_group}, waits for {v.victim_of}")
         return (f"straggler: {where} {dev} ({v.measurement}, {span}), {role}, {v.attribution}, "
                 f"{v.step_time_lost_ms:.1f} ms/step lost, {v.gpu_seconds_per_hour:.0f} GPU-s/h")
+    if v.verdict == s.VERDICT_STRAGGLER and v.period_steps is not None:
+        return (f"straggler: {where} intermittent: {v.episodes} spike episodes every {v.period_steps:g} steps "
+                f"({v.measurement}, {span}), {v.attribution}, {v.step_time_lost_ms:.1f} ms/step lost "
+                f"({(v.deviation or 0.0) * 100:+.1f}% of the peers' median), {v.gpu_seconds_per_hour:.0f} GPU-s/h")
     if v.verdict == s.VERDICT_STRAGGLER:
         dev = f"{v.deviation * 100:+.1f}%" if v.deviation is not None else "?"
         return (f"straggler: {where} {dev} vs rank {v.reference_rank} ({v.measurement}, {span}), "

@@ -37,6 +37,7 @@ COLLECTIVE_WAIT = _reason("collective_wait")  # uncertain: collective_wait
 NODE_SLOW = _reason("node_slow")  # straggler: node (node.py)
 HOST_CONTENTION = _reason("host_contention")  # uncertain: host_contention
 GROUP_SLOW = _reason("group_slow")  # straggler: culprit (culprit.py), no member of the group named
+INTERMITTENT_EXCESS = _reason("intermittent_excess")  # straggler: intermittent_excess (intermittent.py)
 
 
 @dataclass(slots=True)
@@ -136,3 +137,7 @@ class Verdict:
     victim_of: str = ""  # a victim's verdict: "rank:<culprit>" or "group:<name>"
     derived: bool = False  # made by culprit.py (a group verdict), not by a rank's judgement
     hint: str = ""  # a straggler verdict: its GPU's NVML sample against its peers' (hints.py); "" when none
+    # an intermittent_excess alert's verdicts: the median steps between its episodes (None: not intermittent) and
+    # the episodes in its lookback (intermittent.py); the cost per step is step_time_lost_ms
+    period_steps: float | None = None
+    episodes: int = 0

@@ -68,7 +68,7 @@ COUNTERS = (
     "workload_incomparable_windows",
     "below_min_cohort_windows", "below_floor_windows", "recovery_withheld_windows", "uncertain_suppressed",
     "pair_ambiguous_windows", "collective_wait_windows", "mp_wait_windows",
-    "host_contention_windows",
+    "host_contention_windows", "intermittent_verdicts",
     "verdicts_straggler", "verdicts_recovered", "verdicts_uncertain", "emit_failures",
     "evicted_cohorts", "evicted_windows", "evicted_ranks", "evicted_stages", "evicted_dedup",
     "evicted_states", "verdict_spans_dropped",
