@@ -31,6 +31,9 @@ class Fault:
                     straggler when it costs what a steady straggler does (``intermittent_excess``)
       burst         device slowdown on ``period`` consecutive steps from onset, once (one GC pause, a checkpoint
                     step of one rank): expect NO straggler
+      link          the rank's link slow: the DP gradient all-reduce of its cohort (its ring) takes (1 + size) x its
+                    time on every member, compute normal; with NVML the rank's PCIe replay errors grow: expect NO
+                    straggler, a ``collective_slow`` event on the ring (naming the rank with NVML)
       cohort        every DP rank of the cohort slowed together: expect NO rank verdict (no slower peer)
       node          every rank on the host of ``rank`` slowed on the device x (1 + size) (a bad node): expect one
                     node verdict naming that host (``node.py``), and each of its ranks convicted

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import otel_straggler_schema as s
-from collector_processor.processor.straggler import collective, hints, intermittent, pair, sequential
+from collector_processor.processor.straggler import collective, collective_signal, hints, intermittent, pair, sequential
 from collector_processor.processor.straggler.attribution import attribute, unexplained_host_excess
 from collector_processor.processor.straggler.cohort import Cohort, RankInfo
 from collector_processor.processor.straggler.config import Config
@@ -90,6 +90,9 @@ class WindowOutcome:
     # (rank, stage) where the rank waited in a model-parallel collective (mp_wait): evidence for culprit.py
     # that the rank waits for a member of its group, so it is not the group's culprit
     mp_waits: set[tuple[int, str]] = field(default_factory=set)
+    # (collective stage, ring) -> (ms lost per step beyond the cohort's baseline, 0 within it; the rank the
+    # evidence names or None): the collective signal (collective_signal.py)
+    collective_lost: dict[tuple[str, str], tuple[float, int | None]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -209,6 +212,7 @@ class Detector:
                 st = self.states.peek(self.key(cohort, r, stage))
                 if st is not None:
                     Judgement(self, ev, se, r, st).absent()
+        collective_signal.judge(self, ev, cohort.rings)
         return ev.out
 
     def _evidence(self, cohort: Cohort, window: Window, now_ns: int

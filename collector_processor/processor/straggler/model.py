@@ -38,6 +38,7 @@ NODE_SLOW = _reason("node_slow")  # straggler: node (node.py)
 HOST_CONTENTION = _reason("host_contention")  # uncertain: host_contention
 GROUP_SLOW = _reason("group_slow")  # straggler: culprit (culprit.py), no member of the group named
 INTERMITTENT_EXCESS = _reason("intermittent_excess")  # straggler: intermittent_excess (intermittent.py)
+COLLECTIVE_SLOW = _reason("collective_slow")  # uncertain: collective signal (collective_signal.py), never a page
 
 
 @dataclass(slots=True)
@@ -141,3 +142,7 @@ class Verdict:
     # the episodes in its lookback (intermittent.py); the cost per step is step_time_lost_ms
     period_steps: float | None = None
     episodes: int = 0
+    # a collective signal's events (collective_signal.py): the ring it was seen in ("" for every other verdict) and
+    # the member whose links the evidence names (None: nobody named)
+    ring: str = ""
+    link_rank: int | None = None

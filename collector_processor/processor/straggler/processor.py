@@ -645,7 +645,8 @@ class StragglerProcessor:
             if self.metrics.registered:
                 self.metrics.count_verdicts(verdicts)
                 for v in verdicts:
-                    if v.stage == s.NODE_STAGE or v.derived:  # a node or group verdict opened (pages) or ended
+                    # a node or group verdict opened (pages) or ended; a collective signal has a gauge of its own
+                    if (v.stage == s.NODE_STAGE or v.derived) and not v.ring:
                         self.metrics.record_alert(v, now, covered_by=f"node:{v.node}" if v.node else "")
             if self.cfg.emit_verdict_spans:
                 room = _MAX_PENDING_SPANS - len(self._pending_spans)
