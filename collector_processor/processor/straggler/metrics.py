@@ -64,6 +64,7 @@ class StragglerMetrics(Collector):
         self._cost: dict[_Key, list[float | str]] = {}  # labels -> [GPU-seconds, exemplar trace id]
         self._seen: dict[_Key, list[float]] = {}  # (job, run) -> [last accepted sample's wall time, t]
         self._collective: dict[_Key, list[float]] = {}  # labels -> [seconds lost per step, t]
+        self._collective_keys: dict[_Key, _Key] = {}  # a ring's labels without rank -> its series' labels
         self._snapshot: _Snapshot = _EMPTY
         self._dirty: set[int] = set()  # the snapshot's parts (indices of _Snapshot) to rebuild at publish
         self._next_expiry_s = 0.0
@@ -110,10 +111,13 @@ class StragglerMetrics(Collector):
         if outcome.collective_lost:
             for (stage, ring), (lost_ms, named) in outcome.collective_lost.items():
                 key = (job, run, cohort, stage, ring, "" if named is None else str(named))
-                for other in [k for k in self._collective if k[:5] == key[:5] and k != key]:
-                    del self._collective[other]  # the named member changed: one series per ring
+                previous = self._collective_keys.get(key[:5])
+                if previous is not None and previous != key:
+                    self._collective.pop(previous, None)  # the named member changed: one series per ring
                 # a ring losing time is a job-level signal (kept with the alerts); one at its baseline a dashboard's
                 self._put(self._collective, key, [lost_ms / 1000.0, now_s], priority=lost_ms > 0)
+                if key in self._collective:
+                    self._collective_keys[key[:5]] = key
             self._dirty.add(_COLLECTIVE)
 
     def record_seen(self, job: str, now_s: float, run: str = "") -> None:
@@ -184,6 +188,8 @@ class StragglerMetrics(Collector):
                     del d[k]
                     if d is self._alerts:
                         self._alert_keys.pop(k[:-1], None)
+                    elif d is self._collective:
+                        self._collective_keys.pop(k[:5], None)
                 if stale:
                     self._dirty.add(part)
         if not self._dirty:
