@@ -18,6 +18,8 @@ Target scenario (the issue's wording): a sustained +5 % device slowdown of one r
   python bench/detection.py --groups-only            # only the model-parallel group (culprit) scenarios
   python bench/detection.py --tpxpp-only             # only the TP x PP x DP scenarios
   python bench/detection.py --contention-only        # only the host-contention scenarios
+  python bench/detection.py --intermittent-only      # only the intermittent (periodic spike) scenarios
+  python bench/detection.py --collective-only        # only the collective-signal scenarios
 
 Shapes (``shape_scenarios``, their own random stream so the other scenarios' runs are the same with and
 without them): device faults in the GPU-bound regime (the host blocked on a full launch queue: host time
@@ -50,6 +52,24 @@ Host contention (``contention_scenarios``), the same table and a ``contention: .
 own random stream: an 8-rank DDP job on one host whose CPUs are oversubscribed (each rank descheduled on 30 %
 of its stage-steps for up to 1x or 3x the stage's time, one rank three times as often), timed on the host only
 or on the device too: every straggler verdict is a false page. ``--contention-reps 0`` leaves them out.
+
+Intermittent (``intermittent_scenarios``), the same table and an ``intermittent: ...`` line after the
+``contention:`` line, from their own random stream: DP 8 x TP 2, 200 steps; one rank slowed on one step in
+every P (a periodic background job), +30 % every 8 steps of forward-compute (3.75 % of it per step), +50 % every
+5 of both compute stages, +100 % every 16 of forward: found by ``intermittent_excess``, steps to detect counted
+from the first spike; one spike (+200 %, a GC pause) and one 5-step burst (+100 %, one rank's checkpoint step):
+any straggler verdict is a false page; +10 % every 10 steps (1 %, below what a steady straggler is convicted at):
+a verdict optional. ``--intermittent-reps 0`` leaves them out.
+
+Collective signal (``collective_scenarios``), their own table and a ``collective: ...`` line after the
+``intermittent:`` line, from their own random stream: DP 8 x TP 2, 150 steps; one rank's link slows its ring's
+gradient all-reduce (``all-grads-sync``) for every member, compute normal (+50 %, +20 %; +50 % with NVML samples,
+where the rank's PCIe replay errors grow); a compute straggler (+30 % forward-compute), healthy jobs, and a TP 4 x
+PP 2 x DP 4 job with a bad node (its other pipeline stage waits in the optimizer's model-parallel all-reduce).
+Per shape: ``signal`` (a ``collective_slow`` event on the slowed ring), steps to it, ``named`` (the event names the
+rank whose link it is) and ``wrong`` (names another), ``FA`` (straggler verdicts no fault explains: every one in a
+link shape) and ``false sig`` (events on another ring or without a link fault) per 1e5 healthy rank-steps.
+``--collective-reps 0`` leaves them out.
 
 DP = 2 and DDP scenarios (``pair`` and ``collective_wait`` in docs/detector.md), their own table and line
 (``pair_ddp: ...``) before the last line, drawn from their own random stream so the scenarios above keep their
@@ -120,6 +140,7 @@ class Run:
     expect_group: bool | None = None  # scored by culprit (False) or group (True) verdict; None: as before
     mp_optimizer_sync: bool = False  # SimConfig.mp_optimizer_sync: a replica's ranks wait in the grad-norm all-reduce
     device_every: int | None = None  # None: --device-every
+    nvml: bool = False  # SimConfig.nvml: every rank-step carries an NVML sample
 
 
 def run_one(cfg: SimConfig, fault: Fault | None, proc_overrides: dict | None = None,
@@ -503,6 +524,133 @@ def contention_scenarios(reps: int, rng: random.Random) -> list[Run]:
     return out
 
 
+INTERMITTENT_SEED = 0x1_7E_4  # the intermittent shapes' random stream: args.seed ^ this
+
+
+def intermittent_scenarios(reps: int, rng: random.Random) -> list[Run]:
+    """Periodic spikes of one rank (``periodic`` faults, ``intermittent_excess`` in docs/detector.md) and single
+    spikes or one burst (``burst`` faults: any straggler verdict is a false page), DP 8 x TP 2, 200 steps."""
+    out: list[Run] = []
+    layout = Layout(tp=2, dp=8)
+    fwd = ("forward-compute",)
+
+    def fault(kind: str, stages: tuple[str, ...], size: float, period: int, expect: bool | None = None) -> Fault:
+        on = rng.randint(40, 60)
+        return Fault(kind, rng.randrange(layout.world_size), stages, size, on,
+                     on + 100 if kind == "periodic" else None, period=period, expect=expect)
+
+    for _ in range(reps):
+        out.append(Run("intermittent:periodic:fwd-48ms:+30%/8", fault("periodic", fwd, 0.30, 8), layout=layout,
+                       steps=200))
+        out.append(Run("intermittent:periodic:all-compute:+50%/5", fault("periodic", COMPUTE_STAGES, 0.50, 5),
+                       layout=layout, steps=200))
+        out.append(Run("intermittent:periodic:fwd-48ms:+100%/16", fault("periodic", fwd, 1.0, 16), layout=layout,
+                       steps=200))
+        out.append(Run("intermittent:cheap:fwd-48ms:+10%/10", fault("periodic", fwd, 0.10, 10, expect=False),
+                       layout=layout, steps=200))
+        out.append(Run("intermittent:spike:fwd-48ms:+200%/1", fault("burst", fwd, 2.0, 1), layout=layout, steps=200))
+        out.append(Run("intermittent:burst:all-compute:+100%/5", fault("burst", COMPUTE_STAGES, 1.0, 5),
+                       layout=layout, steps=200))
+        out.append(Run("intermittent:healthy", None, layout=layout, steps=200))
+    return out
+
+
+def _intermittent(args: argparse.Namespace, overrides: dict, t0: float) -> str:
+    """``intermittent_scenarios``: their table and ``intermittent:`` line."""
+    reps = args.intermittent_reps if args.intermittent_reps is not None else (2 if args.quick else 6)
+    rng = random.Random(args.seed ^ INTERMITTENT_SEED)
+    return _shape_table(args, overrides, t0, "intermittent", intermittent_scenarios(reps, rng), rng,
+                        "Intermittent: periodic spikes of one rank, single spikes (see intermittent_scenarios)")
+
+
+COLLECTIVE_SEED = 0xC0_11  # the collective-signal shapes' random stream: args.seed ^ this
+
+
+def collective_scenarios(reps: int, rng: random.Random) -> list[Run]:
+    """One rank's slow link in its DP ring (``link`` faults, the collective signal in docs/detector.md), a compute
+    straggler, healthy jobs and a TP x PP bad node: see the module docstring."""
+    out: list[Run] = []
+    layout = Layout(tp=2, dp=8)
+    tp4pp2 = Layout(tp=4, pp=2, dp=4)
+
+    def fault(kind: str, size: float, stages: tuple[str, ...] = (), lay: Layout = layout) -> Fault:
+        on = rng.randint(40, 60)
+        return Fault(kind, rng.randrange(lay.world_size), stages, size, on, on + 60)
+
+    for _ in range(reps):
+        out.append(Run("collective:link:grad-sync:+50%", fault("link", 0.5), layout=layout))
+        out.append(Run("collective:link:grad-sync:+20%", fault("link", 0.2), layout=layout))
+        out.append(Run("collective:link:grad-sync:+50%:nvml", fault("link", 0.5), layout=layout, nvml=True))
+        out.append(Run("collective:compute:fwd-48ms:+30%", fault("device", 0.3, ("forward-compute",)), layout=layout))
+        out.append(Run("collective:healthy", None, layout=layout))
+        out.append(Run("collective:healthy:nvml", None, layout=layout, nvml=True))
+        out.append(Run("collective:tp4pp2:node:gpu:+10%", fault("node", 0.1, GPU_WIDE, tp4pp2), layout=tp4pp2,
+                       mp_sync=True, mp_optimizer_sync=True))
+    return out
+
+
+def _collective(args: argparse.Namespace, overrides: dict, t0: float) -> str:
+    """``collective_scenarios``: their table and ``collective:`` line ('' when there are none)."""
+    from collector_processor.simulate.job import ranks_of
+
+    reps = args.collective_reps if args.collective_reps is not None else (2 if args.quick else 6)
+    rng = random.Random(args.seed ^ COLLECTIVE_SEED)
+    runs = collective_scenarios(reps, rng)
+    if not runs:
+        return ""
+    seeds = [rng.getrandbits(32) for _ in runs]
+    rows: dict[str, list[dict[str, float]]] = defaultdict(list)
+    for i, (run, seed) in enumerate(zip(runs, seeds, strict=True)):
+        cfg = sim_config(args, run, seed)
+        score, verdicts = run_one(cfg, run.fault, overrides)
+        f = run.fault
+        ring = ranks_of(cfg.layout)[f.rank].cohort if f is not None and f.kind == "link" else None
+        signals = [v for v in verdicts if v.reason == "collective_slow"]
+        hits = sorted((v for v in signals if ring is not None and v.cohort == ring and v.stage == "all-grads-sync"
+                       and (v.step or 0) >= f.onset), key=lambda v: v.step or 0)  # type: ignore[union-attr]
+        slow = [v for v in verdicts if v.verdict == s.VERDICT_STRAGGLER]
+        rows[run.name].append({
+            "signal": float(bool(hits)),
+            "steps": float((hits[0].step or 0) - f.onset) if hits and f is not None else float("nan"),
+            "named": float(bool(hits) and hits[0].link_rank == f.rank) if f is not None else 0.0,
+            "wrong": float(sum(1 for v in signals if v.link_rank is not None and (f is None or v.link_rank != f.rank))),
+            "fa": float(len(slow) if ring is not None else score.false_alarms),
+            "false_sig": float(len(signals) - len(hits)),
+            "healthy": float(score.healthy_rank_steps),
+            "link": float(ring is not None),
+        })
+        if (i + 1) % 7 == 0 or i + 1 == len(runs):
+            print(f"  collective: {i + 1}/{len(runs)} runs, {time.monotonic() - t0:.0f}s", file=sys.stderr,
+                  flush=True)
+    print("\nCollective signal: one rank's slow link in its DP ring (see collective_scenarios)")
+    print(f"{'scenario':37} {'runs':>4} {'signal':>6} {'med st':>6} {'p95 st':>6} {'named':>5} {'wrong':>5} "
+          f"{'FA':>4} {'false sig':>9} {'/1e5':>6}")
+    tot = defaultdict(float)
+    link_runs: list[dict[str, float]] = []
+    for key in sorted(rows):
+        rs = rows[key]
+        n = len(rs)
+        link = rs[0]["link"] > 0
+        st = [r["steps"] for r in rs if r["signal"]]
+        healthy = sum(r["healthy"] for r in rs)
+        fs = sum(r["false_sig"] for r in rs)
+        for k in ("fa", "false_sig", "healthy", "wrong"):
+            tot[k] += sum(r[k] for r in rs)
+        if link:
+            link_runs.extend(rs)
+        signal = sum(r["signal"] for r in rs) / n if link else float("nan")
+        named = sum(r["named"] for r in rs) / n if link else float("nan")
+        print(f"{key:37} {n:4d} {signal:6.3f} {median(st):6.1f} {percentile(st, 0.95):6.1f} {named:5.2f} "
+              f"{int(sum(r['wrong'] for r in rs)):5d} {int(sum(r['fa'] for r in rs)):4d} {int(fs):9d} "
+              f"{fs / max(1.0, healthy) * 1e5:6.2f}")
+    st = [r["steps"] for r in link_runs if r["signal"]]
+    return (f"collective: signal_recall={sum(r['signal'] for r in link_runs) / max(1, len(link_runs)):.4g} "
+            f"p95_steps_to_signal={percentile(st, 0.95):.1f} wrong_names={int(tot['wrong'])} "
+            f"false_pages={int(tot['fa'])} false_signals={int(tot['false_sig'])} "
+            f"false_signals_per_1e5={tot['false_sig'] / max(1.0, tot['healthy']) * 1e5:.2f} "
+            f"healthy_rank_steps={int(tot['healthy'])} runs={len(runs)}")
+
+
 def _tpxpp(args: argparse.Namespace, overrides: dict, t0: float) -> str:
     """``tpxpp_scenarios``: their table and ``tpxpp:`` line."""
     reps = args.tpxpp_reps if args.tpxpp_reps is not None else (2 if args.quick else 6)
@@ -566,7 +714,7 @@ def sim_config(args: argparse.Namespace, run: Run, seed: int, job: str = "sim-jo
                      device_every=run.device_every or args.device_every, seed=seed, job=job, regime=run.regime,
                      ddp=run.ddp,
                      collective_marked=run.marked, token_spread=run.token_spread, mp_sync=run.mp_sync,
-                     pp_sync=run.pp_sync, mp_optimizer_sync=run.mp_optimizer_sync)
+                     pp_sync=run.pp_sync, mp_optimizer_sync=run.mp_optimizer_sync, nvml=run.nvml)
 
 
 def within(r: RunScore) -> bool:
@@ -603,6 +751,12 @@ def main() -> int:
     ap.add_argument("--groups-only", action="store_true", help="only the model-parallel group scenarios")
     ap.add_argument("--tpxpp-only", action="store_true", help="only the TP x PP x DP scenarios")
     ap.add_argument("--contention-only", action="store_true", help="only the host-contention scenarios")
+    ap.add_argument("--collective-only", action="store_true", help="only the collective-signal scenarios")
+    ap.add_argument("--collective-reps", type=int, default=None,
+                    help="runs per collective-signal scenario (default 6, quick 2; 0: none)")
+    ap.add_argument("--intermittent-only", action="store_true", help="only the intermittent scenarios")
+    ap.add_argument("--intermittent-reps", type=int, default=None,
+                    help="runs per intermittent scenario (default 6, quick 2; 0: none)")
     ap.add_argument("--contention-reps", type=int, default=None,
                     help="runs per host-contention scenario (default 6, quick 2; 0: none)")
     ap.add_argument("--tpxpp-reps", type=int, default=None,
@@ -642,6 +796,12 @@ def main() -> int:
     if args.contention_only:
         print(_contention(args, overrides, t0))
         return 0
+    if args.intermittent_only:
+        print(_intermittent(args, overrides, t0))
+        return 0
+    if args.collective_only:
+        print(_collective(args, overrides, t0))
+        return 0
     pair_line = _pair_ddp(args, overrides, t0)
     if args.pair_ddp_only:
         print(pair_line)
@@ -650,6 +810,8 @@ def main() -> int:
     groups_line = _groups(args, overrides, t0)
     tpxpp_line = _tpxpp(args, overrides, t0)
     contention_line = _contention(args, overrides, t0)
+    intermittent_line = _intermittent(args, overrides, t0)
+    collective_line = _collective(args, overrides, t0)
     results: dict[str, list[RunScore]] = defaultdict(list)
     late_share: dict[str, list[float]] = defaultdict(list)  # scenario -> per run: late / offered step samples
     for i, (run, seed) in enumerate(zip(runs, seeds, strict=True)):
@@ -742,6 +904,10 @@ def main() -> int:
         print(tpxpp_line)
     if contention_line:
         print(contention_line)
+    if intermittent_line:
+        print(intermittent_line)
+    if collective_line:
+        print(collective_line)
     print(" ".join(f"{k}={v}" for k, v in summary.items()))
     return 0
 

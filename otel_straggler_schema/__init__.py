@@ -188,6 +188,12 @@ EV_GROUP_RANKS: Final = "straggler.group.ranks"  # int[], on a group verdict: th
 EV_VICTIMS: Final = "straggler.victims"  # int[], on a culprit's verdict: the ranks waiting for it
 EV_HINT: Final = "straggler.hint"  # str, on a straggler verdict: its GPU's NVML sample against its peers'
 EV_VICTIM_OF: Final = "straggler.victim_of"  # str, on a victim's verdict: "rank:<culprit>" or "group:<name>"
+# intermittent_excess verdicts: the median steps between the rank's spike episodes and the episodes in the lookback
+EV_PERIOD_STEPS: Final = "straggler.intermittent.period_steps"  # double
+EV_EPISODES: Final = "straggler.intermittent.episodes"  # int
+# collective_slow events: the ring the time was lost in and, where evidence names one, the member whose links cause it
+EV_COLLECTIVE_RING: Final = "straggler.collective.ring"  # str: grad-sync, param-gather, p2p, model-parallel
+EV_COLLECTIVE_RANK: Final = "straggler.collective.rank"  # int
 
 VERDICT_STRAGGLER: Final = "straggler"
 VERDICT_RECOVERED: Final = "recovered"
@@ -209,6 +215,8 @@ REASONS: Final = (
     "node_slow",  # straggler (stage NODE_STAGE): most ranks of one host convicted together (a node verdict)
     "group_slow",  # straggler: a model-parallel group slow together, no member's timers name the culprit
     "host_contention",  # uncertain: a host-time excess with every comparable peer on the same host (shared CPU)
+    "intermittent_excess",  # straggler: recurring spikes over the peers' per-step median costing a steady straggler's
+    "collective_slow",  # uncertain (never pages): a cohort's collective beyond its own baseline (the ring's time lost)
 )
 NODE_STAGE: Final = "node"  # the stage of a node verdict (one host's ranks slow together)
 
@@ -245,6 +253,9 @@ M_RANK_DEVIATION: Final = "otel_straggler_rank_deviation_ratio"  # gauge (labels
 # Wall-clock time (Unix seconds) the collector last accepted a sample of the job (labels: training_job, run); expires
 # after series_ttl_s like the per-rank series, so "stopped sending" alerts for that long
 M_JOB_LAST_SEEN: Final = "otel_straggler_job_last_seen_timestamp_seconds"
+# Time lost per step in a cohort's collective beyond the cohort's own baseline (labels: training_job, run, cohort,
+# stage, ring, rank): the collective signal, never paged
+M_COLLECTIVE_LOST: Final = "otel_straggler_collective_lost_seconds"
 # Collector self-telemetry
 M_SPANS_RECEIVED: Final = "otel_straggler_collector_spans_received_total"  # labels: receiver
 M_SPANS_ACCEPTED: Final = "otel_straggler_collector_spans_accepted_total"
@@ -356,6 +367,10 @@ COLLECTOR_METRICS: Final = (
     Metric(M_JOB_LAST_SEEN, "gauge", ("training_job", "run"),
            "Unix time the collector last accepted a sample of the job; the series expires "
            "`metrics.series_ttl_s` after that (`StragglerJobStoppedSending`)"),
+    Metric(M_COLLECTIVE_LOST, "gauge", ("training_job", "run", "cohort", "stage", "ring", "rank"),
+           "time lost per step in the cohort's collective `stage` beyond the cohort's own baseline (0 within it), "
+           "in `ring` (`grad-sync`, `param-gather`, `p2p`, `model-parallel`); `rank`: the member whose links the "
+           "evidence names (absent when none); the collective signal, never paged (`collective_slow` events)"),
     Metric(M_SPANS_RECEIVED, "counter", ("receiver",),
            "spans received"),
     Metric(M_SPANS_ACCEPTED, "counter", (),

@@ -27,6 +27,13 @@ class Fault:
                     (a thermal ramp): expect straggler, gpu_stream_stall, and no recovery while it lasts
       intermittent  device slowdown on a random ``duty`` fraction of steps: detection optional, reported
       flapping      device slowdown alternating ``period`` steps on / off: expect straggler
+      periodic      device slowdown on one step in every ``period`` from onset (a periodic background job): expect
+                    straggler when it costs what a steady straggler does (``intermittent_excess``)
+      burst         device slowdown on ``period`` consecutive steps from onset, once (one GC pause, a checkpoint
+                    step of one rank): expect NO straggler
+      link          the rank's link slow: the DP gradient all-reduce of its cohort (its ring) takes (1 + size) x its
+                    time on every member, compute normal; with NVML the rank's PCIe replay errors grow: expect NO
+                    straggler, a ``collective_slow`` event on the ring (naming the rank with NVML)
       cohort        every DP rank of the cohort slowed together: expect NO rank verdict (no slower peer)
       node          every rank on the host of ``rank`` slowed on the device x (1 + size) (a bad node): expect one
                     node verdict naming that host (``node.py``), and each of its ranks convicted
@@ -57,7 +64,7 @@ class Fault:
     def expect_straggler(self) -> bool:
         if self.expect is not None:
             return self.expect
-        return self.kind in ("device", "host", "dataloader", "flapping", "ramp", "node")
+        return self.kind in ("device", "host", "dataloader", "flapping", "ramp", "node", "periodic")
 
     @property
     def expected_attribution(self) -> str:
@@ -86,10 +93,16 @@ class Fault:
             return rng_value < self.duty
         if self.kind == "flapping":
             return ((step - self.onset) // self.period) % 2 == 0
+        if self.kind == "periodic":
+            return (step - self.onset) % self.period == 0
+        if self.kind == "burst":
+            return step < self.onset + self.period
         return True
 
     def label(self) -> str:
         stage = "all-compute" if self.stages == COMPUTE_STAGES else ",".join(self.stages)
         if self.stall_ms is not None:
             return f"{self.kind}:{stage}:+{self.stall_ms:g}ms"
+        if self.kind in ("periodic", "burst"):
+            return f"{self.kind}:{stage}:+{self.size:.0%}/{self.period}"
         return f"{self.kind}:{stage}:+{self.size:.0%}"

@@ -53,7 +53,7 @@ REGIME_GPU_BOUND = "gpu_bound"
 REGIMES = (REGIME_LAUNCH, REGIME_GPU_BOUND)
 _QUEUED_GROUPS = ("forward", "backward", "optimizer")  # stages whose launches queue on the stream
 _TOKEN_GROUPS = ("forward", "backward")  # stages whose work follows the rank's tokens (token_spread)
-_DEVICE_FAULTS = ("device", "intermittent", "flapping", "ramp", "node")
+_DEVICE_FAULTS = ("device", "intermittent", "flapping", "ramp", "node", "periodic", "burst")
 
 
 @dataclass
@@ -99,7 +99,8 @@ class SimConfig:
     # all-reduce over the model-parallel group) for the replica's slowest compute
     mp_optimizer_sync: bool = False
     # every rank-step carries an NVML sample (otel_straggler/nvml.py): SM clock 1,980 MHz at 60 C, a rank under a
-    # device fault its clock divided by the slowdown at 85 C, with sw_thermal_slowdown
+    # device fault its clock divided by the slowdown at 85 C, with sw_thermal_slowdown; a rank under a link fault its
+    # PCIe replay errors growing by 12 a step
     nvml: bool = False
 
     def __post_init__(self) -> None:
@@ -205,6 +206,8 @@ class JobStream:
         node_of = {f.rank: self.ranks[f.rank].host for f in self.faults if f.kind == "node"}
         faulty |= {r.rank for r in self.ranks if r.host in node_of.values()}
         cohort_faulty = {self.ranks[f.rank].cohort for f in self.faults if f.kind == "cohort"}
+        links = [(self.ranks[f.rank].cohort, f) for f in self.faults if f.kind == "link"]
+        replays: dict[int, int] = {}  # rank -> cumulative PCIe replay errors (link faults, nvml)
         for step in range(1, cfg.steps + 1):
             device_on = step % cfg.device_every == 0
             common = 1.0 + self._step_rng.gauss(0.0, cfg.noise.step_jitter) if cfg.noise.step_jitter else 1.0
@@ -281,8 +284,13 @@ class JobStream:
             for info in self.ranks:
                 by_cohort[info.cohort] = max(by_cohort.get(info.cohort, 0.0), arrival[info.rank])
             step_ms = 0.0
+            ring_slow = {cohort: f.size for cohort, f in links if f.active(step, 0.0)}
+            for _cohort, f in links:
+                if f.active(step, 0.0):
+                    replays[f.rank] = replays.get(f.rank, 0) + 12
             for info in self.ranks:
                 wait = by_cohort[info.cohort] - arrival[info.rank] + sm.grad_sync_ms * self._factor(step, info.rank)
+                wait += sm.grad_sync_ms * ring_slow.get(info.cohort, 0.0)  # the ring waits for its slowest link
                 rows = per_rank[info.rank]
                 if cfg.ddp:
                     i = next(i for i, row in enumerate(rows) if row[0] == DDP_STAGE)
@@ -365,6 +373,7 @@ class JobStream:
                             _kv(s.ATTR_GPU_SM_CLOCK_MHZ, round(1980 / (1.0 + slow))),
                             _kv(s.ATTR_GPU_SM_CLOCK_MAX_MHZ, 1980),
                             _kv(s.ATTR_GPU_TEMPERATURE_C, 85 if slow else 60),
-                            _kv(s.ATTR_GPU_CLOCK_REASONS, ["sw_thermal_slowdown"] if slow else [])])
+                            _kv(s.ATTR_GPU_CLOCK_REASONS, ["sw_thermal_slowdown"] if slow else []),
+                            _kv(s.ATTR_GPU_PCIE_REPLAYS, replays.get(info.rank, 0))])
             t += int(step_ms * 1e6)
             yield step, request

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+from collector_processor.processor.straggler.collective_signal import Rings
 from collector_processor.processor.straggler.pair import PairTrack
 from collector_processor.processor.straggler.window import KIND_STEP, KIND_WALL, WindowSet
 
@@ -43,6 +44,8 @@ class Cohort:
     collective: set[str] = field(default_factory=set)
     # stage -> the 2-rank cohort's levels (pair.py; bounded by max_stages)
     pairs: dict[str, PairTrack] = field(default_factory=dict)
+    # collective stage -> its ring's baseline and signal (collective_signal.py; bounded by max_stages)
+    rings: Rings = field(default_factory=Rings)
     # highest step window index a sample may open (step quarantine; processor._refresh_range): NO_CEILING until
     # the cohort has a range
     step_ceiling: int = NO_CEILING

@@ -109,6 +109,24 @@ class Config(BaseModel):
     sequential_history_steps: int = Field(default=20, ge=2)
     sequential_sigma_windows: int = Field(default=16, ge=1)
     sequential_sigma_floor: float = Field(default=0.002, gt=0)
+    # intermittent_excess (intermittent.py): a rank whose steps are far above its peers' median of the same step
+    # (a spike: intermittent_spike_z of the cohort's per-step sigmas, and at least tolerance) in episodes that
+    # recur, costing the job per step at least what the smallest steady straggler does (sequential_margin of the
+    # peers' median, and the device floor), over the last intermittent_history_steps steps and recently. A single
+    # spike or burst costs nothing; intermittent_min_episodes episodes are needed, so a period-P spike is found
+    # min_episodes - 1 periods after its first, for periods up to history / (min_episodes - 1) steps.
+    intermittent: bool = True
+    intermittent_history_steps: int = Field(default=100, ge=2, le=10_000)
+    intermittent_min_episodes: int = Field(default=4, ge=3)
+    intermittent_spike_z: float = Field(default=6.0, gt=0)
+    # collective signal (collective_signal.py): per cohort and collective stage (collective groups and
+    # mp_wait_stages), the per-step minimum over the ranks (the collective's own time: the last to arrive waits for
+    # nobody) against the median of the cohort's latest collective_baseline_windows windows not lost; beyond
+    # collective_tolerance of it (and its noise and floor) for persistence_windows windows: an uncertain/
+    # collective_slow event (never a page) and otel_straggler_collective_lost_seconds.
+    collective_signal: bool = True
+    collective_tolerance: float = Field(default=0.1, gt=0)
+    collective_baseline_windows: int = Field(default=12, ge=3, le=1000)
     # Effective comparable ranks (the rank itself plus usable comparable peers) required to judge.
     min_cohort_size: int = Field(default=3, ge=2)
     # pair (pair.py): a cohort of exactly 2 ranks (DP = 2) whose ranks differ beyond tolerance names the slower

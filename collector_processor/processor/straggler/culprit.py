@@ -50,13 +50,14 @@ from collector_processor.processor.straggler.cohort import Cohort, CohortRegistr
 from collector_processor.processor.straggler.config import Config
 from collector_processor.processor.straggler.model import (
     GROUP_SLOW,
+    INTERMITTENT_EXCESS,
     PERSISTENT_EXCESS,
     SLOWER_THAN_REFERENCE,
     WITHIN_TOLERANCE,
     Verdict,
 )
 
-_CONVICTIONS = (SLOWER_THAN_REFERENCE, PERSISTENT_EXCESS)
+_CONVICTIONS = (SLOWER_THAN_REFERENCE, PERSISTENT_EXCESS, INTERMITTENT_EXCESS)
 _PP = re.compile(r"\.pp(\d+)\.")
 _GroupKey = tuple[str, str, int]  # (job, run id, DP replica)
 _MIN_SOLO_WINDOWS = 2  # a culprit is slow alone in at least this many windows (one noisy window names nobody)

@@ -23,17 +23,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import otel_straggler_schema as s
-from collector_processor.processor.straggler import collective, hints, pair, sequential
+from collector_processor.processor.straggler import collective, collective_signal, hints, intermittent, pair, sequential
 from collector_processor.processor.straggler.attribution import attribute, unexplained_host_excess
 from collector_processor.processor.straggler.cohort import Cohort, RankInfo
 from collector_processor.processor.straggler.config import Config
 from collector_processor.processor.straggler.evidence import DEVICE, HOST, RankStat, Tolerances, Views
 from collector_processor.processor.straggler.impact import impact, step_period_ms
+from collector_processor.processor.straggler.intermittent import IntParams, IntResult
 from collector_processor.processor.straggler.model import (
     BELOW_ABSOLUTE_FLOOR,
     COHORT_BELOW_MIN_SIZE,
     COLLECTIVE_WAIT,
     HOST_CONTENTION,
+    INTERMITTENT_EXCESS,
     MISSING_SAMPLES,
     NON_FINITE_SAMPLE,
     PAIR_AMBIGUOUS,
@@ -88,6 +90,9 @@ class WindowOutcome:
     # (rank, stage) where the rank waited in a model-parallel collective (mp_wait): evidence for culprit.py
     # that the rank waits for a member of its group, so it is not the group's culprit
     mp_waits: set[tuple[int, str]] = field(default_factory=set)
+    # (collective stage, ring) -> (ms lost per step beyond the cohort's baseline, 0 within it; the rank the
+    # evidence names or None): the collective signal (collective_signal.py)
+    collective_lost: dict[tuple[str, str], tuple[float, int | None]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -115,7 +120,7 @@ class StageEvidence:
     """One judged stage in the window: every warm rank's statistic, the stage's tolerances, each rank's
     sequential evidence, and the values sorted for references (built once, on first use)."""
 
-    __slots__ = ("_views", "group", "name", "pair", "per", "per_unit", "seq", "tols", "uniform")
+    __slots__ = ("_views", "group", "intm", "name", "pair", "per", "per_unit", "seq", "tols", "uniform")
 
     def __init__(self, name: str, group: str, per: dict[int, RankStat], uniform: bool, tols: Tolerances,
                  per_unit: bool = False) -> None:
@@ -126,6 +131,7 @@ class StageEvidence:
         self.uniform = uniform  # every rank's work comparable with every other's
         self.tols = tols
         self.seq: dict[int, SeqResult] = {}
+        self.intm: dict[int, IntResult] = {}  # each rank's intermittent evidence (intermittent.py)
         self.pair: pair.PairWindow | None = None  # a 2-rank cohort's comparison (pair.py)
         self._views: Views | None = None
 
@@ -175,6 +181,13 @@ class Detector:
             threshold=config.sequential_threshold, min_steps=config.window_steps + 1,
             history=config.sequential_history_steps, run_steps=config.window_steps,
             window_z=config.sequential_window_z, rest_z=config.sequential_rest_z)
+        self.int_params = IntParams(
+            history=config.intermittent_history_steps, min_episodes=config.intermittent_min_episodes,
+            spike_z=config.intermittent_spike_z, min_spike=config.tolerance, margin=config.sequential_margin,
+            floor_ms=config.device_floor_ms, recent_steps=2 * config.window_steps)
+        # intermittent_excess is not judged where a rank's spikes are a wait for its model-parallel group
+        self._no_intermittent = frozenset(config.mp_wait_stages) | (
+            frozenset(MP_WAIT_ENCLOSING) if config.mp_wait_stages else frozenset())
 
     def judge(self, cohort: Cohort, window: Window, now_ns: int) -> WindowOutcome:
         """Every judged stage's warm ranks, each by a ``Judgement``; ranks of the cohort absent from a stage
@@ -189,7 +202,7 @@ class Detector:
             self._device_pooling(cohort, stage, window.index, per)
             se = StageEvidence(stage, group, per, ev.uniform or per_unit, self._noise_tolerance(per), per_unit)
             ev.tolerances[stage] = se.tols
-            se.seq = self._sequential_excess(ev, se)
+            se.seq, se.intm = self._step_excess(ev, se)
             se.pair = self._pair(ev, se)
             for r in sorted(per):
                 Judgement(self, ev, se, r, self.states.get(self.key(cohort, r, stage))).run()
@@ -199,6 +212,7 @@ class Detector:
                 st = self.states.peek(self.key(cohort, r, stage))
                 if st is not None:
                     Judgement(self, ev, se, r, st).absent()
+        collective_signal.judge(self, ev, cohort.rings)
         return ev.out
 
     def _evidence(self, cohort: Cohort, window: Window, now_ns: int
@@ -313,15 +327,17 @@ class Detector:
         return Tolerances(raised(pooled_relative_sigma((st.dev_used or st.dev_samples for st in per.values()), need)),
                           lambda: raised(pooled_relative_sigma((st.host_samples for st in per.values()), need)))
 
-    def _sequential_excess(self, ev: WindowEvidence, se: StageEvidence) -> dict[int, SeqResult]:
-        """Every comparable rank's per-step device excess over its peers' per-step median added to its history
-        (``sequential.py``). With unequal work in the cohort only ranks whose tokens are within the workload
-        tolerance of the cohort's median take part (the others are uncertain by ``workload`` and nobody's
-        reference)."""
+    def _step_excess(self, ev: WindowEvidence, se: StageEvidence
+                     ) -> tuple[dict[int, SeqResult], dict[int, IntResult]]:
+        """Every comparable rank's per-step device excess over its peers' per-step median added to its histories:
+        ``sequential_excess`` (``sequential.py``) and ``intermittent_excess`` (``intermittent.py``). With unequal
+        work in the cohort only ranks whose tokens are within the workload tolerance of the cohort's median take
+        part (the others are uncertain by ``workload`` and nobody's reference)."""
         cfg = self.cfg
         window = ev.window
-        if not cfg.sequential or window.kind != KIND_STEP:
-            return {}
+        intm_on = cfg.intermittent and se.name not in self._no_intermittent
+        if not (cfg.sequential or intm_on) or window.kind != KIND_STEP:
+            return {}, {}
         per = se.per
         dev: list[tuple[int, list[int], list[float]]] = []
         for r, rs in per.items():
@@ -332,12 +348,12 @@ class Detector:
             if rs.dev_samples and rs.dev_steps:
                 dev.append((r, rs.dev_steps, rs.dev_samples))
         if len(dev) < cfg.min_cohort_size:
-            return {}
+            return {}, {}
         # a stage under device_min_stage_ms is launch-bound and keeps the host floor (absolute_floor): only a
         # slowdown of 5 ms or more could convict there, which window_excess finds on its own
         stat = [rs.dev for rs in per.values() if rs.dev is not None]
         if not stat or median(stat) < cfg.device_min_stage_ms:
-            return {}
+            return {}, {}
         items = excess(dev, cfg.min_cohort_size)
         cohort = ev.cohort
         history = cohort.seq_sigma.get(se.name)
@@ -345,12 +361,19 @@ class Detector:
             history = cohort.seq_sigma[se.name] = deque(maxlen=cfg.sequential_sigma_windows)
         sigma = smoothed_sigma(history, spread(items.values(), cfg.min_cohort_size), cfg.sequential_sigma_floor)
         if sigma is None:
-            return {}
-        out: dict[int, SeqResult] = {}
+            return {}, {}
+        seq: dict[int, SeqResult] = {}
+        intm: dict[int, IntResult] = {}
         for r, lst in items.items():
             st = self.states.get(self.key(cohort, r, se.name))
-            out[r] = sequential.update(st, window.index, lst, sigma, self.seq_params)
-        return out
+            if cfg.sequential:
+                seq[r] = sequential.update(st, window.index, lst, sigma, self.seq_params)
+            if intm_on:
+                res = intermittent.update(st, lst, sigma, self.int_params)
+                if res is not None:
+                    intm[r] = res
+        intermittent.against_peers(intm, list(items))
+        return seq, intm
 
     def _pair(self, ev: WindowEvidence, se: StageEvidence) -> pair.PairWindow | None:
         """``pair``: a 2-rank cohort's comparison of this stage (``pair.py``), its noise measured on the two."""
@@ -385,7 +408,7 @@ class Judgement:
     that decides ends it. Every verdict is built by ``_emit``; the rank-stage state (``state.py``) carries the
     persistence streak, the active alert and the uncertain rate limit from window to window."""
 
-    __slots__ = ("c", "cfg", "det", "ev", "key", "mine", "rank", "se", "seq", "st")
+    __slots__ = ("c", "cfg", "det", "ev", "intm", "key", "mine", "rank", "se", "seq", "st")
 
     def __init__(self, det: Detector, ev: WindowEvidence, se: StageEvidence, rank: int, st: RankStageState) -> None:
         self.det = det
@@ -398,6 +421,7 @@ class Judgement:
         self.st = st
         self.mine = se.per.get(rank)
         self.seq = se.seq.get(rank)
+        self.intm = se.intm.get(rank)
 
     # --- the rules, in order --------------------------------------------------------------------------
     def run(self) -> None:
@@ -443,6 +467,11 @@ class Judgement:
             return self._unusable(HOST_CONTENTION, cmp, s.ATTRIBUTION_HOST)
         self._record_deviation(cmp)
         self._record_excess(cmp)
+        alert = self.st.alert
+        if alert is not None and alert.reason == INTERMITTENT_EXCESS:
+            return self.intermittent_hold(cmp)
+        if self.intermittent_excess(cmp):
+            return None
         if cmp.slow:
             return self.window_excess(cmp)
         seq = self.seq
@@ -576,6 +605,12 @@ class Judgement:
             return False
         if cmp.measurement != HOST and self._attribution(cmp) != s.ATTRIBUTION_HOST:
             return False  # a GPU slow on its own (the device excess explains the host's)
+        return self._shared_host_spikes(cmp)
+
+    def _shared_host_spikes(self, cmp: Comparison, episodes: bool = False) -> bool:
+        """Every comparable peer runs on the rank's host, and at least a quarter of them (and 2) spike on the host
+        in the window (``host_contention``) or, with ``episodes``, have spike episodes of their own in the
+        stage's intermittent lookback (``intermittent_excess``: a machine deschedules all its ranks in turn)."""
         ranks = self.ev.cohort.ranks
         info = ranks.get(self.rank)
         if info is None or not info.host:
@@ -587,7 +622,9 @@ class Judgement:
             return False
         # shared: the machine deschedules the peers too (steps far above their own median), not this rank alone
         floor = self.cfg.absolute_floor_ms
-        spiking = sum(1 for p in with_host if _spikes(per[p].host_samples, floor))
+        intm = self.se.intm
+        spiking = sum(1 for p in with_host if _spikes(per[p].host_samples, floor)
+                      or (episodes and (im := intm.get(p)) is not None and im.episodes >= _CONTENTION_MIN_PEERS))
         return spiking >= max(_CONTENTION_MIN_PEERS, _CONTENTION_SHARE * len(with_host))
 
     def host_stall(self, cmp: Comparison) -> Comparison:
@@ -676,6 +713,49 @@ class Judgement:
         self._alert(v, new=True)
         return True
 
+    def intermittent_excess(self, cmp: Comparison) -> bool:
+        """``intermittent_excess`` (``intermittent.py``): without an alert, the rank's recurring spikes over its
+        peers' per-step median cost the job per step at least what the smallest steady straggler does, over the
+        lookback and recently. The verdict reports the cost per step against the peers' mean per-step median,
+        the period and the episodes."""
+        im = self.intm
+        if self.st.alert is not None or im is None or not im.fires or cmp.measurement != DEVICE or cmp.host_stall:
+            return False
+        found = self._intermittent_comparison(im, cmp)
+        if self.cfg.host_contention and self._shared_host_spikes(found, episodes=True):
+            self.c["host_contention_windows"] += 1  # the machine's other ranks spike on the host too
+            self._unusable(HOST_CONTENTION, cmp, s.ATTRIBUTION_HOST)
+            return True
+        attribution = self._attribution(found)
+        st = self.st
+        st.streak = 0
+        st.last_slow_index = None
+        st.par_windows = 0
+        sequential.reset(st)
+        self.c["intermittent_verdicts"] += 1
+        self._alert(self._emit(s.VERDICT_STRAGGLER, INTERMITTENT_EXCESS, attribution, found), new=True)
+        return True
+
+    def intermittent_hold(self, cmp: Comparison) -> None:
+        """The hysteresis of an ``intermittent_excess`` alert: it holds (refreshed with the cost) while the recent
+        cost stays at half the threshold or more; ``recovery_windows`` consecutive windows below that end it."""
+        st = self.st
+        alert = st.alert
+        assert alert is not None
+        im = self.intm
+        if im is not None and im.holds:
+            st.par_windows = 0
+            self._alert(self._emit(s.VERDICT_STRAGGLER, INTERMITTENT_EXCESS, alert.attribution,
+                                   self._intermittent_comparison(im, cmp)))
+            return None
+        idx = self.ev.window.index
+        st.par_windows = st.par_windows + 1 if st.last_par_index == idx - 1 else 1
+        st.last_par_index = idx
+        if st.par_windows >= self.cfg.recovery_windows:
+            return self.recovery(cmp)
+        self._alert(alert)
+        return None
+
     def hysteresis(self, cmp: Comparison) -> bool:
         """``hysteresis``: an active alert holds (refreshed, no verdict) until ``recovery_windows`` consecutive
         windows are at par (``_par``): within ``recovery_margin`` of the comparable peers' median (two standard
@@ -710,6 +790,7 @@ class Judgement:
         if st.alert is None:
             return
         sequential.reset(st)
+        intermittent.reset(st)  # the episodes before recovery never convict again
         v = self._emit(s.VERDICT_RECOVERED, WITHIN_TOLERANCE, st.alert.attribution, cmp)
         self.det.states.set_active(self.key, st, None)
         self.ev.out.alerts[(self.rank, self.se.name)] = None
@@ -772,6 +853,12 @@ class Judgement:
             return False
         return seq.value_ms - seq.reference_ms >= self.det.floor(DEVICE, seq.reference_ms)
 
+    def _intermittent_comparison(self, im: IntResult, cmp: Comparison) -> Comparison:
+        """The intermittent evidence as a comparison: the peers' mean per-step median plus the cost per step."""
+        ref = im.reference_ms
+        return Comparison(DEVICE, ref + im.cost_ms, None, ref, relative_deviation(ref + im.cost_ms, ref), cmp.size,
+                          im.cost_ms, self.cfg.sequential_margin, peers=cmp.peers)
+
     def _record_deviation(self, cmp: Comparison) -> None:
         dev = cmp.deviation
         out = self.ev.out
@@ -781,7 +868,8 @@ class Judgement:
 
     def _record_excess(self, cmp: Comparison) -> None:
         """The rank's excess over its comparable peers' median in this stage (``WindowOutcome.stage_excess``):
-        beyond when the window is slow or the per-step excess fires, and the gap clears the floor."""
+        beyond when the window is slow or the per-step excess fires, and the gap clears the floor, or when its
+        intermittent evidence fires (or holds its alert), at its cost per step."""
         if cmp.measurement is None:
             return
         x = self._excess(cmp.measurement, cmp.peers)
@@ -789,6 +877,11 @@ class Judgement:
             return
         rel = x[0] / x[1]
         beyond = (cmp.slow or self._sequential_fires()) and x[0] >= self.det.floor(cmp.measurement, x[1])
+        im = self.intm
+        if (im is not None and cmp.measurement == DEVICE and im.reference_ms > 0
+                and (im.fires or (im.holds and self.st.alert is not None
+                                  and self.st.alert.reason == INTERMITTENT_EXCESS))):
+            rel, beyond = max(rel, im.cost_ms / im.reference_ms), True  # intermittent_excess: its cost per step
         self.ev.out.stage_excess[(self.rank, self.se.name)] = (rel, beyond)
 
     def _alert(self, v: Verdict, new: bool = False) -> None:
@@ -889,7 +982,15 @@ class Judgement:
             trace_id=ev.trace_id, emitted_unix_ns=ev.now_ns, first_step=first_step, first_trace_id=first_trace,
             window_gpu_seconds=per_hour / 3600.0 * window_s,
             hint=self._hint(info, cmp.peers) if straggler and info is not None and info.gpu_hints else "",
+            **self._intermittent_evidence(reason),
         )
+
+    def _intermittent_evidence(self, reason: str) -> dict[str, object]:
+        """An ``intermittent_excess`` verdict's period and episodes (``Verdict.period_steps``, ``episodes``)."""
+        im = self.intm
+        if reason != INTERMITTENT_EXCESS or im is None:
+            return {}
+        return {"period_steps": im.period_steps, "episodes": im.episodes}
 
     def _hint(self, info: RankInfo, peers: list[int] | None) -> str:
         """``hints.describe``: the rank's NVML sample against its comparable peers' (evidence only)."""

@@ -31,6 +31,14 @@ _SEVERITY = {
 _kv = key_value
 
 
+def severity(v: Verdict) -> tuple[int, str]:
+    """The log record's severity: WARN straggler, INFO recovered and a collective signal (a job-level fact, never a
+    page), DEBUG uncertain."""
+    if v.ring:
+        return _SEVERITY[s.VERDICT_RECOVERED]
+    return _SEVERITY.get(v.verdict, (SeverityNumber.SEVERITY_NUMBER_DEBUG, "DEBUG"))
+
+
 def event_attributes(v: Verdict) -> list[tuple[str, object]]:
     """Event attributes per docs/schema.md "Events"; optional numbers are omitted when unknown."""
     attrs: list[tuple[str, object]] = [
@@ -87,6 +95,12 @@ def event_attributes(v: Verdict) -> list[tuple[str, object]]:
         attrs.append((s.EV_VICTIM_OF, v.victim_of))
     if v.hint:
         attrs.append((s.EV_HINT, v.hint))
+    if v.period_steps is not None:
+        attrs += [(s.EV_PERIOD_STEPS, float(v.period_steps)), (s.EV_EPISODES, int(v.episodes))]
+    if v.ring:
+        attrs.append((s.EV_COLLECTIVE_RING, v.ring))
+    if v.link_rank is not None:
+        attrs.append((s.EV_COLLECTIVE_RANK, int(v.link_rank)))
     return attrs
 
 
@@ -104,12 +118,23 @@ def summary(v: Verdict) -> str:
     if v.group_ranks:
         where = f"group {v.mp_group} (ranks {','.join(map(str, v.group_ranks))}) stage {v.stage}"
     span = f"steps {v.window_start}-{v.window_end}"
+    if v.ring and v.verdict == s.VERDICT_UNCERTAIN:
+        who = (f"rank {v.link_rank} ({v.host}, {v.gpu}) link errors" + (f": {v.hint}" if v.hint else "")
+               if v.link_rank is not None else "no member named")
+        return (f"collective slow: {v.ring} ring of cohort {v.cohort} (ranks {','.join(map(str, v.group_ranks))}) "
+                f"stage {v.stage} {v.value_ms or 0.0:.1f} ms vs baseline {v.reference_ms or 0.0:.1f} ms "
+                f"({v.measurement}, {span}), {v.step_time_lost_ms:.1f} ms/step lost, "
+                f"{v.gpu_seconds_per_hour:.0f} GPU-s/h; {who}")
     if v.verdict == s.VERDICT_STRAGGLER and (v.victims or v.victim_of):
         dev = f"{v.deviation * 100:+.1f}%" if v.deviation is not None else "?"
         role = (f"culprit of group {v.mp_group}, victims ranks {','.join(map(str, v.victims))}" if v.victims
                 else f"victim in group {v.mp_group}, waits for {v.victim_of}")
         return (f"straggler: {where} {dev} ({v.measurement}, {span}), {role}, {v.attribution}, "
                 f"{v.step_time_lost_ms:.1f} ms/step lost, {v.gpu_seconds_per_hour:.0f} GPU-s/h")
+    if v.verdict == s.VERDICT_STRAGGLER and v.period_steps is not None:
+        return (f"straggler: {where} intermittent: {v.episodes} spike episodes every {v.period_steps:g} steps "
+                f"({v.measurement}, {span}), {v.attribution}, {v.step_time_lost_ms:.1f} ms/step lost "
+                f"({(v.deviation or 0.0) * 100:+.1f}% of the peers' median), {v.gpu_seconds_per_hour:.0f} GPU-s/h")
     if v.verdict == s.VERDICT_STRAGGLER:
         dev = f"{v.deviation * 100:+.1f}%" if v.deviation is not None else "?"
         return (f"straggler: {where} {dev} vs rank {v.reference_rank} ({v.measurement}, {span}), "
@@ -124,7 +149,7 @@ def verdicts_to_logs(verdicts: Iterable[Verdict], service_name: str = COLLECTOR_
                      ) -> ExportLogsServiceRequest:
     records = []
     for v in verdicts:
-        number, text = _SEVERITY.get(v.verdict, (SeverityNumber.SEVERITY_NUMBER_DEBUG, "DEBUG"))
+        number, text = severity(v)
         rec = LogRecord(
             time_unix_nano=v.emitted_unix_ns,
             observed_time_unix_nano=v.emitted_unix_ns,
@@ -183,9 +208,10 @@ class VerdictEvents:
         return [verdict_to_dict(v) for v in self.verdicts]
 
     def console_lines(self) -> list[tuple[int, str]]:
-        """A straggler verdict at WARNING, a recovery at INFO, an uncertain window at DEBUG (the log records'
-        severities)."""
-        return [(_LOG_LEVEL.get(v.verdict, logging.DEBUG), verdict_line(v)) for v in self.verdicts]
+        """A straggler verdict at WARNING, a recovery and a collective signal at INFO, an uncertain window at DEBUG
+        (the log records' severities)."""
+        return [(logging.INFO if v.ring else _LOG_LEVEL.get(v.verdict, logging.DEBUG), verdict_line(v))
+                for v in self.verdicts]
 
     def to_logs(self) -> ExportLogsServiceRequest:
         if self._logs is None:

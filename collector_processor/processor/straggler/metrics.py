@@ -35,6 +35,7 @@ VERDICT_LABELS = (JOB, RUN, "verdict", "reason")
 RANK_STAGE_LABELS = (JOB, RUN, "cohort", "rank", "stage_group", "measurement")
 RANK_DEV_LABELS = (JOB, RUN, "cohort", "rank")
 JOB_LABELS = (JOB, RUN)
+COLLECTIVE_LABELS = (JOB, RUN, "cohort", "stage", "ring", "rank")
 
 _Key = tuple[str, ...]
 _Snapshot = tuple[
@@ -44,9 +45,10 @@ _Snapshot = tuple[
     tuple[tuple[_Key, float, str], ...],
     tuple[tuple[_Key, float, str], ...],
     tuple[tuple[_Key, float], ...],
+    tuple[tuple[_Key, float], ...],
 ]
-_EMPTY: _Snapshot = ((), (), (), (), (), ())
-_ALERTS, _RANK_STAGE, _RANK_DEV, _VERDICTS, _COST, _SEEN = range(6)  # the parts of a snapshot
+_EMPTY: _Snapshot = ((), (), (), (), (), (), ())
+_ALERTS, _RANK_STAGE, _RANK_DEV, _VERDICTS, _COST, _SEEN, _COLLECTIVE = range(7)  # the parts of a snapshot
 
 
 class StragglerMetrics(Collector):
@@ -61,6 +63,8 @@ class StragglerMetrics(Collector):
         self._verdicts: dict[_Key, list[float | str]] = {}  # labels -> [count, exemplar trace id]
         self._cost: dict[_Key, list[float | str]] = {}  # labels -> [GPU-seconds, exemplar trace id]
         self._seen: dict[_Key, list[float]] = {}  # (job, run) -> [last accepted sample's wall time, t]
+        self._collective: dict[_Key, list[float]] = {}  # labels -> [seconds lost per step, t]
+        self._collective_keys: dict[_Key, _Key] = {}  # a ring's labels without rank -> its series' labels
         self._snapshot: _Snapshot = _EMPTY
         self._dirty: set[int] = set()  # the snapshot's parts (indices of _Snapshot) to rebuild at publish
         self._next_expiry_s = 0.0
@@ -75,7 +79,7 @@ class StragglerMetrics(Collector):
     # --- processor thread ---------------------------------------------------------------------------
     def _series_count(self) -> int:
         return (len(self._alerts) + len(self._rank_stage) + len(self._rank_dev) + len(self._verdicts)
-                + len(self._cost) + len(self._seen))
+                + len(self._cost) + len(self._seen) + len(self._collective))
 
     def _room(self, priority: bool = False) -> bool:
         """Room for one more series. Per-rank dashboard series stop at 90 % of ``max_series``: the rest is
@@ -104,6 +108,17 @@ class StragglerMetrics(Collector):
         for rank, dev in outcome.rank_deviation.items():
             self._put(self._rank_dev, (job, run, cohort, str(rank)), [dev, now_s])
         self._dirty.update((_RANK_STAGE, _RANK_DEV))
+        if outcome.collective_lost:
+            for (stage, ring), (lost_ms, named) in outcome.collective_lost.items():
+                key = (job, run, cohort, stage, ring, "" if named is None else str(named))
+                previous = self._collective_keys.get(key[:5])
+                if previous is not None and previous != key:
+                    self._collective.pop(previous, None)  # the named member changed: one series per ring
+                # a ring losing time is a job-level signal (kept with the alerts); one at its baseline a dashboard's
+                self._put(self._collective, key, [lost_ms / 1000.0, now_s], priority=lost_ms > 0)
+                if key in self._collective:
+                    self._collective_keys[key[:5]] = key
+            self._dirty.add(_COLLECTIVE)
 
     def record_seen(self, job: str, now_s: float, run: str = "") -> None:
         """The collector accepted a sample of ``job`` (its run ``run``) at ``now_s`` (its wall clock)."""
@@ -166,12 +181,15 @@ class StragglerMetrics(Collector):
         if now_s >= self._next_expiry_s:
             self._next_expiry_s = now_s + min(1.0, ttl / 10.0)
             for part, d, t_idx in ((_ALERTS, self._alerts, 4), (_RANK_STAGE, self._rank_stage, 1),
-                                   (_RANK_DEV, self._rank_dev, 1), (_SEEN, self._seen, 1)):
+                                   (_RANK_DEV, self._rank_dev, 1), (_SEEN, self._seen, 1),
+                                   (_COLLECTIVE, self._collective, 1)):
                 stale = [k for k, v in d.items() if now_s - v[t_idx] > ttl]
                 for k in stale:
                     del d[k]
                     if d is self._alerts:
                         self._alert_keys.pop(k[:-1], None)
+                    elif d is self._collective:
+                        self._collective_keys.pop(k[:5], None)
                 if stale:
                     self._dirty.add(part)
         if not self._dirty:
@@ -190,6 +208,8 @@ class StragglerMetrics(Collector):
             snap[_COST] = tuple((k, float(v[0]), str(v[1])) for k, v in self._cost.items())
         if _SEEN in dirty:
             snap[_SEEN] = tuple((k, v[0]) for k, v in self._seen.items())
+        if _COLLECTIVE in dirty:
+            snap[_COLLECTIVE] = tuple((k, v[0]) for k, v in self._collective.items())
         self._snapshot = tuple(snap)  # type: ignore[assignment]
 
     def series(self) -> int:
@@ -206,9 +226,10 @@ class StragglerMetrics(Collector):
         yield GaugeMetricFamily(s.M_RANK_STAGE_SECONDS, "", labels=RANK_STAGE_LABELS)
         yield GaugeMetricFamily(s.M_RANK_DEVIATION, "", labels=RANK_DEV_LABELS)
         yield GaugeMetricFamily(s.M_JOB_LAST_SEEN, "", labels=JOB_LABELS)
+        yield GaugeMetricFamily(s.M_COLLECTIVE_LOST, "", labels=COLLECTIVE_LABELS)
 
     def collect(self) -> Iterator[Metric]:
-        alerts, rank_stage, rank_dev, verdicts, cost, seen = self._snapshot  # one reference read: consistent
+        alerts, rank_stage, rank_dev, verdicts, cost, seen, collective = self._snapshot  # one read: consistent
         active = GaugeMetricFamily(s.M_STRAGGLER_ACTIVE, "1 while a straggler verdict holds, 0 after recovery")
         dev = GaugeMetricFamily(s.M_STRAGGLER_DEVIATION, "Deviation of the latest judged window")
         lost = GaugeMetricFamily(s.M_STEP_TIME_LOST, "Step time lost per step")
@@ -234,4 +255,7 @@ class StragglerMetrics(Collector):
         js = GaugeMetricFamily(s.M_JOB_LAST_SEEN, "When the collector last accepted a sample of the job")
         for labels, v in seen:
             add_sample(js, JOB_LABELS, labels, v)
-        yield from (active, dev, lost, gpu, gs, vc, rs, rd, js)
+        cl = GaugeMetricFamily(s.M_COLLECTIVE_LOST, "Time lost per step in the cohort's collective beyond its baseline")
+        for labels, v in collective:
+            add_sample(cl, COLLECTIVE_LABELS, labels, v)
+        yield from (active, dev, lost, gpu, gs, vc, rs, rd, js, cl)

@@ -37,6 +37,8 @@ COLLECTIVE_WAIT = _reason("collective_wait")  # uncertain: collective_wait
 NODE_SLOW = _reason("node_slow")  # straggler: node (node.py)
 HOST_CONTENTION = _reason("host_contention")  # uncertain: host_contention
 GROUP_SLOW = _reason("group_slow")  # straggler: culprit (culprit.py), no member of the group named
+INTERMITTENT_EXCESS = _reason("intermittent_excess")  # straggler: intermittent_excess (intermittent.py)
+COLLECTIVE_SLOW = _reason("collective_slow")  # uncertain: collective signal (collective_signal.py), never a page
 
 
 @dataclass(slots=True)
@@ -136,3 +138,11 @@ class Verdict:
     victim_of: str = ""  # a victim's verdict: "rank:<culprit>" or "group:<name>"
     derived: bool = False  # made by culprit.py (a group verdict), not by a rank's judgement
     hint: str = ""  # a straggler verdict: its GPU's NVML sample against its peers' (hints.py); "" when none
+    # an intermittent_excess alert's verdicts: the median steps between its episodes (None: not intermittent) and
+    # the episodes in its lookback (intermittent.py); the cost per step is step_time_lost_ms
+    period_steps: float | None = None
+    episodes: int = 0
+    # a collective signal's events (collective_signal.py): the ring it was seen in ("" for every other verdict) and
+    # the member whose links the evidence names (None: nobody named)
+    ring: str = ""
+    link_rank: int | None = None

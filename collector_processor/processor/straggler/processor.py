@@ -68,7 +68,7 @@ COUNTERS = (
     "workload_incomparable_windows",
     "below_min_cohort_windows", "below_floor_windows", "recovery_withheld_windows", "uncertain_suppressed",
     "pair_ambiguous_windows", "collective_wait_windows", "mp_wait_windows",
-    "host_contention_windows",
+    "host_contention_windows", "intermittent_verdicts",
     "verdicts_straggler", "verdicts_recovered", "verdicts_uncertain", "emit_failures",
     "evicted_cohorts", "evicted_windows", "evicted_ranks", "evicted_stages", "evicted_dedup",
     "evicted_states", "verdict_spans_dropped",
@@ -645,7 +645,8 @@ class StragglerProcessor:
             if self.metrics.registered:
                 self.metrics.count_verdicts(verdicts)
                 for v in verdicts:
-                    if v.stage == s.NODE_STAGE or v.derived:  # a node or group verdict opened (pages) or ended
+                    # a node or group verdict opened (pages) or ended; a collective signal has a gauge of its own
+                    if (v.stage == s.NODE_STAGE or v.derived) and not v.ring:
                         self.metrics.record_alert(v, now, covered_by=f"node:{v.node}" if v.node else "")
             if self.cfg.emit_verdict_spans:
                 room = _MAX_PENDING_SPANS - len(self._pending_spans)

@@ -7,8 +7,12 @@ from __future__ import annotations
 from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from collector_processor.processor.straggler.model import Verdict
+
+if TYPE_CHECKING:
+    from collector_processor.processor.straggler.intermittent import IntHistory
 
 StateKey = tuple[str, str, int, str]
 
@@ -28,6 +32,8 @@ class RankStageState:
     # sequential evidence (sequential.py): recent per-step records (flat doubles) and the window they reached
     seq_hist: array[float] | None = None
     seq_index: int = -1
+    # intermittent evidence (intermittent.py): kept only while an episode is in the lookback
+    intm: IntHistory | None = None
 
     @property
     def active(self) -> bool:
