@@ -56,6 +56,12 @@ class LoadConfig:
 
 def varint(n: int) -> bytes:
     """A protobuf base-128 varint (non-negative ``n``)."""
+    if n < _SMALL:
+        return _VARINTS[n]
+    return _varint(n)
+
+
+def _varint(n: int) -> bytes:
     out = bytearray()
     while True:
         b = n & 0x7F
@@ -65,6 +71,10 @@ def varint(n: int) -> bytes:
         else:
             out.append(b)
             return bytes(out)
+
+
+_SMALL = 1 << 14  # every tag and length of the load's messages: encoded once
+_VARINTS = [_varint(n) for n in range(_SMALL)]
 
 
 def length_delimited(field: int, payload: bytes) -> bytes:
