@@ -387,6 +387,7 @@ def summarize(args: argparse.Namespace, gateway: Proc, shards: list[Proc], gen: 
         outcomes = {k: v for k, v in by_label(m, s.M_REQUESTS, "outcome").items() if v}
         verdicts = {k: v for k, v in by_label(m, s.M_VERDICTS, "verdict").items() if v}
         final_queue = total(m, s.M_QUEUE_DEPTH)
+        evictions = {k: v for k, v in by_label(m, s.M_EVICTIONS, "structure").items() if v}
         rows.append({
             "shard": sh.name, "spans": int(accepted), "ranks": round(ranks), "cpu_s": round(cpu, 1),
             "spans_per_s": round(accepted / max(t_sent, 1e-9)),
@@ -394,9 +395,12 @@ def summarize(args: argparse.Namespace, gateway: Proc, shards: list[Proc], gen: 
             "base_rss_mb": round(sh.base_rss_mb), "peak_rss_mb": round(sh.peak_rss_mb), "end_rss_mb": round(sh.rss_mb),
             "kib_per_rank": round((sh.peak_rss_mb - sh.base_rss_mb) * 1024 / max(ranks, 1), 1),
             "max_queue": int(sh.max_queue), "end_queue": int(final_queue), "rejected": rejected, "dropped": dropped,
-            "throttled_requests": int(outcomes.get("throttled", 0)), "verdicts": verdicts,
+            "throttled_requests": int(outcomes.get("throttled", 0)), "verdicts": verdicts, "evictions": evictions,
             "windows_closed": int(total(m, s.M_WINDOWS_CLOSED)),
-            "keeps_up": not dropped and not rejected.get("late") and not final_queue and accepted > 0,
+            # evicted cohorts or states (a shard over max_cohorts / max_states) judge nothing they lost
+            # (metric_series: per-rank dashboard series beyond metrics.max_series, judging is not affected)
+            "keeps_up": (not dropped and not rejected.get("late") and not final_queue and accepted > 0
+                         and not set(evictions) - {"metric_series"}),
         })
     g = gateway.last
     lb = "load_balancing/straggler"
@@ -415,6 +419,12 @@ def summarize(args: argparse.Namespace, gateway: Proc, shards: list[Proc], gen: 
     gw["spans_per_cpu_s"] = round(gw["sent"] / max(gw["cpu_s"], 1e-9))
     gw["spans_per_s"] = round(gw["accepted"] / max(t_sent, 1e-9))
     sent_spans = int(gdone["spans"])
+    # RSS against ranks across the shards (the ring gives them different shares): the per-rank cost without the
+    # fixed part (interpreter, metric series up to their cap)
+    xs, ys = [x["ranks"] for x in rows], [x["peak_rss_mb"] for x in rows]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope_kib = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx * 1024 if sxx else float("nan")
     shard_spans = sum(r["spans"] for r in rows)
     return {"ranks": args.ranks, "dp": args.dp, "cohorts": args.ranks // args.dp, "shards": len(shards),
             "steps": steps, "spans_per_rank_step": spr, "ranks_per_request": args.ranks_per_request,
@@ -423,12 +433,13 @@ def summarize(args: argparse.Namespace, gateway: Proc, shards: list[Proc], gen: 
             "step_s": round(t_sent / max(steps, 1), 1), "steps_log": lines,
             "generator": {k: gdone[k] for k in ("requests", "retries", "lost_requests", "errors", "cpu_s",
                                                 "peak_rss_mb")},
-            "gateway": gw, "per_shard": rows, "slow_rank": args.slow_rank, "convicted_on": convicted,
+            "gateway": gw, "per_shard": rows, "kib_per_rank_slope": round(slope_kib, 1),
+            "slow_rank": args.slow_rank, "convicted_on": convicted,
             "cpus": os.cpu_count(), "load_avg_end": os.getloadavg()}
 
 
 def extrapolate(r: dict[str, Any], target_ranks: int, periods: list[float], shard_mib: float,
-                headroom: float) -> list[str]:
+                headroom: float, straggler: dict[str, Any], states_per_rank: int) -> list[str]:
     """Shard and gateway counts for ``target_ranks`` from the measured per-CPU-second and per-rank figures."""
     spr = r["spans_per_rank_step"]
     rows = r["per_shard"]
@@ -436,20 +447,28 @@ def extrapolate(r: dict[str, Any], target_ranks: int, periods: list[float], shar
     kib = max(x["kib_per_rank"] for x in rows)
     base = max(x["base_rss_mb"] for x in rows)
     imbalance = max(x["ranks"] for x in rows) / max(1.0, sum(x["ranks"] for x in rows) / len(rows))
-    ranks_by_mem = (shard_mib - base) * 1024 / max(kib, 1e-9)
+    from collector_processor.processor.straggler.config import Config
+
+    cfg = Config(**straggler)
+    # the processor's bounds: beyond them cohorts / states are evicted (least recently seen), and a shard whose
+    # ranks report round-robin then loses every cohort before its windows close
+    ranks_by_caps = min(cfg.max_cohorts * r["dp"], cfg.max_states // states_per_rank)
+    ranks_by_mem = min((shard_mib - base) * 1024 / max(kib, 1e-9), ranks_by_caps)
     gw_rate = r["gateway"]["spans_per_cpu_s"]
     out = [f"extrapolation for {target_ranks} ranks x {spr} spans per rank-step; a shard is one core at "
            f"{shard_rate} spans/s (the slowest measured shard, per CPU second), loaded to {headroom:.0%}; memory "
-           f"{kib} KiB per rank over a {base} MiB base, {shard_mib:g} MiB per shard -> at most {ranks_by_mem:.0f} "
-           f"ranks per shard; the ring's imbalance measured here: max/mean ranks per shard = {imbalance:.2f}; "
+           f"{kib} KiB per rank over a {base} MiB base, {shard_mib:g} MiB per shard, and the processor's bounds "
+           f"(max_cohorts {cfg.max_cohorts} x DP {r['dp']}, max_states {cfg.max_states} / {states_per_rank} per rank: "
+           f"{ranks_by_caps} ranks) -> at most {ranks_by_mem:.0f} ranks per shard; the ring's imbalance measured "
+           f"here: max/mean ranks per shard = {imbalance:.2f}; "
            f"gateway {gw_rate} spans per CPU second"]
     for p in periods:
         need = target_ranks * spr / p
         by_cpu = math.ceil(need * imbalance / (shard_rate * headroom))
         by_mem = math.ceil(target_ranks * imbalance / ranks_by_mem)
         gw_cores = need / (gw_rate * headroom)
-        out.append(f"step {p:g} s: {need:.0f} spans/s; shards: {max(by_cpu, by_mem)} (cpu {by_cpu}, memory "
-                   f"{by_mem}); gateway cores: {gw_cores:.1f} ({math.ceil(gw_cores / 4)} gateways of 4 cores)")
+        out.append(f"step {p:g} s: {need:.0f} spans/s; shards: {max(by_cpu, by_mem)} (cpu {by_cpu}, memory and "
+                   f"bounds {by_mem}); gateway cores: {gw_cores:.1f} ({math.ceil(gw_cores / 4)} gateways of 4 cores)")
     return out
 
 
@@ -476,6 +495,8 @@ def main() -> int:
     ap.add_argument("--periods", default="1,5,10", help="step periods (s) to extrapolate to")
     ap.add_argument("--shard-mib", type=float, default=768.0,
                     help="memory a shard may hold (compose's memory_limiter: 1024 MiB limit - 256 spike)")
+    ap.add_argument("--states-per-rank", type=int, default=8,
+                    help="detector states per rank (judged stages; 8 for the load, bench/results/scale.md)")
     ap.add_argument("--headroom", type=float, default=0.7, help="load a shard's core and the gateway's to this")
     ap.add_argument("--json", type=Path, help="write the whole result here")
     ap.add_argument("--generate", help=argparse.SUPPRESS)
@@ -499,22 +520,24 @@ def main() -> int:
     print(f"gateway: {r['gateway']}")
     print(f"\n{'shard':>7} {'ranks':>6} {'spans':>9} {'spans/s':>8} {'cpu s':>6} {'spans/cpu-s':>11} "
           f"{'RSS base':>8} {'peak':>5} {'end':>5} {'KiB/rank':>8} {'max q':>6} {'end q':>5} {'throttled':>9} "
-          f"{'closed':>6} keeps_up  rejected / dropped / verdicts")
+          f"{'closed':>6} keeps_up  rejected / dropped / evictions / verdicts")
     for x in r["per_shard"]:
         print(f"{x['shard']:>7} {x['ranks']:6d} {x['spans']:9d} {x['spans_per_s']:8d} {x['cpu_s']:6.0f} "
               f"{x['spans_per_cpu_s']:11d} {x['base_rss_mb']:8d} {x['peak_rss_mb']:5d} {x['end_rss_mb']:5d} "
               f"{x['kib_per_rank']:8.1f} {x['max_queue']:6d} {x['end_queue']:5d} {x['throttled_requests']:9d} "
-              f"{x['windows_closed']:6d} {x['keeps_up']!s:>8}  {x['rejected']} / {x['dropped']} / {x['verdicts']}")
+              f"{x['windows_closed']:6d} {x['keeps_up']!s:>8}  {x['rejected']} / {x['dropped']} / {x['evictions']} / "
+              f"{x['verdicts']}")
     print(f"slow rank {r['slow_rank']} convicted on: {r['convicted_on'] or 'none'}")
+    print(f"peak RSS against ranks over the shards: {r['kib_per_rank_slope']} KiB per rank (least squares)")
     for line in extrapolate(r, args.target_ranks, [float(p) for p in args.periods.split(",")], args.shard_mib,
-                            args.headroom):
+                            args.headroom, json.loads(args.straggler), args.states_per_rank):
         print(line)
     rows = r["per_shard"]
     fields = {"ranks": r["ranks"], "shards": r["shards"], "steps": r["steps"], "spans": r["spans_sent"],
               "lost": r["lost"], "keeps_up": all(x["keeps_up"] for x in rows) and r["lost"] == 0,
               "verdict_on_slow_rank": bool(r["convicted_on"]),
               "min_shard_spans_per_cpu_s": min(x["spans_per_cpu_s"] for x in rows),
-              "max_kib_per_rank": max(x["kib_per_rank"] for x in rows),
+              "max_kib_per_rank": max(x["kib_per_rank"] for x in rows), "kib_per_rank_slope": r["kib_per_rank_slope"],
               "gateway_spans_per_cpu_s": r["gateway"]["spans_per_cpu_s"],
               "gateway_backend_failures": r["gateway"]["backend_failures"], "step_s": r["step_s"]}
     print(" ".join(f"{k}={v}" for k, v in fields.items()))
