@@ -42,6 +42,11 @@ class LoadConfig:
     job: str = "load-job"
     seed: int = 0
     spans_per_request: int = SDK_BATCH
+    # one slow rank: ``slow_stage`` device (and host) time x ``slow_factor`` from step ``slow_from`` on
+    slow_rank: int | None = None
+    slow_factor: float = 1.0
+    slow_from: int = 0
+    slow_stage: str = "forward-compute"
 
     @property
     def spans_per_rank_step(self) -> int:
@@ -51,6 +56,12 @@ class LoadConfig:
 
 def varint(n: int) -> bytes:
     """A protobuf base-128 varint (non-negative ``n``)."""
+    if n < _SMALL:
+        return _VARINTS[n]
+    return _varint(n)
+
+
+def _varint(n: int) -> bytes:
     out = bytearray()
     while True:
         b = n & 0x7F
@@ -60,6 +71,10 @@ def varint(n: int) -> bytes:
         else:
             out.append(b)
             return bytes(out)
+
+
+_SMALL = 1 << 14  # every tag and length of the load's messages: encoded once
+_VARINTS = [_varint(n) for n in range(_SMALL)]
 
 
 def length_delimited(field: int, payload: bytes) -> bytes:
@@ -129,8 +144,9 @@ def _rank_spans(cfg: LoadConfig, rank: int, steps: range, rng: random.Random) ->
         t = t_base + step * step_ns
         measured = step % cfg.device_every == 0
         summary: dict[str, list] = {}  # name -> [group, device ms, host ms, count], the emitter's aggregation
+        slow = rank == cfg.slow_rank and step >= cfg.slow_from
         for name, _level, ms in stages:
-            dev = ms * (1.0 + rng.gauss(0.0, 0.01))
+            dev = ms * (1.0 + rng.gauss(0.0, 0.01)) * (cfg.slow_factor if slow and name == cfg.slow_stage else 1.0)
             d = int(dev * 1e6)
             body = (trace + b"\x12\x08" + rng.getrandbits(64).to_bytes(8, "big") + parent + const[name]
                     + b"\x39" + _U64.pack(t) + b"\x41" + _U64.pack(t + d) + it + dbl(k_host, dev * 0.3)
