@@ -6,6 +6,7 @@ and ``twine check`` clean."""
 from __future__ import annotations
 
 import email.parser
+import os
 import re
 import shutil
 import subprocess
@@ -194,23 +195,98 @@ def test_the_cibuildwheel_configuration_builds_manylinux_wheels_with_the_c_path(
     assert not [i for i in ids if "musllinux" in i or i.startswith(("cp38", "cp39", "cp310", "pp"))], ids
 
 
+RELEASE_PYTHONS = ("3.11", "3.12", "3.13")  # [tool.cibuildwheel] build = "cp311-* cp312-* cp313-*"
+
+
+def _host_pythons() -> dict[str, str]:
+    """minor version -> interpreter, for the release's CPython versions found on this host: pyenv's (the newest
+    patch of each minor), else ``python3.X`` on PATH."""
+    found: dict[str, str] = {}
+    roots = [Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))]
+    if shutil.which("pyenv"):
+        out = subprocess.run(["pyenv", "root"], capture_output=True, text=True, timeout=30).stdout.strip()
+        roots.insert(0, Path(out)) if out else None
+    for minor in RELEASE_PYTHONS:
+        for root in roots:
+            pys = sorted((root / "versions").glob(f"{minor}.*/bin/python{minor}"),
+                         key=lambda p: [int(x) for x in re.findall(r"\d+", p.parts[-3])])
+            if pys:
+                found[minor] = str(pys[-1])
+                break
+        else:
+            if exe := shutil.which(f"python{minor}"):
+                found[minor] = exe
+    return found
+
+
+def _setuptools_only(tmp: Path) -> Path:
+    """A directory holding only this environment's setuptools (pure Python, with its vendored packages), for
+    another interpreter's PYTHONPATH: the build runs without isolation and without the network, as the
+    ``dist`` fixture's does, on interpreters that carry no (or an older) setuptools."""
+    import setuptools
+
+    shim = tmp / "setuptools-only"
+    shim.mkdir(exist_ok=True)
+    site = Path(setuptools.__file__).parent.parent
+    # its dist-info too: setuptools finds its own commands (dist_info, bdist_wheel) through its entry points
+    names = ["setuptools", "pkg_resources", "_distutils_hack", f"setuptools-{setuptools.__version__}.dist-info"]
+    for name in names:
+        if (site / name).exists() and not (shim / name).exists():
+            (shim / name).symlink_to(site / name)
+    return shim
+
+
+def test_the_release_pythons_are_on_this_host_under_ci() -> None:
+    """Under CI the per-Python wheel test below must not skip its way to green: two of the release's Pythons at
+    least."""
+    found = _host_pythons()
+    if os.environ.get("CI") != "true":
+        pytest.skip(f"not CI; found {sorted(found)}")
+    assert len(found) >= 2, f"CPython {RELEASE_PYTHONS}: only {sorted(found)} on this host"
+
+
 @pytest.mark.slow
-def test_the_release_switch_builds_a_platform_wheel_that_carries_the_c_path(dist: Dist, tmp_path: Path) -> None:
-    """What cibuildwheel runs in each manylinux container (``python -m build`` with
-    ``OTEL_STRAGGLER_BUILD_NATIVE=1``, its ``environment``), run here on the host: without Docker the manylinux
-    containers cannot run in this repository's tests, so the wheel is this host's (``linux_*`` tag; the release's
-    ``auditwheel repair`` step retags it manylinux). It is a CPython platform wheel with the extension inside."""
+@pytest.mark.parametrize("minor", RELEASE_PYTHONS)
+def test_the_release_switch_builds_a_c_path_wheel_for_each_host_python(dist: Dist, tmp_path: Path,
+                                                                       minor: str) -> None:
+    """What cibuildwheel runs in each manylinux container, run here with each of the release's Pythons this host
+    has: a wheel built from the sdist with the ``[tool.cibuildwheel]`` ``environment``
+    (``OTEL_STRAGGLER_BUILD_NATIVE=1``), installed into a throwaway venv of that Python, where its C path loads
+    (the ``test-command``'s check). The manylinux containers themselves are not run: they need Docker or Podman,
+    which this repository's test machines lack; the wheel is the host's (``linux_*`` tag; the release's
+    ``auditwheel repair`` step retags it manylinux). A Python the host lacks skips (see the CI test above)."""
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler")
+    python = _host_pythons().get(minor)
+    if python is None:
+        pytest.skip(f"no CPython {minor} on this host")
+    abi = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout.strip()
     out = tmp_path / "wheels"
-    proc = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out),
-                           str(dist.sdist)], capture_output=True, text=True, timeout=600,
-                          env=build_env(**_pyproject()["tool"]["cibuildwheel"]["environment"]), cwd=tmp_path)
+    env = build_env(**_pyproject()["tool"]["cibuildwheel"]["environment"], PYTHONPATH=str(_setuptools_only(tmp_path)))
+    proc = subprocess.run([python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                           "--disable-pip-version-check", "-w", str(out), str(dist.sdist)],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     (wheel,) = out.glob("*.whl")
-    py = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    py = "cp" + minor.replace(".", "")
     assert re.search(rf"-{py}-{py}-linux_[a-z0-9_]+\.whl$", wheel.name), wheel.name
-    assert [n for n in zipfile.ZipFile(wheel).namelist() if re.fullmatch(r"otel_straggler/_hotpath.*\.so", n)]
+    assert f"otel_straggler/_hotpath{abi}" in zipfile.ZipFile(wheel).namelist(), (abi, wheel.name)
+
+    venv = tmp_path / "venv"
+    subprocess.run([python, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
+    vpy = str(venv / "bin" / "python")
+    inst = subprocess.run([vpy, "-m", "pip", "install", "--no-deps", "--no-index", "--disable-pip-version-check",
+                           str(wheel)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert inst.returncode == 0, (inst.stdout + inst.stderr)[-3000:]
+    check = ("import json, sys, otel_straggler; from otel_straggler import hot_path; "
+             "print(json.dumps([hot_path.NAME, hot_path.REASON, otel_straggler.__file__, sys.prefix]))")
+    run = subprocess.run([vpy, "-c", check], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**build_env(OTEL_STRAGGLER_HOT_PATH="native"), "PYTHONPATH": ""})
+    assert run.returncode == 0, run.stderr[-3000:]
+    name, reason, where, prefix = __import__("json").loads(run.stdout)
+    assert name == "native", reason
+    assert Path(where).is_relative_to(venv) and Path(prefix) == venv, (where, prefix)
 
 
 def test_the_readme_says_which_wheel_carries_the_c_path() -> None:
