@@ -174,7 +174,7 @@ def run_arm(arm: str, round_no: int, warmup: int, steps: int) -> tuple[list[floa
     try:
         _train(timers, 0, warmup)
         durations = _train(timers, warmup, steps)
-        timers.flush(3.0)  # the export child's counters come with the flush's answer
+        timers.flush(30.0)  # the export child's counters come with the flush's answer (a loaded host: its start)
         counters = dict(getattr(timers.sink, "child_counters", {}) or {})
     finally:
         timers.shutdown(3.0)

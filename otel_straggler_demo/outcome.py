@@ -36,6 +36,12 @@ REASON_TEXT = {
                  "power, a shared link), not one GPU",
     "group_slow": "the GPUs of one tensor- or context-parallel group are slower together and no timing says which "
                   "of them holds the others: check every GPU of the group",
+    "host_contention": "its host time is long, but every peer it could be compared with runs on its own machine: "
+                       "the machine's CPUs are contended, and nothing says this rank is the cause",
+    "intermittent_excess": "slow in recurring spikes rather than every step: over the lookback the spikes cost "
+                           "the job as much as a steadily slow rank would",
+    "collective_slow": "a collective of this group takes longer than it used to on every member: time is lost in "
+                       "the network or a link, not in one rank's compute (reported, never paged)",
 }
 
 

@@ -70,7 +70,7 @@ def ddp_example() -> str:
 
 
 def launch_block() -> list[str]:
-    (block,) = [b for b in blocks("bash") if "otel-straggler-collector" in b]
+    (block,) = [b for b in blocks("bash") if b.startswith("OTEL_STRAGGLER_OTLP_GRPC_ENDPOINT=0.0.0.0:4317 ")]
     return [ln.split("#")[0].strip() for ln in block.splitlines() if ln.split("#")[0].strip()]
 
 

@@ -176,10 +176,10 @@ def test_log_writes_on_the_last_rank_by_default(impl: Impl, rank: int, monkeypat
     lines: list[str] = []
     if impl.name == "megatron":
         monkeypatch.setattr(mt.logger, "info", lines.append)
-    caplog.set_level(logging.INFO, logger="otel_straggler.timers")
+    caplog.set_level(logging.INFO, logger="megatron.core.timers")
     monkeypatch.setattr(impl.mod.Timers, "get_all_timers_string", lambda *a, **k: "timing output")
     impl.timers(log_level=1, log_option="max").log(["forward"])
-    lines += [r.getMessage() for r in caplog.records if r.name == "otel_straggler.timers"]
+    lines += [r.getMessage() for r in caplog.records if r.name == "megatron.core.timers"]
     assert lines == (["timing output"] if rank == 3 else [])
 
 

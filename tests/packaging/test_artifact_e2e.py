@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
 import urllib.request
 import uuid
@@ -77,7 +76,9 @@ def venv(dist: Dist, tmp_path_factory: pytest.TempPathFactory) -> Path:
     py = home / "bin" / "python"
     purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              capture_output=True, text=True, check=True).stdout.strip()
-    Path(purelib, "shared_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # the dependencies of this interpreter (its site directories and those their .pth files add), never the tree
+    shared = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
+    Path(purelib, "shared_dependencies.pth").write_text("".join(p + "\n" for p in shared))
     proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index",
                            str(dist.wheel)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
@@ -123,7 +124,9 @@ def _wait_for_metrics(port: int, proc: subprocess.Popen[str], timeout_s: float =
                 return
         except OSError:
             time.sleep(0.2)
-    raise AssertionError(f"the collector did not come up (exit {proc.poll()})")
+    if proc.poll() is not None:
+        raise AssertionError(f"the collector exited {proc.returncode}: {proc.communicate()[1][-3000:]}")
+    raise AssertionError("the collector did not come up")
 
 
 def test_a_torchrun_job_with_a_slow_rank_is_caught_by_the_installed_collector(venv: Path, tmp_path: Path) -> None:
