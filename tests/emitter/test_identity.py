@@ -35,7 +35,8 @@ def test_env_fallbacks_and_resource_attributes() -> None:
     assert (ident.gpu_uuid, ident.gpu_pci_bus_id, ident.gpu_index) == ("cpu", "", -1)
     attrs = ident.resource_attributes()
     # every resource attribute of the schema but the step-summary flag, which the export side adds
-    expected = {v for k, v in vars(schema).items() if k.startswith("RES_")} - {schema.RES_STEP_SUMMARY}
+    expected = {v for k, v in vars(schema).items()
+                if k.startswith("RES_") and isinstance(v, str)} - {schema.RES_STEP_SUMMARY}
     assert set(attrs) == expected
     assert attrs[schema.RES_COHORT_KEY] == "e3/megatron-v1/tp1.pp0.vpp0.cp0.ep0.etp0.c0"
     assert attrs[schema.RES_STAGE_SCHEMA] == "megatron-v1"
