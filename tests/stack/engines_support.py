@@ -10,7 +10,9 @@ import contextlib
 import json
 import os
 import re
+import struct
 import subprocess
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,6 +179,34 @@ def metric_values(text: str, name: str) -> list[tuple[dict[str, str], float]]:
         labels = dict(re.findall(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"', m.group(3) or ""))
         out.append((labels, float(m.group(4))))
     return out
+
+
+def lb_ring_owner(endpoints: list[str], routing: dict[str, str]) -> str:
+    """The endpoint the ``load_balancing`` exporter (contrib v0.161.0, ``consistent_hashing.go``) sends a batch to
+    whose routing attributes are ``routing`` (in the config's order), among ``endpoints`` as its resolver gives
+    them (``ip:port``): 200 crc32 points per endpoint on a ring of 131,071 positions (a taken position probes up to
+    10 ahead), the batch's point the crc32 of ``name=value|`` of each attribute, the owner the first point at or
+    after it (wrapping). A replica for the tests to know where a cohort must be judged; the gateway decides."""
+    size, weight, probes = 131071, 200, 10
+    candidates = []
+    for ep in endpoints:
+        for i in range(weight):
+            h = zlib.crc32(ep.encode() + struct.pack("<I", i))
+            candidates.append((h % size, h, ep))
+    candidates.sort()
+    taken: set[int] = set()
+    ring: list[tuple[int, str]] = []
+    for pos, _, ep in candidates:
+        probed = 0
+        while pos in taken and probed < probes:
+            pos, probed = (pos + 1) % size, probed + 1
+        if probed >= probes:
+            continue
+        taken.add(pos)
+        ring.append((pos, ep))
+    ring.sort()
+    point = zlib.crc32("".join(f"{k}={v}|" for k, v in routing.items()).encode()) % size
+    return next((ep for pos, ep in ring if pos >= point), ring[0][1])
 
 
 class SimulatedHosts:

@@ -377,7 +377,9 @@ class StragglerFeed:
     def step(self, step: int, slow_factor: float = 1.0) -> None:
         def stages(rank: int) -> list[tuple[str, str, float]]:
             factor = slow_factor if rank == SLOW_RANK else 1.0
-            return [(STAGE, "forward", self.base_ms * factor), ("backward-compute", "backward", self.base_ms * 1.5)]
+            # a gradient all-reduce too: the dashboards' collective panels need a ring to judge
+            return [(STAGE, "forward", self.base_ms * factor), ("backward-compute", "backward", self.base_ms * 1.5),
+                    ("all-grads-sync", "grad-sync", self.base_ms * 0.2)]
 
         emit_step(dict(enumerate(self.tracers)), dict(enumerate(self.ids)), self.job, step,
                   self.t_ns + step * 10**9, self.base_ms * 3, stages)

@@ -51,7 +51,7 @@ ENV_SCREENSHOT = "OTEL_STRAGGLER_SCREENSHOT"
 JOB = "llama 8b/run-2"
 RANKS = 4
 SLOW_RANK = 3  # StragglerFeed's slow rank
-FEED_STAGES = (STAGE, "backward-compute")  # the stages StragglerFeed emits per rank-step
+FEED_STAGES = (STAGE, "backward-compute", "all-grads-sync")  # the stages StragglerFeed emits per rank-step
 
 
 def _ui_assets() -> str:

@@ -42,6 +42,7 @@ from engines_support import (
     Jaeger,
     Otelcol,
     SimulatedHosts,
+    lb_ring_owner,
     metric_values,
     run_jaeger,
     run_otelcol,
@@ -59,6 +60,7 @@ from stack_support import (
 
 import otel_straggler_schema as s
 from otel_straggler_demo.run import free_ports
+from otel_straggler_schema.stages import STAGE_SCHEMA
 
 pytestmark = pytest.mark.slow
 
@@ -73,6 +75,8 @@ SHARD_NAME = "straggler-shards.test"
 NODE_SCRIPT = Path(__file__).with_name("engine_node.py")
 STAGE_NAMES = {"forward-compute", "backward-compute", "all-grads-sync"}
 MAX_STEP = 160
+COHORTS = [s.cohort_key(topology_epoch=0, stage_schema=STAGE_SCHEMA, tp=tp, pp=pp)
+           for tp in range(TP) for pp in range(PP)]
 
 
 @dataclass
@@ -107,6 +111,8 @@ class Run:
     sink: TraceSink
     first_alert: dict[str, Any]
     owners_before: dict[str, int]  # cohort -> shard index judging it before the kill
+    ring_before: dict[str, int]  # cohort -> shard index the load balancer's ring names for it, all shards up
+    ring_after: dict[str, int]  # the same without the killed shard
     killed: int  # index of the shard killed
     kill_step: int
     rejudged_step: int  # first step at which a live shard held the slow rank's verdict again
@@ -215,8 +221,13 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         hosts = stack.enter_context(SimulatedHosts(HOSTS))
         sink = stack.enter_context(TraceSink())
         jaeger = stack.enter_context(run_jaeger(tmp))
-        shard_port, gw_grpc, gw_http, *rest = free_ports(3 + 2 * SHARDS)
         shard_ips = [f"127.0.0.{11 + i}" for i in range(SHARDS)]
+        # the ring hashes the shards' ip:port: a port whose ring spreads the cohorts over at least two shards
+        for _ in range(50):
+            shard_port, gw_grpc, gw_http, *rest = free_ports(3 + 2 * SHARDS)
+            ring_before = _ring([f"{ip}:{shard_port}" for ip in shard_ips])
+            if len(set(ring_before.values())) >= 2:
+                break
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
         shards = []
         for i, ip in enumerate(shard_ips):
@@ -266,6 +277,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         nodes.advance(kill_step + 2)
         _hosts_file(hosts_file, [ip for i, ip in enumerate(shard_ips) if i != victim.index])
         live = [sh for sh in shards if sh is not victim]
+        ring_after = _ring([sh.address if sh is not victim else "" for sh in shards])
 
         def rejudged() -> int:
             return nodes.step if any(str(SLOW_RANK) in sh.active_ranks() for sh in live) else 0
@@ -281,8 +293,16 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                    "the re-judged verdict at Alertmanager", limit=rejudged_step + 40)
         nodes.advance(nodes.step + 3)
         time.sleep(3)
-        yield Run(tmp, hosts, jaeger, gateway, shards, st, sink, first, owners, victim.index, kill_step,
+        yield Run(tmp, hosts, jaeger, gateway, shards, st, sink, first, owners, ring_before, ring_after,
+                  victim.index, kill_step,
                   rejudged_step, backends, dns_isolated, list(st.hook.notifications))
+
+
+def _ring(endpoints: list[str]) -> dict[str, int]:
+    """cohort -> index in ``endpoints`` of the shard the gateway's ring sends it to ("" marks a shard not in the
+    ring)."""
+    live = sorted(ep for ep in endpoints if ep)
+    return {c: endpoints.index(lb_ring_owner(live, {s.RES_COHORT_KEY: c})) for c in COHORTS}
 
 
 def _wait_trace(jaeger: Jaeger, trace_id: str, pred: Any, timeout_s: float = 60.0) -> list[dict[str, Any]]:
@@ -313,7 +333,10 @@ def test_the_ranks_ran_on_separate_hosts(run: Run) -> None:
 
 
 def test_every_cohort_is_judged_on_exactly_one_shard(run: Run) -> None:
+    """Each cohort on the one shard the gateway's consistent-hash ring names for it (``lb_ring_owner``), the
+    cohorts over at least two shards (the port is chosen so)."""
     assert len(run.owners_before) == TP * PP, run.owners_before
+    assert run.owners_before == run.ring_before
     assert len(set(run.owners_before.values())) >= 2, f"the ring put every cohort on one shard: {run.owners_before}"
 
 
@@ -369,7 +392,7 @@ def test_a_killed_shards_cohorts_are_rerouted_and_judged_again(run: Run) -> None
         if shard != run.killed:  # consistent hashing moves only the dead shard's cohorts
             assert owners_after.get(cohort) == shard, (cohort, shard, owners_after)
         else:
-            assert owners_after.get(cohort) in {sh.index for sh in live}, (cohort, owners_after)
+            assert owners_after.get(cohort) == run.ring_after[cohort], (cohort, owners_after, run.ring_after)
 
 
 def test_no_duplicate_page_after_the_reroute(run: Run) -> None:
