@@ -15,12 +15,12 @@ from __future__ import annotations
 import hashlib
 from typing import Final, NamedTuple
 
-SCHEMA_VERSION: Final = "2"  # 2: step summary on the rank-step span, step spans in their own scope
+SCHEMA_VERSION: Final = "3"  # 3: a step trace per block of STEP_TRACE_RANKS ranks; 2: step summary, step scope
 
 # --- instrumentation scope and span names -------------------------------------------------------
 SCOPE_NAME: Final = "otel-straggler"  # stage spans
 SCOPE_STEP_NAME: Final = "otel-straggler.step"  # the train-step and rank-step spans
-SPAN_JOB_STEP: Final = "train-step"  # one per step per job, emitted by rank 0; root of the step trace
+SPAN_JOB_STEP: Final = "train-step"  # one per step and rank block, emitted by its first rank; root of its trace
 SPAN_RANK_STEP: Final = "rank-step"  # one per step per rank, parent of that rank's stage spans
 # A stage span is named after its Megatron timer name (``forward-compute``) and carries ATTR_STAGE.
 SPAN_VERDICT: Final = "straggler.verdict"  # injected by the collector into the step's trace
@@ -97,6 +97,8 @@ ATTR_WORKLOAD_MICROBATCHES: Final = "straggler.workload.microbatches"  # int
 ATTR_INJECTED: Final = "straggler.injected"  # bool, test-only slowdown was applied inside this interval
 # bool, present and true on a stage span whose interval contains a wait in a collective (stage(..., collective=True))
 ATTR_STAGE_COLLECTIVE: Final = "straggler.stage.collective"
+# int, on a train-step root: the block of STEP_TRACE_RANKS consecutive ranks whose step trace it roots
+ATTR_TRACE_BLOCK: Final = "straggler.trace.block"
 # Step summary on the rank-step span: one entry per timer of the step, parallel arrays (same length).
 ATTR_SUMMARY_STAGES: Final = "straggler.summary.stages"  # str[], timer names
 ATTR_SUMMARY_GROUPS: Final = "straggler.summary.groups"  # str[], stage groups
@@ -474,17 +476,40 @@ def _ids_of(job_id: str, run_id: str) -> str:
     return f"{job_id}/run/{run_id}" if run_id else job_id
 
 
-def trace_id_for_step(job_id: str, step: int, run_id: str = "") -> int:
-    """All ranks' spans of one step share this 128-bit trace id (deterministic in job id, run id and step)."""
-    digest = hashlib.sha256(f"otel-straggler/trace/{_ids_of(job_id, run_id)}/{int(step)}".encode()).digest()
+# A step's spans form one trace per block of this many consecutive global ranks (ranks 0-63 block 0, 64-127 block
+# 1, ...): a trace a trace store keeps whole and a UI opens in seconds at any job size (bench/results/
+# step-trace-size.md). Block 0's ids are those of a job of at most 64 ranks.
+STEP_TRACE_RANKS: Final = 64
+
+
+def trace_block(rank: int) -> int:
+    """The block of ``STEP_TRACE_RANKS`` ranks whose step trace holds ``rank``'s spans."""
+    return max(0, int(rank)) // STEP_TRACE_RANKS
+
+
+def _step_key(job_id: str, run_id: str, step: int, block: int) -> str:
+    key = f"{_ids_of(job_id, run_id)}/{int(step)}"
+    return f"{key}/block/{int(block)}" if block else key
+
+
+def trace_id_for_step(job_id: str, step: int, run_id: str = "", block: int = 0) -> int:
+    """The 128-bit trace id shared by one step's spans of the ranks of ``block`` (``trace_block(rank)``),
+    deterministic in job id, run id, step and block."""
+    digest = hashlib.sha256(f"otel-straggler/trace/{_step_key(job_id, run_id, step, block)}".encode()).digest()
     value = int.from_bytes(digest[:16], "big")
     return value or 1
 
 
-def job_step_span_id(job_id: str, step: int, run_id: str = "") -> int:
-    """Span id of the job-level ``train-step`` root span (emitted by rank 0)."""
-    digest = hashlib.sha256(f"otel-straggler/job-step/{_ids_of(job_id, run_id)}/{int(step)}".encode()).digest()
+def step_root_span_id(trace_id: int) -> int:
+    """Span id of the ``train-step`` root of a step trace, from its trace id alone (so whoever holds a step trace's
+    id, a verdict included, can parent a span under its root)."""
+    digest = hashlib.sha256(f"otel-straggler/job-step/{int(trace_id):032x}".encode()).digest()
     return int.from_bytes(digest[:8], "big") or 1
+
+
+def job_step_span_id(job_id: str, step: int, run_id: str = "", block: int = 0) -> int:
+    """Span id of the ``train-step`` root span of ``block``'s step trace (emitted by the block's first rank)."""
+    return step_root_span_id(trace_id_for_step(job_id, step, run_id, block))
 
 
 def rank_step_span_id(job_id: str, step: int, rank: int, run_id: str = "") -> int:

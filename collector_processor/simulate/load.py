@@ -136,8 +136,10 @@ def _rank_spans(cfg: LoadConfig, rank: int, steps: range, rng: random.Random) ->
     def dbl(key: bytes, v: float) -> bytes:
         return b"\x4a" + varint(len(key) + 11) + key + b"\x12\x09\x21" + _F64.pack(v)
 
+    block = s.trace_block(rank)
     for step in steps:
-        trace = b"\x0a\x10" + s.trace_id_for_step(cfg.job, step).to_bytes(16, "big")
+        tid = s.trace_id_for_step(cfg.job, step, block=block)
+        trace = b"\x0a\x10" + tid.to_bytes(16, "big")
         parent_id = s.rank_step_span_id(cfg.job, step, rank).to_bytes(8, "big")
         parent = b"\x22\x08" + parent_id
         it = _kv_bytes(s.ATTR_ITERATION, step)
@@ -163,7 +165,7 @@ def _rank_spans(cfg: LoadConfig, rank: int, steps: range, rng: random.Random) ->
         t0 = t_base + step * step_ns
         entries = list(summary.items())
         body = (trace + b"\x12\x08" + parent_id + b"\x22\x08"
-                + s.job_step_span_id(cfg.job, step).to_bytes(8, "big") + rank_step_const
+                + s.step_root_span_id(tid).to_bytes(8, "big") + rank_step_const
                 + b"\x39" + _U64.pack(t0) + b"\x41" + _U64.pack(t) + it + dbl(k_host, (t - t0) / 1e6)
                 + _kv_bytes(s.ATTR_WORKLOAD_TOKENS, 32768 * cfg.microbatches)
                 + _array_kv_bytes(s.ATTR_SUMMARY_STAGES, [n for n, _ in entries])

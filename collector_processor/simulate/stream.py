@@ -303,10 +303,15 @@ class JobStream:
                 total = fb + sum(r[3] for r in rows if r[1] == "optimizer") + sm.step_overhead_ms
                 step_ms = max(step_ms, total)
             request = ExportTraceServiceRequest()
-            trace_id = s.trace_id_for_step(cfg.job, step).to_bytes(16, "big")
+            blocks: dict[int, tuple[bytes, bytes]] = {}  # trace block -> (trace id, train-step root id)
             for info in self.ranks:
                 if step < self.start_step[info.rank]:
                     continue
+                block = s.trace_block(info.rank)
+                if block not in blocks:
+                    tid = s.trace_id_for_step(cfg.job, step, block=block)
+                    blocks[block] = (tid.to_bytes(16, "big"), s.step_root_span_id(tid).to_bytes(8, "big"))
+                trace_id, root_id = blocks[block]
                 if info.rank not in faulty and info.cohort not in cohort_faulty:
                     self.healthy_rank_steps += 1
                 rs = request.resource_spans.add()
@@ -351,7 +356,7 @@ class JobStream:
                     rsp = ss.spans.add()
                 rsp.trace_id = trace_id
                 rsp.span_id = parent
-                rsp.parent_span_id = s.job_step_span_id(cfg.job, step).to_bytes(8, "big")
+                rsp.parent_span_id = root_id
                 rsp.name = s.SPAN_RANK_STEP
                 rsp.start_time_unix_nano = t
                 rsp.end_time_unix_nano = t + int(step_ms * 1e6)

@@ -7,7 +7,8 @@ others were only sampled out (``device_repeats`` ``middle``, config.py: one repe
 reason is the stage's) or no repeat has it. Detail ``interval``:
 one stage span per interval, emitted at once. In both, each step yields a ``rank-step`` span (earliest
 start .. latest stop of the step) carrying the step summary (every timer's per-step aggregate as parallel
-arrays: what the collector reads), and rank 0 also yields the job-level ``train-step`` root.
+arrays: what the collector reads), and the first rank of each block of ``STEP_TRACE_RANKS`` ranks also yields the
+``train-step`` root of its block's step trace.
 
 A step closes when an interval of a later step arrives (steps advance monotonically per rank; an
 optional ``step_close_lag`` reorder window keeps that many older steps open), after
@@ -218,7 +219,7 @@ class StepAggregator:
     def _close(self, step: int, out: list[SpanRecord]) -> None:
         agg = self._open.pop(step)
         self._last_closed = max(self._last_closed, step)
-        if self.rank == 0:
+        if self.rank % schema.STEP_TRACE_RANKS == 0:  # the first rank of its block roots the block's step trace
             out.append(
                 SpanRecord(
                     KIND_JOB_STEP,
@@ -226,7 +227,8 @@ class StepAggregator:
                     step,
                     agg.start_ns,
                     agg.end_ns,
-                    {schema.ATTR_ITERATION: step, schema.ATTR_STAGE_GROUP: "step"},
+                    {schema.ATTR_ITERATION: step, schema.ATTR_STAGE_GROUP: "step",
+                     schema.ATTR_TRACE_BLOCK: schema.trace_block(self.rank)},
                 )
             )
         rs_attrs: dict[str, Any] = {

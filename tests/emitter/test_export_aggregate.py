@@ -84,7 +84,8 @@ def test_step_detail_sums_counts_and_device_rules() -> None:
     assert rank_step.attributes[schema.ATTR_HOST_MS] == pytest.approx(19.0)
     assert rank_step.attributes[schema.ATTR_STAGE] == schema.SPAN_RANK_STEP
     assert (job_step.start_ns, job_step.end_ns) == (rank_step.start_ns, rank_step.end_ns)
-    assert job_step.attributes == {schema.ATTR_ITERATION: 5, schema.ATTR_STAGE_GROUP: "step"}
+    assert job_step.attributes == {schema.ATTR_ITERATION: 5, schema.ATTR_STAGE_GROUP: "step",
+                                   schema.ATTR_TRACE_BLOCK: 0}
 
 
 def test_step_detail_scales_a_sampled_repeat_to_the_step() -> None:

@@ -19,9 +19,9 @@ from otel_straggler.config import DEFAULTS
 from otel_straggler.export.thread_sink import ThreadSink
 
 
-def sink_for(rank: int, exporter: SpanExporter, job: str = "job-a", **settings) -> ThreadSink:
-    """A ThreadSink of ``rank``; ``settings`` are ``EmitterConfig`` fields."""
-    ident = identity(rank, 4, job)
+def sink_for(rank: int, exporter: SpanExporter, job: str = "job-a", world: int = 4, **settings) -> ThreadSink:
+    """A ThreadSink of ``rank`` of ``world``; ``settings`` are ``EmitterConfig`` fields."""
+    ident = identity(rank, world, job)
     return ThreadSink(ident.resource_attributes(), rank=rank, job_id=job, config=replace(DEFAULTS, **settings),
                       span_exporter=exporter, metric_exporter=None)
 
@@ -69,6 +69,38 @@ def test_ids_parents_and_resource(monkeypatch: pytest.MonkeyPatch) -> None:
     assert {v for k, v in scopes.items() if k != schema.SPAN_RANK_STEP} == {schema.SCOPE_NAME}
     s0.shutdown(2.0)
     s2.shutdown(2.0)
+
+
+def test_a_step_is_one_trace_per_block_of_64_ranks_each_rooted_by_its_first_rank() -> None:
+    """Ranks 0, 63, 64 and 130 of a 256-rank job: ranks 0-63 share block 0's trace under rank 0's root; rank 64
+    roots block 1's trace (linked to block 0's root) and rank 130 sits in block 2's, whose root another rank sends."""
+    ranks = (0, 63, 64, 130)
+    mems = {r: InMemorySpanExporter() for r in ranks}
+    sinks = {r: sink_for(r, mems[r], world=256) for r in ranks}
+    for r, sink in sinks.items():
+        sink.submit(make_intervals(r, 5))
+    for sink in sinks.values():
+        assert sink.flush(5.0)
+    spans = {r: mems[r].get_finished_spans() for r in ranks}
+    roots = {r: [sp for sp in spans[r] if sp.name == schema.SPAN_JOB_STEP] for r in ranks}
+    assert [len(roots[r]) for r in ranks] == [1, 0, 1, 0]
+    for r in ranks:
+        block = schema.trace_block(r)
+        tid = schema.trace_id_for_step("job-a", 5, block=block)
+        root_id = schema.job_step_span_id("job-a", 5, block=block)
+        assert {sp.context.trace_id for sp in spans[r]} == {tid}, r
+        (rs,) = [sp for sp in spans[r] if sp.name == schema.SPAN_RANK_STEP]
+        assert rs.parent.span_id == root_id and rs.context.span_id == schema.rank_step_span_id("job-a", 5, r)
+        for root in roots[r]:
+            assert root.context.span_id == root_id and root.parent is None
+            assert root.attributes[schema.ATTR_TRACE_BLOCK] == block
+    assert not roots[0][0].links
+    (link,) = roots[64][0].links
+    assert (link.context.trace_id, link.context.span_id) == (schema.trace_id_for_step("job-a", 5),
+                                                             schema.job_step_span_id("job-a", 5))
+    assert len({schema.trace_id_for_step("job-a", 5, block=b) for b in (0, 1, 2)}) == 3
+    for sink in sinks.values():
+        sink.shutdown(2.0)
 
 
 def test_service_name_env_and_interval_detail(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -130,15 +130,31 @@ def test_trace_id_rule_test_vectors_in_the_document() -> None:
 
     assert hashlib.sha256(b"otel-straggler/trace/job-1/7").digest()[:16] == s.trace_id_for_step(
         "job-1", 7).to_bytes(16, "big")
+    block0 = s.trace_id_for_step("job-1", 7)
+    block2 = s.trace_id_for_step("job-1", 7, block=2)
+    assert hashlib.sha256(b"otel-straggler/trace/job-1/7/block/2").digest()[:16] == block2.to_bytes(16, "big")
+    assert hashlib.sha256(f"otel-straggler/job-step/{block2:032x}".encode()).digest()[:8] == s.job_step_span_id(
+        "job-1", 7, block=2).to_bytes(8, "big")
     vectors = {
-        s.trace_id_for_step("job-1", 7).to_bytes(16, "big").hex(): "trace id",
+        block0.to_bytes(16, "big").hex(): "trace id",
         s.job_step_span_id("job-1", 7).to_bytes(8, "big").hex(): "train-step",
         s.rank_step_span_id("job-1", 7, 3).to_bytes(8, "big").hex(): "rank-step",
+        block2.to_bytes(16, "big").hex(): "block 2's trace id",
+        s.job_step_span_id("job-1", 7, block=2).to_bytes(8, "big").hex(): "block 2's train-step",
     }
     for hexid in vectors:
         assert f"`{hexid}`" in DOC, vectors[hexid]
-    for text in ("`otel-straggler/trace/J/N`", "`otel-straggler/job-step/J/N`", "`otel-straggler/rank-step/J/N/R`"):
+    for text in ("`otel-straggler/trace/J/N`", "`otel-straggler/trace/J/N/block/B`", "`otel-straggler/job-step/T`",
+                 "`otel-straggler/rank-step/J/N/R`"):
         assert text in DOC
+
+
+def test_a_step_trace_holds_one_block_of_64_ranks() -> None:
+    assert s.STEP_TRACE_RANKS == 64
+    assert [s.trace_block(r) for r in (0, 63, 64, 127, 128, 8191)] == [0, 0, 1, 1, 2, 127]
+    assert s.trace_id_for_step("j", 3, block=0) == s.trace_id_for_step("j", 3)
+    assert len({s.trace_id_for_step("j", 3, block=b) for b in range(128)}) == 128
+    assert s.job_step_span_id("j", 3, "u", 5) == s.step_root_span_id(s.trace_id_for_step("j", 3, "u", 5))
 
 
 def test_stage_group_table_is_the_emitters_mapping() -> None:

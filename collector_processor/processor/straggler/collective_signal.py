@@ -147,7 +147,8 @@ def judge(det: Detector, ev: WindowEvidence, rings: Rings) -> None:
                         ring.open, verdict=s.VERDICT_RECOVERED, reason=WITHIN_TOLERANCE, value_ms=value,
                         deviation=relative_deviation(value, median(list(ring.baseline))), step_time_lost_ms=0.0,
                         gpu_seconds_per_hour=0.0, window_gpu_seconds=0.0, window_start=ev.window.start,
-                        window_end=ev.window.end, step=ev.step, trace_id=ev.trace_id, emitted_unix_ns=ev.now_ns))
+                        window_end=ev.window.end, step=ev.step, trace_id=ev.trace_of(ring.open.rank),
+                        emitted_unix_ns=ev.now_ns))
                     ring.open = None
                     ring.par = 0
             continue
@@ -213,15 +214,16 @@ def _event(det: Detector, ev: WindowEvidence, stage: str, group: str, ring_name:
                                                if p != named and p in cohort.ranks))
     per_hour = impact(lost, ev.world_size, ev.period_ms)
     window_s = (ev.period_ms or 0.0) / 1000.0 * (ev.window.end - ev.window.start + 1)
+    rank = named if named is not None else members[0]
     first_step, first_trace = (previous.first_step, previous.first_trace_id) if previous is not None \
-        else (ev.step, ev.trace_id)
+        else (ev.step, ev.trace_of(rank))
     return Verdict(
-        job=cohort.job, cohort=cohort.key, rank=named if named is not None else members[0],
+        job=cohort.job, cohort=cohort.key, rank=rank,
         host=info.host if info is not None else "", gpu=info.gpu if info is not None else "", stage=stage,
         group=group, verdict=s.VERDICT_UNCERTAIN, reason=COLLECTIVE_SLOW, deviation=relative_deviation(value, base),
         value_ms=value, reference_rank=None, reference_ms=base, measurement=kind, window_start=ev.window.start,
         window_end=ev.window.end, step=ev.step, attribution=s.ATTRIBUTION_UNKNOWN, step_time_lost_ms=lost,
-        gpu_seconds_per_hour=per_hour, cohort_size=len(members), collective_evidence="", trace_id=ev.trace_id,
+        gpu_seconds_per_hour=per_hour, cohort_size=len(members), collective_evidence="", trace_id=ev.trace_of(rank),
         emitted_unix_ns=ev.now_ns, first_step=first_step, first_trace_id=first_trace,
         window_gpu_seconds=per_hour / 3600.0 * window_s, group_ranks=members, derived=True, hint=hint,
         ring=ring_name, link_rank=named)

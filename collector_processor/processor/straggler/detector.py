@@ -103,7 +103,6 @@ class WindowEvidence:
     window: Window
     out: WindowOutcome
     step: int | None  # the window's last observed step (None: wall-clock window)
-    trace_id: bytes
     period_ms: float | None
     world_size: int
     collectives: dict[str, dict[int, float]]  # collective group -> rank -> ms
@@ -114,6 +113,20 @@ class WindowEvidence:
     stats: dict[str, dict[int, RankStat]] = field(default_factory=dict)  # every stage's warm ranks
     tolerances: dict[str, Tolerances] = field(default_factory=dict)  # stage -> its tolerances, once computed
     tokens_vary: bool = False  # some warm ranks' tokens differ or vary beyond workload_tolerance (per_unit)
+    traces: dict[int, bytes] = field(default_factory=dict)  # trace block -> trace id of ``step``, once computed
+
+    def trace_of(self, rank: int) -> bytes:
+        """The trace of the window's last step that holds ``rank``'s spans (its block's: ``s.trace_block``); b""
+        for a wall-clock window."""
+        if self.step is None:
+            return b""
+        block = s.trace_block(rank)
+        tid = self.traces.get(block)
+        if tid is None:
+            tid = s.trace_id_for_step(self.cohort.job, self.step, s.cohort_run(self.cohort.key), block).to_bytes(
+                16, "big")
+            self.traces[block] = tid
+        return tid
 
 
 class StageEvidence:
@@ -279,9 +292,7 @@ class Detector:
                         g[r] = g.get(r, 0.0) + cv
         world_size = max((cohort.ranks[r].world_size for r in present if r in cohort.ranks), default=0)
         step = window.max_step if window.kind == KIND_STEP else None
-        trace_id = (s.trace_id_for_step(cohort.job, step, s.cohort_run(cohort.key)).to_bytes(16, "big")
-                    if step is not None else b"")
-        ev = WindowEvidence(cohort, window, out, step, trace_id, period, world_size or len(cohort.ranks),
+        ev = WindowEvidence(cohort, window, out, step, period, world_size or len(cohort.ranks),
                             collectives, rank_tokens, tok_median, uniform, now_ns, stats, tokens_vary=tokens_vary)
         return ev, stats
 
@@ -964,7 +975,7 @@ class Judgement:
         straggler = verdict == s.VERDICT_STRAGGLER
         alert = self.st.alert  # a refresh, hold or recovery stays with the step that convicted
         first_step, first_trace = (alert.first_step, alert.first_trace_id) if alert is not None \
-            else (ev.step, ev.trace_id)
+            else (ev.step, ev.trace_of(self.rank))
         per_hour = impact(lost, ev.world_size, ev.period_ms)
         if ev.window.kind == KIND_STEP:
             window_s = (ev.period_ms or 0.0) / 1000.0 * (ev.window.end - ev.window.start + 1)
@@ -979,8 +990,8 @@ class Judgement:
             step=ev.step, attribution=attribution, step_time_lost_ms=lost,
             gpu_seconds_per_hour=per_hour, cohort_size=cmp.size,
             collective_evidence=collective.wait_evidence(self.det, ev, self.rank) if straggler else "",
-            trace_id=ev.trace_id, emitted_unix_ns=ev.now_ns, first_step=first_step, first_trace_id=first_trace,
-            window_gpu_seconds=per_hour / 3600.0 * window_s,
+            trace_id=ev.trace_of(self.rank), emitted_unix_ns=ev.now_ns, first_step=first_step,
+            first_trace_id=first_trace, window_gpu_seconds=per_hour / 3600.0 * window_s,
             hint=self._hint(info, cmp.peers) if straggler and info is not None and info.gpu_hints else "",
             **self._intermittent_evidence(reason),
         )

@@ -224,16 +224,29 @@ def verdict_span_id(v: Verdict) -> bytes:
     return hashlib.sha256(key.encode()).digest()[:8]
 
 
+def _reference_link(v: Verdict, step: int) -> list[Span.Link]:
+    """A link to the reference rank's ``rank-step`` span of the step (in its block's step trace, which is another
+    trace when the reference's rank is in another block of 64)."""
+    if v.reference_rank is None or v.reference_rank < 0:
+        return []
+    run = s.cohort_run(v.cohort)
+    ref = v.reference_rank
+    return [Span.Link(trace_id=s.trace_id_for_step(v.job, step, run, s.trace_block(ref)).to_bytes(16, "big"),
+                      span_id=s.rank_step_span_id(v.job, step, ref, run).to_bytes(8, "big"))]
+
+
 def verdict_span(v: Verdict) -> Span | None:
-    """The verdict as a span in the trace of the step where its alert was first convicted, child of that
-    step's job-level ``train-step`` root (None without a step)."""
+    """The verdict as a span in the step trace where its alert was first convicted (the one of the rank's block of
+    64, ``s.trace_block``), child of that trace's ``train-step`` root, linked to the reference rank's ``rank-step``
+    span (None without a step)."""
     step, trace = convicted_step(v)
     if step is None or not trace:
         return None
     return Span(
         trace_id=trace,
         span_id=verdict_span_id(v),
-        parent_span_id=s.job_step_span_id(v.job, step, s.cohort_run(v.cohort)).to_bytes(8, "big"),
+        parent_span_id=s.step_root_span_id(int.from_bytes(trace, "big")).to_bytes(8, "big"),
+        links=_reference_link(v, step),
         name=s.SPAN_VERDICT,
         kind=Span.SpanKind.SPAN_KIND_INTERNAL,
         start_time_unix_nano=v.emitted_unix_ns,

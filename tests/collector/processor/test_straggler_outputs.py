@@ -143,6 +143,38 @@ def test_verdict_and_recovery_spans_live_in_the_convicting_steps_trace() -> None
     assert rec[0].span_id != conv[0].span_id
 
 
+def test_a_verdict_on_a_rank_beyond_64_lives_in_its_blocks_trace_linked_to_its_reference() -> None:
+    """A 512-rank job whose cohort holds ranks 3, 67, ..., 451 (one per block of 64): the slow rank 195's verdict
+    span, its log record's trace and its evidence name block 3's step trace, under that trace's ``train-step``
+    root, with a link to the reference rank's ``rank-step`` span in the reference's own block trace."""
+    clock = SimClock()
+    ranks = [3 + 64 * i for i in range(8)]
+    slow = ranks[3]
+    spans: list = []
+    proc, _, _ = make_processor(Config(), clock)
+    for st in range(0, 30):
+        req = step_request(st, {r: (72.0 if r == slow else 60.0, 10.0) for r in ranks}, world=512)
+        out = proc.process_traces(req)
+        assert out is not None
+        spans += [sp for rs in out.resource_spans for ss in rs.scope_spans for sp in ss.spans
+                  if sp.name == s.SPAN_VERDICT]
+        clock.t += 0.3
+    (conv,) = [sp for sp in spans if {a.key: a.value for a in sp.attributes}[s.EV_VERDICT].string_value
+               == s.VERDICT_STRAGGLER]
+    attrs = {a.key: a.value for a in conv.attributes}
+    first = attrs[s.EV_FIRST_STEP].int_value
+    assert attrs[s.EV_RANK].int_value == slow and s.trace_block(slow) == 3
+    trace = s.trace_id_for_step("job-1", first, block=3)
+    assert conv.trace_id == trace.to_bytes(16, "big")
+    assert conv.parent_span_id == s.job_step_span_id("job-1", first, block=3).to_bytes(8, "big")
+    assert attrs[s.EV_TRACE_ID].string_value == f"{trace:032x}"
+    ref = attrs[s.EV_REFERENCE_RANK].int_value
+    assert ref in ranks and ref != slow
+    (link,) = conv.links
+    assert link.trace_id == s.trace_id_for_step("job-1", first, block=s.trace_block(ref)).to_bytes(16, "big")
+    assert link.span_id == s.rank_step_span_id("job-1", first, ref).to_bytes(8, "big")
+
+
 def test_prometheus_view_follows_the_alert() -> None:
     clock = SimClock()
     cfg = Config(metrics=MetricsConfig(series_ttl_s=60.0))
