@@ -45,15 +45,14 @@ class SpanBuilder:
             return cached[1], cached[2], cached[3]
         job, run = self.job_id, self.run_id
         tid = schema.trace_id_for_step(job, step, run, self.block)
-        jid = schema.job_step_span_id(job, step, run, self.block)
+        jid = schema.step_root_span_id(tid)
         rid = schema.rank_step_span_id(job, step, self.rank, run)
         self._step_cache = (step, tid, jid, rid)
         return tid, jid, rid
 
     def _first_block_root(self, step: int) -> Link:
-        job, run = self.job_id, self.run_id
-        return Link(SpanContext(trace_id=schema.trace_id_for_step(job, step, run),
-                                span_id=schema.job_step_span_id(job, step, run), is_remote=True,
+        tid = schema.trace_id_for_step(self.job_id, step, self.run_id)
+        return Link(SpanContext(trace_id=tid, span_id=schema.step_root_span_id(tid), is_remote=True,
                                 trace_flags=_SAMPLED))
 
     def build(self, records: Iterable[SpanRecord]) -> int:
