@@ -1,14 +1,18 @@
-"""``otel-straggler``: the project's command line (``doctor`` checks a node, ``demo`` runs the end-to-end demo).
+"""``otel-straggler``: the project's command line (``doctor`` checks a node; other commands, such as ``demo``,
+come from the ``otel_straggler.commands`` entry points of the installed packages).
 
-``demo`` is the demo application (``otel_straggler_demo.cli``): loaded only when that command runs, so no
-library module of the emitter imports it.
+An entry point names a ``main(argv) -> int`` that parses its own options, and its module a one-line ``HELP``; it
+is loaded only when its command runs (or for the top-level ``--help``), so the library imports none of them.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import EntryPoint, PackageNotFoundError, entry_points, version
+
+COMMANDS_GROUP = "otel_straggler.commands"
 
 
 def package_version() -> str:
@@ -26,19 +30,21 @@ def version_text() -> str:
     return f"otel-straggler {package_version()} (hot path: {hot_path.describe()}, Python {python})"
 
 
-DEMO_HELP = "run N rank processes, slow one, and show the collector finding it"
+def commands() -> dict[str, EntryPoint]:
+    """The installed commands (``otel_straggler.commands`` entry points), by name."""
+    return {ep.name: ep for ep in entry_points(group=COMMANDS_GROUP)}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["demo"]:  # the demo application parses its own options
-        from otel_straggler_demo.cli import main as demo_main
-
-        return demo_main(argv[1:])
+    plugged = commands()
+    if argv[:1] and argv[0] in plugged:  # the command parses its own options
+        return int(plugged[argv[0]].load()(argv[1:]))
     parser = argparse.ArgumentParser(prog="otel-straggler")
     parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help=DEMO_HELP, add_help=False)  # listed here; ``otel-straggler demo --help`` for more
+    for name, ep in sorted(plugged.items()):  # listed here; ``otel-straggler NAME --help`` for more
+        sub.add_parser(name, help=getattr(importlib.import_module(ep.module), "HELP", None), add_help=False)
     doc = sub.add_parser("doctor", help="say what the emitter will do on this node, and check the collector",
                          description="Checks, from this environment: enabled, settings, hot path, torch/CUDA, "
                                      "launcher ranks, job and run ids, whether the OTLP endpoint takes trace "

@@ -13,6 +13,7 @@ import sys
 
 from otel_straggler_demo.options import MODELS, TOY, TOY_STAGES, DemoOptions, OptionError, default_inject_rank
 
+HELP = "run N rank processes, slow one, and show the collector finding it"  # in ``otel-straggler --help``
 DESCRIPTION = ("Runs a data-parallel demo job on this machine with the straggler collector on loopback, slows one "
                "rank, then prints what the collector found. Exits 1 when the slowed rank is not convicted or "
                "another one is.")
