@@ -261,6 +261,7 @@ class Pipeline:
                 self._depth.set(self._q.qsize())
                 if item.done is not None:
                     item.done.set()
+            del item  # a worker waiting for the next item holds none: its request's memory goes back now
 
     def _handle(self, item: _Item) -> None:
         if item.kind == "events":

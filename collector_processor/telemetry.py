@@ -74,6 +74,8 @@ class Telemetry:
         self.duplicate_identity = Counter(_base(s.M_DUPLICATE_IDENTITY), "Requests naming an identity attribute "
                                           "twice in one resource", ["receiver"], registry=r)
         self.memory_bytes = Gauge(s.M_MEMORY_BYTES, "Process RSS seen by the memory limiter", registry=r)
+        self.admitted_bytes = Gauge(s.M_ADMITTED_BYTES, "Largest body admitted whatever it holds, when idle",
+                                    ["receiver"], registry=r)
         self.inline_deferred = Counter(_base(s.M_INLINE_DEFERRED), "Requests queued because the pipeline's budget "
                                        "for processing on a receiver's event loop was spent", ["pipeline"],
                                        registry=r)

@@ -289,6 +289,8 @@ M_DUPLICATE_IDENTITY: Final = "otel_straggler_collector_duplicate_identity_total
 # (labels: pipeline)
 M_INLINE_DEFERRED: Final = "otel_straggler_collector_inline_deferred_total"
 M_MEMORY_BYTES: Final = "otel_straggler_collector_memory_bytes"
+# the largest request body a receiver admits whatever its content while the collector is idle (labels: receiver)
+M_ADMITTED_BYTES: Final = "otel_straggler_collector_receiver_admitted_bytes"
 M_COMPONENT_ERRORS: Final = "otel_straggler_collector_component_errors_total"  # labels: component
 # Label values each collector counter reports from the start (at 0), so a rate sees its first event; the
 # receiver / endpoint / exporter / component labels take the ids of the configured components.
@@ -428,6 +430,10 @@ COLLECTOR_METRICS: Final = (
            "to a credit that refills at 0.1 s per second"),
     Metric(M_MEMORY_BYTES, "gauge", (),
            "process RSS seen by the memory limiter"),
+    Metric(M_ADMITTED_BYTES, "gauge", ("receiver",),
+           "the largest request body the receiver admits whatever it holds while nothing else is being decoded: "
+           "the memory limiter's budget over the most a body's bytes and its decoding may take; a larger body "
+           "under the size limit is admitted when it decodes in less"),
     Metric(M_COMPONENT_ERRORS, "counter", ("component",),
            "exceptions caught in a processor call or tick (the request was passed on unchanged)"),
     Metric(M_EMITTER_PREFIX + "<name>_total", "counter", ("training_job", "run", "rank", "reason"),

@@ -58,6 +58,7 @@ BURST_BYTES = 32 * MIB
 
 
 TRIM_EVERY_S = 10.0  # RSS over a quarter of the way to the soft limit: free arena pages returned this often
+REFUSED_TRIM_EVERY_S = 1.0  # a reservation that RSS refuses trims first and looks again, at most this often
 
 
 class MemoryLimiter:
@@ -72,6 +73,7 @@ class MemoryLimiter:
         self._burst = False  # a large reservation since the memory was last released
         self.releases = 0
         self._trimmed_s = 0.0
+        self._refused_trim_s = -REFUSED_TRIM_EVERY_S
         tune()
         self.baseline = rss_bytes()
         self._stop = threading.Event()
@@ -89,14 +91,21 @@ class MemoryLimiter:
             return Refusal("memory_limit", f"decoding this request may take {nbytes / MIB:.0f} MiB, more than the "
                            f"memory limit leaves ({self.budget() / MIB:.0f} MiB): send smaller "
                            "requests or raise limit_mib", retry=False)
-        with self._lock:
-            if rss_bytes() + self._reserved + nbytes > self.soft:
-                return Refusal("memory_limit", f"memory limit: {self._reserved / MIB:.0f} MiB of requests being "
-                               "decoded")
-            self._reserved += nbytes
-            if nbytes >= BURST_BYTES:
-                self._burst = True
-        return None
+        for look in (1, 2):
+            with self._lock:
+                if rss_bytes() + self._reserved + nbytes <= self.soft:
+                    self._reserved += nbytes
+                    if nbytes >= BURST_BYTES:
+                        self._burst = True
+                    return None
+            now = time.monotonic()
+            if look == 2 or now - self._refused_trim_s < REFUSED_TRIM_EVERY_S:
+                break
+            # what RSS counts may be heap the allocator kept after earlier requests: return it and look again, so
+            # an idle collector admits what its budget holds
+            self._refused_trim_s = now
+            trim()
+        return Refusal("memory_limit", f"memory limit: {self._reserved / MIB:.0f} MiB of requests being decoded")
 
     def budget(self) -> int:
         return max(0, self.soft - self.baseline)

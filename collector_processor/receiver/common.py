@@ -15,12 +15,15 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from pydantic import Field, model_validator
 
 from collector_processor.component import Admission, Refusal
+from collector_processor.config.model import MIB
 from collector_processor.config.types import Duration, GrpcListen, HttpListen, ServerTLS, Strict
 from collector_processor.pipeline import Pipeline, Result
 from collector_processor.receiver.auth import AuthConfig, Tenant
 from collector_processor.receiver.decode import (
     CT_PROTOBUF,
+    WORST_BYTES_PER_BYTE,
     DecodeFailure,
+    admitted_bytes,
     count_items,
     decode,
     decode_cost,
@@ -34,6 +37,9 @@ log = logging.getLogger(__name__)
 # protocol by default) is decoded at once, and a memory limiter over its soft limit still refuses them when they
 # are submitted, counting their items in spans_dropped_total.
 UNRESERVED_BYTES = 1 << 20
+# RSS a started collector adds at rest to the memory limiter's baseline (taken before the receivers start: their
+# threads, buffers and connections; ~20 MiB measured), left out of the budget a receiver says it admits
+IDLE_GROWTH_BYTES = 64 << 20
 MAX_MESSAGE_MIB = 256  # the largest request size limit a receiver may be given
 
 # export response of each signal and its partial-success count field
@@ -174,6 +180,23 @@ class Dispatcher:
         """The smallest budget of the admission gates of any signal (None: no gate, nothing bounds memory)."""
         budgets = [g.budget() for gates in self._gates.values() for g in gates]
         return min(budgets) if budgets else None
+
+    def admitted(self, limit: int, held_per_byte: int = 1) -> int:
+        """The largest body under ``limit`` admitted whatever it holds while nothing else is reserved (a body is
+        counted in ``held_per_byte`` twice: reserved, and resident once read)
+        (``decode.admitted_bytes`` of the smallest budget), exported as ``receiver_admitted_bytes`` and logged
+        when it is less than ``limit``."""
+        budget = self.budget()
+        if budget is not None:  # what a started collector holds at rest beyond the limiter's baseline
+            budget = max(0, budget - IDLE_GROWTH_BYTES)
+        admitted = limit if budget is None else min(limit, admitted_bytes(budget, held_per_byte))
+        self.t.admitted_bytes.labels(self.label).set(admitted)
+        if admitted < limit and budget is not None:
+            log.info("%s: admits any request up to %.1f MiB, and one up to the %.0f MiB limit when its decoding "
+                     "fits the %.0f MiB the memory limiter leaves (at most %d bytes per body byte; ordinary stage "
+                     "spans ~30): receiver_admitted_bytes", self.label, admitted / MIB, limit / MIB, budget / MIB,
+                     held_per_byte + WORST_BYTES_PER_BYTE)
+        return admitted
 
     def release(self, signal: str, nbytes: int) -> None:
         if nbytes < UNRESERVED_BYTES:

@@ -118,6 +118,17 @@ def decode_cost_bound(body: bytes | bytearray, content_type: str = CT_PROTOBUF) 
     return PROTOBUF_BYTES_PER_BYTE * n + PROTOBUF_BYTES_PER_SMALL_MESSAGE * (n // 2)
 
 
+# The most ``decode_cost`` gives any valid body per byte: protobuf whose every other byte starts a small message
+# (124); a valid JSON body has at most one container per two bytes besides its strings (96).
+WORST_BYTES_PER_BYTE = PROTOBUF_BYTES_PER_BYTE + PROTOBUF_BYTES_PER_SMALL_MESSAGE // 2
+
+
+def admitted_bytes(budget: int, held_per_byte: int = 1) -> int:
+    """The largest body that gates with ``budget`` bytes free admit whatever it holds: its own bytes
+    (``held_per_byte`` of them per body byte while it is decoded) and the most its decoding may take."""
+    return max(0, budget) // (held_per_byte + WORST_BYTES_PER_BYTE)
+
+
 def decode_cost(body: bytes | bytearray, content_type: str = CT_PROTOBUF) -> int:
     """An upper estimate of the memory that decoding ``body`` takes (what admission control reserves); a few
     passes of ``bytes.count``, no parsing."""

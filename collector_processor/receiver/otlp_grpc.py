@@ -380,6 +380,7 @@ class OtlpGrpcReceiver:
             raise
         log.info("OTLP/gRPC receiver %s listening on %s:%d%s", self.id, self.host, self.port,
                  " (TLS)" if self.cfg.tls.enabled() else "")
+        self.d.admitted(self.limit, held_per_byte=2)
 
     def stop_accepting(self, grace_s: float) -> None:
         """Refuse new RPCs, let in-flight ones finish within ``grace_s``."""

@@ -260,6 +260,7 @@ class OtlpHttpReceiver:
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("OTLP/HTTP receiver %s listening on http%s://%s:%d", self.id, "s" if ctx else "", self.host,
                  self.port)
+        self.d.admitted(self.limit, held_per_byte=4)  # a gzip body's inflated bytes: reserved twice, resident twice
 
     def stop_accepting(self, grace_s: float) -> None:
         """Stop listening and let requests being handled finish within ``grace_s``; then close every connection."""

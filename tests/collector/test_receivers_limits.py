@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import subprocess
 import sys
+import threading
+import urllib.error
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,9 +21,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans
-from service_support import BASE_RECEIVER, DoubleProcessor, wait_for
+from service_support import BASE_RECEIVER, DoubleProcessor, scrape, wait_for
 
 from collector_processor.component import Refusal
+from collector_processor.processor import memory_limiter
 from collector_processor.processor.memory_limiter import BURST_BYTES, rss_bytes
 from collector_processor.receiver import common
 from collector_processor.receiver.common import Dispatcher
@@ -32,11 +37,13 @@ from collector_processor.receiver.decode import (
     decode_cost_bound,
     small_messages,
 )
+from collector_processor.simulate.load import length_delimited
 from collector_processor.telemetry import Telemetry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reliability"))
 from rel_support import rank_resource, stage_span
 
+REPO = Path(__file__).resolve().parents[2]
 TRACE_EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 MIB = 2**20
 SHIPPED_LIMITER = "  memory_limiter: {limit_mib: 1024, spike_limit_mib: 256, check_interval: 1s}"
@@ -207,3 +214,104 @@ def test_only_small_protobuf_bodies_are_bounded_by_length() -> None:
     assert decode_cost_bound(b"{}", CT_JSON) is None
     assert decode_cost_bound(b"\x0a\x00", CT_PROTOBUF + "; charset=binary") is not None
     assert decode_cost_bound(b"\x0a\x00" * (BOUND_BYTES // 2)) < BURST_BYTES  # never marks a burst
+
+
+# ---- what a receiver says it admits, and that it does ---------------------------------------------------------
+
+_LISTEN = re.compile(r"listening: otlp (OTLP/GRPC|OTLP/HTTP|metrics) (?:https?://)?127\.0\.0\.1:(\d+)|"
+                     r"listening: prometheus (metrics) http://127\.0\.0\.1:(\d+)")
+
+
+def _costliest(nbytes: int) -> bytes:
+    """A valid request of about ``nbytes`` that the decoding estimate prices highest per byte: one span whose
+    attributes are empty KeyValues (``4a 00``: every other byte starts a message), none of them an item."""
+    attrs = b"\x4a\x00" * ((nbytes - 16) // 2)
+    return length_delimited(1, length_delimited(2, length_delimited(2, attrs)))
+
+
+def test_the_shipped_collector_admits_what_it_says_it_admits_when_idle(tmp_path: Path) -> None:
+    """A collector process on the shipped configuration exports, per receiver, the largest body it admits
+    whatever the body holds (``receiver_admitted_bytes``, logged). A body of the costliest shape of that size is
+    admitted over gRPC and then over HTTP once the first one was processed (the worker holds no request once it is
+    done), and its memory comes back; one of twice that size is refused for good (413 / RESOURCE_EXHAUSTED)."""
+    env = {**os.environ, "OTEL_STRAGGLER_OTLP_GRPC_ENDPOINT": "127.0.0.1:0",
+           "OTEL_STRAGGLER_OTLP_HTTP_ENDPOINT": "127.0.0.1:0", "OTEL_STRAGGLER_METRICS_ENDPOINT": "127.0.0.1:0",
+           "OTEL_STRAGGLER_EVIDENCE_PATH": str(tmp_path / "verdicts.jsonl"), "OTEL_STRAGGLER_TRACES_ENDPOINT": ""}
+    proc = subprocess.Popen([sys.executable, "-m", "collector_processor", "--config",
+                             str(REPO / "configs" / "collector.yaml")], cwd=tmp_path, env=env,
+                            stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    try:
+        assert proc.stderr is not None
+        ports: dict[str, int] = {}
+        while len(ports) < 3:
+            line = proc.stderr.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+            for m in _LISTEN.finditer(line):
+                what, port = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+                ports[what] = int(port)
+        threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()  # type: ignore[arg-type]
+        metrics = f"http://127.0.0.1:{ports['metrics']}/metrics"
+        admitted = {r: scrape(metrics)[f"otel_straggler_collector_receiver_admitted_bytes{{receiver=otlp/{r}}}"]
+                    for r in ("grpc", "http")}
+        # the shipped limits leave a fresh collector a budget of ~650 MiB: a few MiB of any body, under 16 MiB
+        assert all(2 * MIB < a < 16 * MIB for a in admitted.values()), admitted
+        assert any("admits any request up to" in x for x in lines)
+
+        def idle() -> bool:
+            return scrape(metrics)["otel_straggler_collector_queue_depth{queue=traces}"] == 0
+
+        body = _costliest(int(admitted["grpc"]))
+        assert len(body) <= admitted["grpc"] and decode_cost(body) > 120 * len(body)
+        with grpc.insecure_channel(f"127.0.0.1:{ports['OTLP/GRPC']}",
+                                   options=[("grpc.max_send_message_length", -1)]) as ch:
+            ch.unary_unary(TRACE_EXPORT)(body, timeout=60)
+            assert wait_for(idle, timeout=60)
+            body = _costliest(int(admitted["http"]))
+            req = urllib.request.Request(f"http://127.0.0.1:{ports['OTLP/HTTP']}/v1/traces", data=body,
+                                         method="POST", headers={"Content-Type": "application/x-protobuf"})
+            # a client retries after the 503's Retry-After (1 s), as the OTel exporters do
+            assert wait_for(lambda: _status(req) == 200, timeout=30, interval=1.0), "".join(lines[-20:])
+            with pytest.raises(grpc.RpcError) as e:
+                ch.unary_unary(TRACE_EXPORT)(_costliest(2 * int(admitted["grpc"])), timeout=60)
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        samples = scrape(metrics)
+        assert samples["otel_straggler_collector_requests_total{outcome=too_large,receiver=otlp/grpc}"] == 1
+        assert samples["otel_straggler_collector_requests_total{outcome=throttled,receiver=otlp/http}"] <= 2
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def _status(req: urllib.request.Request) -> int:
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_a_limiter_returns_freed_heap_before_it_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RSS may count heap the allocator kept after earlier requests. A reservation that RSS refuses trims first
+    and looks again, at most every ``REFUSED_TRIM_EVERY_S``; what the trim cannot give back is refused."""
+    rss = {"now": 100 * MIB, "after_trim": 100 * MIB}
+    trims: list[int] = []
+
+    def trim(collect: bool = True) -> None:
+        trims.append(1)
+        rss["now"] = rss["after_trim"]
+
+    monkeypatch.setattr(memory_limiter, "rss_bytes", lambda: rss["now"])
+    monkeypatch.setattr(memory_limiter, "trim", trim)
+    lim = memory_limiter.MemoryLimiter(memory_limiter.Config(limit_mib=1000, spike_limit_mib=200), Telemetry())
+    trims.clear()
+    rss["now"] = 700 * MIB  # freed heap still counted: the trim gives it back
+    assert lim.reserve(150 * MIB) is None and trims == [1]
+    rss["now"] = 700 * MIB  # again within the second: refused without a trim
+    assert isinstance(lim.reserve(100 * MIB), Refusal) and trims == [1]
+    lim._refused_trim_s -= memory_limiter.REFUSED_TRIM_EVERY_S
+    rss["after_trim"] = 700 * MIB  # really held: trimmed, still refused, nothing reserved by the refusal
+    assert isinstance(lim.reserve(100 * MIB), Refusal) and trims == [1, 1]
+    lim.release(150 * MIB)
+    assert lim._reserved == 0

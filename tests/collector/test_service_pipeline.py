@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -58,6 +59,28 @@ def test_processor_exception_fails_open_and_is_counted() -> None:
     assert wait_for(lambda: sink.got == [req])
     assert p.close(__import__("time").monotonic() + 2)
     assert t.registry.get_sample_value("otel_straggler_collector_component_errors_total", {"component": "bad"}) >= 2
+
+
+class _Counting:
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def export_traces(self, req) -> None:  # type: ignore[no-untyped-def]
+        self.sizes.append(req.ByteSize())
+
+
+def test_a_waiting_worker_holds_no_request() -> None:
+    """Once a request was handled, the worker waiting for the next one holds no reference to it: an idle collector
+    gives a large request's memory back at once, not when the next request arrives."""
+    sink = _Counting()
+    p = Pipeline("traces", Telemetry(), max_items=10, max_bytes=1 << 20, processors=[], exporters=[("sink", sink)])
+    p.start()
+    req = _req(3)
+    before = sys.getrefcount(req)
+    assert p.submit(req, req.ByteSize(), 3, wait_s=2.0).status == "ok"
+    assert wait_for(lambda: sink.sizes == [req.ByteSize()])
+    assert wait_for(lambda: sys.getrefcount(req) == before, timeout=5), sys.getrefcount(req) - before
+    assert p.close(time.monotonic() + 2)
 
 
 def test_queue_byte_cap_refuses_and_counts() -> None:
