@@ -4,7 +4,7 @@
 
 * unset or ``auto``: the C extension where a working C compiler and the Python headers are at hand and the
   build is for this host (an editable install, ``pip install`` of the sdist, ``pip wheel``, a ``cibuildwheel``
-  run); a pure ``py3-none-any`` wheel (the Python hot path, ``otel_straggler/hot_path.py``) from ``python -m
+  run); a pure ``py3-none-any`` wheel (the Python hot path, ``otel_straggler/_hotpath_py.py``) from ``python -m
   build``, which makes the distributable wheel an index accepts, and wherever no compiler works (probed before
   the build, so such a wheel is never tagged for a platform);
 * ``1``: build the extension and fail when it cannot be built (``cibuildwheel`` sets this: its manylinux wheels

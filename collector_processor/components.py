@@ -26,3 +26,14 @@ def factories() -> Factories:
         evidence.FACTORY,
         debug.FACTORY,
     ])
+
+
+_default: Factories | None = None
+
+
+def default_factories() -> Factories:
+    """The factories of this distribution, made on first use."""
+    global _default
+    if _default is None:
+        _default = factories()
+    return _default

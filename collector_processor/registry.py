@@ -7,7 +7,6 @@ distribution (``collector_processor.components``, otelcol's ``components.go``), 
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,14 +79,3 @@ class Factories:
     def extended(self, *more: Factory) -> Factories:
         """These factories plus ``more`` (a build with extra component types, e.g. in tests)."""
         return Factories([*self, *more])
-
-
-_default: Factories | None = None
-
-
-def default_factories() -> Factories:
-    """The factories of this distribution (``collector_processor.components``), loaded on first use."""
-    global _default
-    if _default is None:
-        _default = importlib.import_module("collector_processor.components").factories()
-    return _default

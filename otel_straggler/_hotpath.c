@@ -6,20 +6,21 @@
  * (bench/results/cpu-native-floor.md, bench/results/cpu-hot-path-ab.md, bench/results/gpu-h200.md). Here the same
  * logic reads and writes C fields and one 64-byte record.
  *
- * What: types with the attribute names of their Python counterparts, so every other part of the package (the
- * readout thread, StepContext's sampling logic, Timer's Megatron API, the tests) reads and writes them unchanged:
- *   HotCounters   counters.py      (the training thread's four counters, C fields)
- *   EventTable    event_pool.py    (the pool's events by id; refs, tag, tainted, handle: Python arrays read and
- *                                   written here through their buffers)
- *   Ring          ring.py          (the single-producer single-consumer ring: a bytearray of records)
- *   SharedEvent   shared_event.py  (the latest boundary's event, reused by adjacent boundaries)
- *   StepState     step_context.py  (the fields the hot path reads; StepContext derives from it)
- *   TimerCore     timers.py        (a timer's state and start/stop; Timer derives from it)
- *   TimersCore    timers.py        (timers(name, log_level): an existing timer found in C)
+ * What: the types of its Python twin, _hotpath_py.py (same names, fields and order; hot_path.py picks one), so
+ * every other part of the package (the readout thread, StepContext's sampling logic, Timer's Megatron API, the
+ * tests) reads and writes them unchanged:
+ *   HotCounters   (the training thread's four counters, C fields; counters.py EmitterCounters derives from it)
+ *   EventTable    (the pool's events by id, event_pool.py; refs, tag, tainted, handle: Python arrays read and
+ *                  written here through their buffers)
+ *   Ring          (the single-producer single-consumer ring of ring.py's records: a bytearray)
+ *   SharedEvent   (the latest boundary's event, reused by adjacent boundaries)
+ *   StepState     (the fields the hot path reads; step_context.py StepContext derives from it)
+ *   TimerCore     (a timer's state and start/stop; timers.py Timer derives from it)
+ *   TimersCore    (timers(name, log_level): an existing timer found in C)
  * No Python object lives in a record: the timer, the events and the degraded reason are integer ids into
- * Python-owned tables. The logic is the Python path's, line for line (timers.py _PyTimerCore, shared_event.py
- * PySharedEvent, readout.py); the emitter tests run against both, and a seeded differential test compares their
- * records and frames byte for byte (tests/emitter/test_hot_path_parity.py). Only CPython's public C API is used.
+ * Python-owned tables. The logic is the Python path's, line for line (_hotpath_py.py, readout.py); the emitter
+ * tests run against both, and a seeded differential test compares their records and frames byte for byte
+ * (tests/emitter/test_hot_path_parity.py). Only CPython's public C API is used.
  *
  * Rules kept from the Python path: no lock, no I/O, no device call other than the record; every Exception
  * inside start/stop is cleared and counted (faults_training), never raised into training; a KeyboardInterrupt or
@@ -135,7 +136,7 @@ static PyMemberDef HotCounters_members[] = {
 static PyTypeObject HotCountersType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "otel_straggler._hotpath.HotCounters",
-    .tp_doc = "The training thread's counters (counters.py PyHotCounters).",
+    .tp_doc = "The training thread's counters (_hotpath_py.py HotCounters).",
     .tp_basicsize = sizeof(HotCountersObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .tp_new = PyType_GenericNew,
@@ -234,7 +235,7 @@ static PyMemberDef Table_members[] = {
 static PyTypeObject TableType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "otel_straggler._hotpath.EventTable",
-    .tp_doc = "EventTable(events, refs, tag, tainted, handle, free, orphans) (event_pool.py PyEventTable).",
+    .tp_doc = "EventTable(events, refs, tag, tainted, handle, free, orphans) (_hotpath_py.py EventTable).",
     .tp_basicsize = sizeof(TableObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,
@@ -376,7 +377,7 @@ static PyMemberDef Ring_members[] = {
 static PyTypeObject RingType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "otel_straggler._hotpath.Ring",
-    .tp_doc = "Ring(capacity): the fixed single-producer single-consumer ring of records (ring.py PyRing).",
+    .tp_doc = "Ring(capacity): the fixed single-producer single-consumer ring of records (_hotpath_py.py Ring).",
     .tp_basicsize = sizeof(RingObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,
@@ -544,7 +545,7 @@ static PyMemberDef Share_members[] = {
 static PyTypeObject ShareType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "otel_straggler._hotpath.SharedEvent",
-    .tp_doc = "SharedEvent(*, gap_us, stream_of, table, ring) (shared_event.py PySharedEvent).",
+    .tp_doc = "SharedEvent(*, gap_us, stream_of, table, ring) (_hotpath_py.py SharedEvent).",
     .tp_basicsize = sizeof(ShareObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,
@@ -658,7 +659,7 @@ static PyGetSetDef StepState_getset[] = {
 static PyTypeObject StepStateType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "otel_straggler._hotpath.StepState",
-    .tp_doc = "The step fields the hot path reads (step_context.py PyStepState).",
+    .tp_doc = "The step fields the hot path reads (_hotpath_py.py StepState).",
     .tp_basicsize = sizeof(StepStateObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE,
     .tp_new = PyType_GenericNew,
@@ -689,7 +690,7 @@ typedef struct {
     long long starts;
     unsigned long long cu_record; /* address of cuEventRecord (driver record API), 0: call record */
     PyObject *name;
-    PyObject *label; /* the wire's name: str, bounded (interval.py bound_name) */
+    PyObject *label; /* the wire's name: str, bounded (records.py bound_name) */
     PyObject *level; /* Megatron's log level: any number */
     PyObject *group;
     PyObject *c;       /* HotCounters */
@@ -1175,7 +1176,7 @@ static PyGetSetDef Timer_getset[] = {
 static PyTypeObject TimerType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "otel_straggler._hotpath.TimerCore",
-    .tp_doc = "A timer's state and its start/stop in C (timers.py _PyTimerCore).",
+    .tp_doc = "A timer's state and its start/stop in C (_hotpath_py.py TimerCore).",
     .tp_basicsize = sizeof(TimerObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE,
     .tp_new = Timer_new,

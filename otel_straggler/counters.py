@@ -1,8 +1,8 @@
 """Emitter counters: plain ints, each field written by exactly ONE thread (no lock needed).
 
 Written by the TRAINING thread (start/stop path): ``dropped_ring_full``, ``barriers_skipped``,
-``unbalanced``, ``faults_training`` (the fields of ``HotCounters``, which the C hot path writes as C fields where it
-runs), ``names_truncated`` (at a new timer's lookup).
+``unbalanced``, ``faults_training`` (the fields of ``hot_path.HotCounters``: C fields where the C hot path runs),
+``names_truncated`` (at a new timer's lookup).
 Written by the READOUT thread: ``intervals``, ``degraded_counts`` (per reason code: the training thread only
 writes the code into the ring's record, the readout thread counts it; ``degraded`` is the same by name),
 ``faults_readout``, ``readout_lag_ms``, ``quarantined``, ``quarantine_released``, ``sink_errors``, ``pool_high_water``
@@ -15,10 +15,10 @@ is one increment stale is fine for cumulative self-metrics. ``SNAPSHOT_KEYS`` ar
 from __future__ import annotations
 
 from array import array
-from typing import Any, Final
+from typing import Final
 
 import otel_straggler_schema as schema
-from otel_straggler import hot_path
+from otel_straggler.hot_path import HotCounters
 
 # The schema's degraded reasons by meaning (unpacked in schema order; a change there fails loudly here).
 NO_CUDA, SAMPLED_OUT, POOL_EXHAUSTED, READOUT_TIMEOUT, CUDA_ERROR, UNBALANCED = schema.DEGRADED_REASONS
@@ -48,15 +48,6 @@ SNAPSHOT_KEYS: Final = (
     "quarantine_released",
     "names_truncated",
 )
-
-
-class PyHotCounters:
-    """The training thread's counters; the C extension's ``HotCounters`` (C fields) when it runs the hot path."""
-
-    __slots__ = ("barriers_skipped", "dropped_ring_full", "faults_training", "unbalanced")
-
-
-HotCounters: Any = hot_path.core.HotCounters if hot_path.core is not None else PyHotCounters
 
 
 class EmitterCounters(HotCounters):

@@ -3,10 +3,10 @@
 All events are created AND recorded once at install (the first ``record()`` of a ``torch.cuda.Event``
 lazily creates the CUDA event, which costs far more than a warm record and would skew the first windows),
 followed by one ``synchronize`` at install time only. Events are named by id (0..n-1) everywhere past the pool:
-in the ring's records, the free list and the orphans; ``table`` (``EventTable``) keeps the events and each one's
-state in arrays indexed by id. The free list is a ``collections.deque`` of ids: ``popleft`` (training thread only)
-and ``append`` (readout thread only; the training thread hands the ids it lets go of to ``orphans``, which the
-readout quarantines) are atomic under the GIL, so no lock is shared with the training thread.
+in the ring's records, the free list and the orphans; ``table`` (``hot_path.EventTable``) keeps the events and
+each one's state in arrays indexed by id. The free list is a ``collections.deque`` of ids: ``popleft`` (training
+thread only) and ``append`` (readout thread only; the training thread hands the ids it lets go of to ``orphans``,
+which the readout quarantines) are atomic under the GIL, so no lock is shared with the training thread.
 
 An event that was recorded is returned to the free list only after its ``query()`` is True (or at
 shutdown): a recorded-but-unfinished event is never re-recorded.
@@ -48,6 +48,7 @@ from typing import Any
 
 from otel_straggler import hot_path
 from otel_straggler.counters import CUDA_ERROR, NO_CUDA
+from otel_straggler.hot_path import EventTable
 
 _log = logging.getLogger(__name__)
 
@@ -101,8 +102,8 @@ def driver_elapsed(handle: Any, hold_gil: bool = True) -> Callable[[int, int], f
     the C hot path's module (``_hotpath.event_elapsed``) where it runs and the GIL is kept, else through ctypes. Not
     thread-safe (one result buffer): the readout thread's alone."""
     fn = _driver_call("cuEventElapsedTime", *_ELAPSED_ARGS, hold_gil=hold_gil)
-    if hold_gil and hot_path.core is not None:  # the same call from C: no ctypes argument conversion per call
-        core_elapsed = hot_path.core.event_elapsed
+    core_elapsed = hot_path.event_elapsed
+    if hold_gil and core_elapsed is not None:  # the same call from C: no ctypes argument conversion per call
         address = _address(fn)
 
         def c_elapsed(s: int, e: int) -> float | None:
@@ -128,17 +129,17 @@ def driver_elapsed_batch() -> Callable[[Any, Any, int, int], int] | None:
     device times of the ring's pending records read with the GIL released once around the driver calls, each left in
     the ring's ``pre`` for the readout (``_hotpath.c``); None without the C module (the readout then calls
     ``elapsed`` per record)."""
-    if hot_path.core is None:
+    if hot_path.elapsed_batch is None:
         return None
-    return functools.partial(hot_path.core.elapsed_batch, _address(_driver_call("cuEventElapsedTime", *_ELAPSED_ARGS)))
+    return functools.partial(hot_path.elapsed_batch, _address(_driver_call("cuEventElapsedTime", *_ELAPSED_ARGS)))
 
 
 def driver_query(handle: Any, hold_gil: bool = True) -> Callable[[int], bool]:
     """``query(i)``: ``cuEventQuery`` on the event's raw handle (from C as ``driver_elapsed``, else through ctypes):
     True once it completed, False while it has not, raises on any other error."""
     fn = _driver_call("cuEventQuery", ctypes.c_void_p, hold_gil=hold_gil)
-    if hold_gil and hot_path.core is not None:
-        core_query = hot_path.core.event_query
+    core_query = hot_path.event_query
+    if hold_gil and core_query is not None:
         address = _address(fn)
 
         def c_query(i: int) -> bool:
@@ -213,30 +214,6 @@ def _none() -> None:
     return None
 
 
-class PyEventTable:
-    """The pool's events by id and the state the hot path keeps of each, in arrays indexed by id: ``refs`` (int32:
-    references not yet published in the ring, training thread; shared_event.py), ``tag`` (int64: the ring head at
-    its release), ``tainted`` (a byte: released with its state unknown, the readout queries it before reuse),
-    ``handle`` (uint64: the raw ``CUevent`` for the driver's calls, 0 without them). ``free`` (ids the training
-    thread takes, ``popleft``; the readout returns them, ``append``) and ``orphans`` (ids the training thread let go
-    of; the readout quarantines them) are deques: each operation is atomic under the GIL, so no lock is shared with
-    the training thread. The C extension's ``EventTable`` (the same Python objects, which it reads and writes
-    through their buffers) when it runs the hot path."""
-
-    __slots__ = ("events", "free", "handle", "orphans", "refs", "tag", "tainted")
-
-    def __init__(self, events: list[Any], refs: Any, tag: Any, tainted: Any, handle: Any, free: deque[int],
-                 orphans: deque[int]) -> None:
-        self.events = events
-        self.refs = refs
-        self.tag = tag
-        self.tainted = tainted
-        self.handle = handle
-        self.free = free
-        self.orphans = orphans
-
-
-EventTable: Any = hot_path.core.EventTable if hot_path.core is not None else PyEventTable
 MAX_EVENTS = 0xFFFE  # event ids fit the ring record's 16 bits (0xFFFF: none)
 
 
@@ -261,7 +238,7 @@ class EventPool:
         self.reason: str | None = None
         self.warm_error: str | None = None
         self.record_api = "event"
-        # the stream a record would use now, compared with what ``record`` returned (shared_event.py); None: no
+        # the stream a record would use now, compared with what ``record`` returned (``SharedEvent``); None: no
         # event is reused. A factory's events: ``stream`` (their record's result, None, by default)
         self.stream: Callable[[], Any] | None = stream if stream is not None else _none
         # the device times of a ring's pending records in one call, left in the ring's ``pre`` (readout thread

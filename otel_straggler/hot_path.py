@@ -1,13 +1,13 @@
-"""Which implementation runs the training thread's hot path: the C extension or the Python code.
+"""Which implementation runs the training thread's hot path, the C extension or the Python code, and its types.
 
-``otel_straggler._hotpath`` (``_hotpath.c``) implements ``Timer.start``/``stop`` and the state they touch (the
-ring of 64-byte records, the pool's event table, the shared event, the step fields they read, the training thread's
-counters) as C types with the attribute names of the Python classes (``timers.py`` ``_PyTimerCore``, ``ring.py``,
-``event_pool.py``, ``shared_event.py``, ``step_context.py``, ``counters.py``), so the rest of the package reads
-and writes them unchanged, and the readout's drain of the records into the wire's. Both write the same bytes. It
-uses CPython's public C API only. Between a step's kernel launches a start+stop's code and data are cold, and the C
-path touches far fewer cache lines than the Python one (``bench/results/cpu-native-floor.md``,
-``bench/results/gpu-h200.md``).
+``_hotpath.c`` (the module ``otel_straggler._hotpath``) and ``_hotpath_py.py`` implement ``Timer.start``/``stop``
+and the state they touch, type for type with the same names, fields and logic: ``HotCounters``, ``EventTable``,
+``Ring``, ``SharedEvent``, ``StepState``, ``TimerCore``, ``TimersCore``. This module exports the chosen one's, and
+the rest of the package imports them from here; the C module's readout calls (``event_elapsed``, ``event_query``,
+``elapsed_batch``, ``pack_records``: the readout's drain of the records into the wire's) are None on the Python path.
+Both write the same bytes. The C one uses CPython's public C API only. Between a step's kernel launches a
+start+stop's code and data are cold, and the C path touches far fewer cache lines than the Python one
+(``bench/results/cpu-native-floor.md``, ``bench/results/gpu-h200.md``).
 
 The choice is made once, when the timers are first imported, by ``OTEL_STRAGGLER_HOT_PATH``, and logged once at
 INFO (``otel-straggler --version`` says it too):
@@ -17,7 +17,8 @@ INFO (``otel-straggler --version`` says it too):
 * ``native``: the C extension; when it cannot be loaded the Python code runs and a warning says why (fail open);
 * ``python``: the Python code.
 
-``NAME`` says which runs (``native`` or ``python``), ``REASON`` why the Python code runs when it does.
+``NAME`` says which runs (``native`` or ``python``), ``REASON`` why the Python code runs when it does, ``core`` is the
+C module when it runs (else None).
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ import importlib.util
 import logging
 import os
 from types import ModuleType
+from typing import Any
 
 import otel_straggler_schema as schema
-from otel_straggler import __version__
+from otel_straggler import _hotpath_py
+from otel_straggler.version import __version__
 
 _log = logging.getLogger(__name__)
 
@@ -43,6 +46,12 @@ def _built() -> bool:
         return importlib.util.find_spec("otel_straggler._hotpath") is not None
     except (ImportError, ValueError):  # a module without a spec in sys.modules: the import below says what it is
         return True
+
+
+def _set_reasons(impl: ModuleType) -> None:
+    """The reasons by the codes the records carry (counters.REASONS: 1 + the schema's index)."""
+    reasons = (None, *schema.DEGRADED_REASONS)
+    impl.set_reasons(reasons, *(reasons.index(r) for r in ("sampled_out", "cuda_error", "pool_exhausted")))
 
 
 def _load() -> tuple[ModuleType | None, str | None]:
@@ -61,9 +70,7 @@ def _load() -> tuple[ModuleType | None, str | None]:
     try:
         from otel_straggler import _hotpath
 
-        # the reasons by the codes the records carry (counters.REASONS: 1 + the schema's index)
-        reasons = (None, *schema.DEGRADED_REASONS)
-        _hotpath.set_reasons(reasons, *(reasons.index(r) for r in ("sampled_out", "cuda_error", "pool_exhausted")))
+        _set_reasons(_hotpath)
     except ImportError as exc:
         _log.log(level, "otel-straggler: the C hot path could not be imported (%s); using the Python one", exc)
         return None, "not built"
@@ -74,8 +81,26 @@ def _load() -> tuple[ModuleType | None, str | None]:
     return _hotpath, None
 
 
+_set_reasons(_hotpath_py)
 core, REASON = _load()
 NAME = "native" if core is not None else "python"
+_impl: Any = core if core is not None else _hotpath_py
+
+HotCounters: Any = _impl.HotCounters
+EventTable: Any = _impl.EventTable
+Ring: Any = _impl.Ring
+SharedEvent: Any = _impl.SharedEvent
+StepState: Any = _impl.StepState
+TimerCore: Any = _impl.TimerCore
+TimersCore: Any = _impl.TimersCore
+NO_REUSE: int = _impl.NO_REUSE
+event_elapsed: Any = _impl.event_elapsed
+event_query: Any = _impl.event_query
+elapsed_batch: Any = _impl.elapsed_batch
+pack_records: Any = _impl.pack_records
+# the wire record's size and the frame header ``pack_records`` writes (records.py checks them)
+RECORD_SIZE: int | None = getattr(core, "RECORD_SIZE", None)
+RECORD_HEADER: int | None = getattr(core, "RECORD_HEADER", None)
 
 
 def describe() -> str:

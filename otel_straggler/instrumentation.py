@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 import wrapt
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
-from otel_straggler import __version__
+from otel_straggler.version import __version__
 
 _log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""What the readout thread hands to the export side: one completed timer interval.
+"""What the readout thread hands to the export side: one completed timer interval (``Interval``, defined with the
+wire's records in ``records.py``), and the interface of the sinks that take them.
 
 Data path: ``timers`` (training thread: host clock + CUDA event record into a fixed ring)
 -> ``readout`` (background thread: device duration from the events) -> the wire's records (``records.py``)
@@ -8,66 +9,14 @@ decodes them into ``Interval`` objects where it aggregates.
 
 from __future__ import annotations
 
-import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    from otel_straggler.records import RecordBatch
+from otel_straggler import records
+from otel_straggler.records import MAX_NAME_BYTES, Interval, RecordBatch, bound_name, wire_level
 
-# A name's UTF-8 bytes on the wire at most (a timer name, a group, a reason): a longer one is truncated by
-# ``bound_name``, so a frame, a span and an export batch stay small whatever name the program uses
-MAX_NAME_BYTES = 256
-LEVEL_MIN, LEVEL_MAX = -128, 127  # the record's level: one signed byte
-
-
-def bound_name(name: object) -> tuple[str, bool]:
-    """``name`` as it goes on the wire: its ``str`` (Megatron keys timers by any hashable), and when that is longer
-    than ``MAX_NAME_BYTES`` its beginning plus ``~`` and 16 hex digits of its hash, so that two long names with the
-    same beginning stay two; and whether it was truncated."""
-    text = name if type(name) is str else str(name)
-    if len(text) * 4 <= MAX_NAME_BYTES:
-        return text, False
-    raw = text.encode("utf-8", "replace")
-    if len(raw) <= MAX_NAME_BYTES:
-        return text, False
-    digest = hashlib.blake2b(raw, digest_size=8).hexdigest()
-    head = raw[: MAX_NAME_BYTES - len(digest) - 1].decode("utf-8", "ignore")
-    return f"{head}~{digest}", True
-
-
-def wire_level(level: object) -> int:
-    """A Megatron log level as the record's signed byte: its integer part, clamped (a level is any number there)."""
-    if type(level) is int and LEVEL_MIN <= level <= LEVEL_MAX:
-        return level
-    try:
-        v = int(level)  # type: ignore[call-overload]
-    except OverflowError:  # an infinity
-        return LEVEL_MAX if level > 0 else LEVEL_MIN  # type: ignore[operator]
-    except (TypeError, ValueError):  # NaN, or no number at all
-        return 0
-    return max(LEVEL_MIN, min(LEVEL_MAX, v))
-
-
-@dataclass(slots=True)
-class Interval:
-    name: str  # Megatron timer name
-    level: int  # Megatron log level of the timer
-    group: str  # stage group (otel_straggler.stages)
-    step: int  # step bound at stop time on the training thread
-    repeat: int  # index of this interval among the same timer's intervals in the step (microbatch)
-    host_start_ns: int  # wall clock (time.time_ns scale), derived from the monotonic clock
-    host_end_ns: int
-    device_ms: float | None  # None when timed host-only
-    degraded: str | None  # schema.DEGRADED_REASONS entry when device_ms is None
-    tokens: int | None  # workload bound at stop time (None when not published)
-    sequences: int | None
-    microbatches: int | None
-    injected: bool  # the test-only slowdown ran inside this interval
-    collective: bool = False  # the timer is marked as holding a wait in a collective (``stage(..., collective=True)``)
-
+__all__ = ["MAX_NAME_BYTES", "DecodingSink", "Interval", "IntervalSink", "NullSink", "bound_name", "wire_level"]
 
 @runtime_checkable
 class IntervalSink(Protocol):
@@ -103,8 +52,6 @@ class DecodingSink(ABC):
     counts the intervals a frame could not hold (a name table full)."""
 
     def __init__(self) -> None:
-        from otel_straggler import records  # records imports this module
-
         self._encoder = records.WireEncoder()
         self._decoder = records.WireDecoder()
         self._intervals_frame = records.T_INTERVALS

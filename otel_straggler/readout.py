@@ -44,9 +44,10 @@ from typing import Any
 
 from otel_straggler.config import DEFAULTS
 from otel_straggler.counters import CUDA_ERROR_CODE, READOUT_TIMEOUT_CODE, REASONS, EmitterCounters
+from otel_straggler.hot_path import Ring
 from otel_straggler.interval import IntervalSink
 from otel_straggler.records import F_COLLECTIVE, F_DEVICE, RecordBatch, WireEncoder
-from otel_straggler.ring import NAN, NO_EVENT, RECORD, Ring
+from otel_straggler.ring import NAN, NO_EVENT, RECORD
 
 _clock = time.perf_counter_ns
 
@@ -320,7 +321,7 @@ class Readout:
             tainted[eev] = 1
 
     def _collect_orphans(self) -> None:
-        """Events the training thread let go of without a record that returns them (shared_event.py), each once
+        """Events the training thread let go of without a record that returns them (``SharedEvent``), each once
         every record published before it (its ``tag``) was read. Every record that referred to it read it complete,
         so it goes straight back to the pool, unless it is ``tainted`` (a reference was dropped, reset, timed out
         or failed: its state is unknown): then it is quarantined until ``pool.query`` says it completed."""

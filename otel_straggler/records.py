@@ -15,15 +15,18 @@ pipe (a dropped batch must not leave names the child never saw).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from otel_straggler import hot_path
-from otel_straggler.interval import MAX_NAME_BYTES, Interval, bound_name, wire_level
+from otel_straggler.ring import F_COLLECTIVE, F_DEVICE, F_INJECTED, F_MICROBATCHES, F_SEQUENCES, F_TOKENS
 
-__all__ = ["MAX_NAME_BYTES", "bound_name", "wire_level"]
+__all__ = ["F_COLLECTIVE", "F_DEVICE", "F_INJECTED", "F_MICROBATCHES", "F_SEQUENCES", "F_TOKENS", "MAX_NAME_BYTES",
+           "Interval", "bound_name", "wire_level"]
 
 T_NAME = 1
 T_INTERVALS = 2
@@ -41,13 +44,6 @@ MAX_NAMES = 0xFFFE
 MAX_BATCH = 0xFFFF
 MAX_FRAME = 64 * 1024 * 1024
 
-F_DEVICE = 1
-F_TOKENS = 2
-F_SEQUENCES = 4
-F_MICROBATCHES = 8
-F_INJECTED = 16
-F_COLLECTIVE = 32
-
 
 class NameTableFull(Exception):
     pass
@@ -56,12 +52,63 @@ class NameTableFull(Exception):
 HEADER = FRAME.size + COUNT.size  # an INTERVALS frame's bytes before its first record
 
 
+# A name's UTF-8 bytes on the wire at most (a timer name, a group, a reason): a longer one is truncated by
+# ``bound_name``, so a frame, a span and an export batch stay small whatever name the program uses
+MAX_NAME_BYTES = 256
+LEVEL_MIN, LEVEL_MAX = -128, 127  # the record's level: one signed byte
+
+
+def bound_name(name: object) -> tuple[str, bool]:
+    """``name`` as it goes on the wire: its ``str`` (Megatron keys timers by any hashable), and when that is longer
+    than ``MAX_NAME_BYTES`` its beginning plus ``~`` and 16 hex digits of its hash, so that two long names with the
+    same beginning stay two; and whether it was truncated."""
+    text = name if type(name) is str else str(name)
+    if len(text) * 4 <= MAX_NAME_BYTES:
+        return text, False
+    raw = text.encode("utf-8", "replace")
+    if len(raw) <= MAX_NAME_BYTES:
+        return text, False
+    digest = hashlib.blake2b(raw, digest_size=8).hexdigest()
+    head = raw[: MAX_NAME_BYTES - len(digest) - 1].decode("utf-8", "ignore")
+    return f"{head}~{digest}", True
+
+
+def wire_level(level: object) -> int:
+    """A Megatron log level as the record's signed byte: its integer part, clamped (a level is any number there)."""
+    if type(level) is int and LEVEL_MIN <= level <= LEVEL_MAX:
+        return level
+    try:
+        v = int(level)  # type: ignore[call-overload]
+    except OverflowError:  # an infinity
+        return LEVEL_MAX if level > 0 else LEVEL_MIN  # type: ignore[operator]
+    except (TypeError, ValueError):  # NaN, or no number at all
+        return 0
+    return max(LEVEL_MIN, min(LEVEL_MAX, v))
+
+
+@dataclass(slots=True)
+class Interval:
+    name: str  # Megatron timer name
+    level: int  # Megatron log level of the timer
+    group: str  # stage group (otel_straggler.stages)
+    step: int  # step bound at stop time on the training thread
+    repeat: int  # index of this interval among the same timer's intervals in the step (microbatch)
+    host_start_ns: int  # wall clock (time.time_ns scale), derived from the monotonic clock
+    host_end_ns: int
+    device_ms: float | None  # None when timed host-only
+    degraded: str | None  # schema.DEGRADED_REASONS entry when device_ms is None
+    tokens: int | None  # workload bound at stop time (None when not published)
+    sequences: int | None
+    microbatches: int | None
+    injected: bool  # the test-only slowdown ran inside this interval
+    collective: bool = False  # the timer is marked as holding a wait in a collective (``stage(..., collective=True)``)
+
+
 def _c_packer() -> Any:
-    """The C drain that packs ring records into a frame (``_hotpath.pack_records``) where the C module runs and
-    writes this module's layout, else None."""
-    core = hot_path.core
-    fn = getattr(core, "pack_records", None)
-    if fn is None or getattr(core, "RECORD_SIZE", 0) != RECORD.size or getattr(core, "RECORD_HEADER", 0) != HEADER:
+    """The C drain that packs ring records into a frame (``hot_path.pack_records``) where it writes this module's
+    layout; None on the Python path."""
+    fn = hot_path.pack_records
+    if fn is None or (hot_path.RECORD_SIZE, hot_path.RECORD_HEADER) != (RECORD.size, HEADER):
         return None
     return fn
 

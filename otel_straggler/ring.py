@@ -16,8 +16,8 @@ C ring); the record is ``index & mask``. Full (``head - tail >= cap``): the prod
 ``pre`` holds, per record, the device ms the readout read ahead (``event_pool.EventPool.elapsed_many``), NaN while
 unread: readout thread only.
 
-``Ring`` is the C extension's type (the same fields, ``buf`` and ``pre`` the same Python objects) when it runs the
-hot path (``hot_path.py``), else ``PyRing`` below; both hot paths write the same bytes.
+The ring itself is ``hot_path.Ring`` (``_hotpath.c``, or ``_hotpath_py.py``: the same fields, ``buf`` and ``pre``
+the same Python objects); both hot paths write the same bytes. This module is the layout they share.
 """
 
 from __future__ import annotations
@@ -26,12 +26,17 @@ import struct
 from array import array
 from typing import Any, Final, NamedTuple
 
-from otel_straggler import hot_path
-
-# start_ns, end_ns, step, tokens, sequences, microbatches, repeat, timer id, start event, end event, flags (the
-# wire's F_TOKENS, F_SEQUENCES, F_MICROBATCHES, F_INJECTED: records.py), own (1: the record returns its start event
-# to the pool, 2: its end event; shared_event.py), reason code (counters.REASONS)
+# start_ns, end_ns, step, tokens, sequences, microbatches, repeat, timer id, start event, end event, flags (F_TOKENS,
+# F_SEQUENCES, F_MICROBATCHES, F_INJECTED below), own (1: the record returns its start event to the pool, 2: its end
+# event; _hotpath_py.py SharedEvent), reason code (counters.REASONS)
 RECORD: Final = struct.Struct("<qqqqqqiHHHBBB3x")
+# a record's flag bits, the wire's (records.py): its record adds F_DEVICE and F_COLLECTIVE at the readout
+F_DEVICE: Final = 1
+F_TOKENS: Final = 2
+F_SEQUENCES: Final = 4
+F_MICROBATCHES: Final = 8
+F_INJECTED: Final = 16
+F_COLLECTIVE: Final = 32
 NO_EVENT: Final = 0xFFFF  # a record's event id when it has none
 MAX_TIMERS: Final = 0xFFFF  # timer ids a ring's table holds
 NAN: Final = float("nan")
@@ -49,24 +54,6 @@ def _storage(n: int) -> tuple[bytearray, array, list[tuple[str, int, str, bool]]
     timer id -> (wire name, wire level byte, group, collective), appended by ``register`` (training thread, at a
     timer's creation), read by the readout."""
     return bytearray(n * RECORD.size), array("d", [NAN]) * n, []
-
-
-class PyRing:
-    __slots__ = ("buf", "cap", "head", "mask", "pre", "tail", "timers")
-
-    def __init__(self, capacity: int) -> None:
-        cap = _pow2(max(1, int(capacity))) if capacity > 0 else 0
-        self.cap = cap
-        self.mask = cap - 1 if cap else 0
-        self.buf, self.pre, self.timers = _storage(max(cap, 1))
-        self.head = 0  # written by the training thread only
-        self.tail = 0  # written by the readout thread only
-
-    def __len__(self) -> int:
-        return self.head - self.tail
-
-
-Ring: Any = hot_path.core.Ring if hot_path.core is not None else PyRing
 
 
 class Record(NamedTuple):

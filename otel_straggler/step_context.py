@@ -20,7 +20,7 @@ the smallest N in ``[1, max_every]`` whose event cost stays within ``budget`` (a
 when paid every N-th step. The cost of a device-sampled step is estimated two ways:
 
 * a prior: the records of a device-sampled step (a moving average of what the timers recorded on such steps;
-  2 per interval until one was seen: adjacent boundaries share events, ``shared_event.py``) x the record cost
+  2 per interval until one was seen: adjacent boundaries share events, ``SharedEvent``) x the record cost
   measured when the pool was warmed x ``PRIOR_FACTOR``.
   A record between kernel launches costs several times its warm micro-cost on a launch-bound step's
   sampled steps (``bench/results/gpu-h200.md`` section 3, whichever record API);
@@ -43,10 +43,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any
 
-from otel_straggler import hot_path
 from otel_straggler.counters import NO_CUDA_CODE, REASONS, SAMPLED_OUT_CODE
+from otel_straggler.hot_path import StepState
 from otel_straggler.records import F_MICROBATCHES, F_SEQUENCES, F_TOKENS
 
 MIN_MEASURED = 4  # steps of each kind (device-sampled, host-only) before their period difference is used
@@ -57,16 +56,6 @@ RESOLVED = 0.5  # the measurement decides alone once 2 standard errors <= this f
 PROBE_EVERY = 16  # auto with N = 1: every 16th step is host-only, so the price of sampling stays measured
 OUTLIER = 3.0  # a step longer than 3x the average period is not booked to either kind's period
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # a step and a workload value fit the record's 64 bits
-
-
-class PyStepState:
-    """The fields the timers' hot path reads (``step``, ``wire``, ``device_on``, ``host_code``) and ``binding``; the C
-    extension's ``StepState`` (``wire`` kept as C integers) when it runs the hot path (``hot_path.py``)."""
-
-    __slots__ = ("binding", "device_on", "host_code", "step", "wire")
-
-
-StepState: Any = hot_path.core.StepState if hot_path.core is not None else PyStepState
 
 
 class StepContext(StepState):

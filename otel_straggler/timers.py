@@ -29,10 +29,11 @@ Hot path (start/stop on the training thread): one ``perf_counter_ns()`` (two at 
 records); on device-sampled steps, for one repeat of each timer per step (``device_repeats``: the middle one of
 its previous step's; every repeat with ``all``), a pre-created event from the pool recorded on the current stream
 (``pool.record``: the driver's ``cuEventRecord`` on the raw handles where available, ``event_pool.py``), or the
-previous boundary's event when this one follows it closely (``shared_event.py``); at stop one 64-byte ring record
+previous boundary's event when this one follows it closely (``SharedEvent``); at stop one 64-byte ring record
 written (step, repeat index and workload bound here, at completion; ``ring.py``). No lock, no I/O, no logging, no
 sync. The lookup ``timers(name, log_level)``, which Megatron makes before every start and stop, is the other half:
-with the C module an existing timer is found in C (``TimersCore``), anything else goes to ``Timers._get``.
+``TimersCore`` finds an existing timer, anything else goes to ``Timers._get``. ``TimerCore`` and ``TimersCore``
+(``hot_path.py``: ``_hotpath.c`` or ``_hotpath_py.py``) hold the start, the stop and that lookup.
 """
 
 from __future__ import annotations
@@ -44,14 +45,12 @@ from collections.abc import Iterable
 from types import MethodType
 from typing import Any
 
-from otel_straggler import hot_path
 from otel_straggler.config import DEFAULTS, EmitterConfig
-from otel_straggler.counters import CUDA_ERROR_CODE, POOL_EXHAUSTED_CODE, SAMPLED_OUT_CODE, EmitterCounters
+from otel_straggler.counters import EmitterCounters
 from otel_straggler.event_pool import EventPool, HostOnlyPool
+from otel_straggler.hot_path import Ring, SharedEvent, TimerCore, TimersCore
 from otel_straggler.interval import IntervalSink, bound_name, wire_level
-from otel_straggler.records import F_INJECTED
-from otel_straggler.ring import NO_EVENT, RECORD, Ring, register
-from otel_straggler.shared_event import NO_REUSE, SharedEvent
+from otel_straggler.ring import NO_EVENT, register
 from otel_straggler.stages import stage_group
 from otel_straggler.step_context import StepContext
 
@@ -59,21 +58,10 @@ _log = logging.getLogger("otel_straggler.timers")
 # Timers.log's text goes where megatron-core's Timers.log puts it: INFO on this logger, so the logging set up for
 # Megatron (its --logging-level, a handler on "megatron") shows both the same way
 _megatron_log = logging.getLogger("megatron.core.timers")
-_clock = time.perf_counter_ns
-_pack = RECORD.pack_into  # the stop's one write: its record into the ring's bytes
-RECORD_SIZE = RECORD.size
+_clock = time.perf_counter_ns  # read by the C start/stop when replaced (tests); the Python one's: _hotpath_py._clock
 
 MAX_LOG_LEVEL = 2
 MAX_TIMER_NAMES = 1024
-
-
-def _same_stream(sh: SharedEvent) -> bool:
-    """Whether the current stream is the one ``sh.ev`` was recorded on; False when that cannot be told (the
-    lookup raised): the boundary then records its own event, and no reference is left half taken."""
-    try:
-        return sh.stream_of() == sh.stream
-    except Exception:
-        return False
 
 
 class DummyTimer:
@@ -113,235 +101,6 @@ class DummyTimer:
         return self
 
 
-class _PyTimerCore:
-    """A timer's state and its start/stop in Python; the C extension's ``TimerCore`` (``_hotpath.c``, the same
-    logic on the same fields, writing the same record bytes) when it runs the hot path (``hot_path.py``). Events are
-    ids into the pool's table (``_tab``: ``event_pool.EventTable``), reasons are codes (``counters.REASONS``)."""
-
-    __slots__ = (
-        "_active_ns",
-        "_c",
-        "_clock",
-        "_ctx",
-        "_cu_record",
-        "_elapsed_base",
-        "_elapsed_ns",
-        "_free",
-        "_group",
-        "_id",
-        "_inject",
-        "_is_step",
-        "_level",
-        "_orphans",
-        "_pick",
-        "_reason",
-        "_record",
-        "_rep",
-        "_rep_step",
-        "_ring",
-        "_sev",
-        "_share",
-        "_sstep",
-        "_started",
-        "_starts",
-        "_t0",
-        "_tab",
-        "label",
-        "name",
-    )
-
-    # ---- hot path -------------------------------------------------------------------------------
-    def start(self, barrier: bool = False) -> None:
-        if self._started:
-            self._c.unbalanced += 1
-            raise AssertionError("timer has already been started")  # Megatron's assert, before anything
-        try:
-            if barrier:
-                self._c.barriers_skipped += 1
-            ctx = self._ctx
-            if self._is_step:
-                ctx.step_timer_started()
-            if ctx.device_on:
-                pick = self._pick
-                if pick >= 0:
-                    nxt = self._starts
-                    if self._sstep != ctx.step:  # its first start in this step: the middle of its previous count
-                        self._pick = pick = nxt >> 1
-                        self._sstep = ctx.step
-                        nxt = 0
-                    self._starts = nxt + 1
-                    if nxt != pick:
-                        self._reason = SAMPLED_OUT_CODE  # another repeat (microbatch) of this step has its device time
-                        self._share.ns = NO_REUSE  # its GPU work is in no later boundary's reused event
-                        self._started = True
-                        self._t0 = _clock()
-                        return
-                sh = self._share
-                t = _clock()
-                ev = sh.ev
-                if ev != NO_EVENT and t - sh.ns < sh.gap_ns and _same_stream(sh):
-                    self._tab.refs[ev] += 1  # the previous boundary's event marks this point of the stream too
-                    self._sev = ev
-                    self._reason = 0
-                    self._started = True
-                    self._t0 = t
-                    return
-                free = self._free
-                if free:
-                    ev = free[0]  # held before it leaves the pool: see _abandon
-                    self._tab.refs[ev] = 1
-                    self._sev = ev
-                    free.popleft()
-                    self._reason = 0
-                    try:
-                        stream = self._record(ev)
-                    except Exception:
-                        self._reason = CUDA_ERROR_CODE
-                        sh.ns = NO_REUSE
-                    else:
-                        sh.recorded(ev, t, stream, False)
-                else:
-                    self._reason = POOL_EXHAUSTED_CODE
-                    sh.ns = NO_REUSE
-            else:
-                self._reason = ctx.host_code
-            self._started = True
-            self._t0 = _clock()
-        except Exception:
-            self._c.faults_training += 1
-        except BaseException:  # KeyboardInterrupt, SystemExit: the caller's; the start did not happen
-            self._started = False
-            sev = self._sev
-            self._sev = NO_EVENT
-            _abandon(self, sev, NO_EVENT)
-            raise
-
-    def stop(self, barrier: bool = False) -> None:
-        if not self._started:
-            self._c.unbalanced += 1
-            raise AssertionError("timer is not started")
-        sev = eev = NO_EVENT
-        published = False  # this call's event references were handed to the ring (or to the orphans)
-        try:
-            if barrier:
-                self._c.barriers_skipped += 1
-            injected = 0
-            if self._inject is not None and self._inject.apply(self._ctx.step):
-                injected = F_INJECTED
-            now = _clock()
-            self._started = False
-            self._elapsed_ns += now - self._t0
-            w = self._ctx.wire
-            if w[0] == self._rep_step:
-                rep = self._rep + 1
-            else:
-                rep = 0
-                self._rep_step = w[0]
-            self._rep = rep
-            sev = self._sev
-            reason = self._reason
-            own = srefs = erefs = 0
-            if sev != NO_EVENT:
-                self._sev = NO_EVENT
-                sh = self._share
-                refs = self._tab.refs
-                if reason == 0:
-                    ev = sh.ev
-                    if (ev != NO_EVENT and sh.at_stop and ev != sev and now - sh.ns < sh.gap_ns
-                            and _same_stream(sh)):
-                        refs[ev] += 1  # an inner timer's stop just before this one's
-                        eev = ev
-                    else:
-                        free = self._free
-                        if free:
-                            eev = free[0]  # held before it leaves the pool: see _abandon
-                            refs[eev] = 1
-                            free.popleft()
-                            try:
-                                stream = self._record(eev)
-                            except Exception:
-                                reason = CUDA_ERROR_CODE
-                                sh.ns = NO_REUSE
-                            else:
-                                sh.recorded(eev, now, stream, True)
-                        else:
-                            reason = POOL_EXHAUSTED_CODE
-                            sh.ns = NO_REUSE
-                # the references once published: the record owns (returns to the pool) what nothing else refers to
-                last = sh.ev
-                srefs = refs[sev] - 1
-                if eev != NO_EVENT:
-                    erefs = refs[eev] - 1
-                    if erefs <= 0 and eev != last:
-                        own = 2
-                if sev != eev and srefs <= 0 and sev != last:
-                    own |= 1
-            r = self._ring
-            h = r.head
-            if h - r.tail >= r.cap:
-                published = True
-                self._c.dropped_ring_full += 1
-                if sev != NO_EVENT:  # no record reads them: whoever returns them waits for them to complete
-                    tb = self._tab
-                    tb.refs[sev] = srefs
-                    tb.tainted[sev] = 1
-                    lost: tuple = ()
-                    if own & 1:
-                        tb.tag[sev] = h
-                        lost = (sev,)
-                    if eev != NO_EVENT:
-                        tb.refs[eev] = erefs
-                        tb.tainted[eev] = 1
-                        if own & 2:
-                            tb.tag[eev] = h
-                            lost += (eev,)
-                    self._orphans.extend(lost)
-                return
-            _pack(r.buf, (h & r.mask) * RECORD_SIZE, self._t0, now, w[0], w[1], w[2], w[3], rep, self._id, sev, eev,
-                  w[4] | injected, own, reason)
-            # no call from here to the head's store: an exception a signal handler raises (it runs where a call
-            # returns) finds this interval published or its events still held
-            published = True
-            if sev != NO_EVENT:
-                refs[sev] = srefs
-                if eev != NO_EVENT:
-                    refs[eev] = erefs
-            r.head = h + 1
-        except Exception:
-            self._c.faults_training += 1
-        except BaseException:  # KeyboardInterrupt, SystemExit: the caller's; the interval is not published
-            if not published:
-                if sev == NO_EVENT:  # raised before the stop took the start's event: it is still the timer's
-                    sev = self._sev
-                self._sev = NO_EVENT
-                self._started = False
-                _abandon(self, sev, eev)
-            raise
-
-
-def _abandon(t: Any, sev: int, eev: int) -> None:
-    """The events a start or stop that raised (a signal handler's KeyboardInterrupt, SystemExit) holds go back as a
-    reset lets go of a running start's: each reference released, the event tainted, and once nothing refers to it,
-    through the readout. An event taken but not yet popped (``free[0]``) is simply left in the pool."""
-    free = t._free
-    sh = t._share
-    tb = t._tab
-    for ev in (sev, eev) if eev != sev else (sev,):
-        if ev == NO_EVENT:
-            continue
-        if free and free[0] == ev:
-            tb.refs[ev] = 0
-            continue
-        tb.refs[ev] -= 1
-        tb.tainted[ev] = 1
-        if tb.refs[ev] <= 0 and ev != sh.ev:
-            tb.tag[ev] = sh.ring.head
-            t._orphans.append(ev)
-
-
-TimerCore: Any = hot_path.core.TimerCore if hot_path.core is not None else _PyTimerCore
-
-
 class Timer(TimerCore):
     """One named timer. State is per timer, so nesting and per-microbatch repeats just work."""
 
@@ -364,7 +123,7 @@ class Timer(TimerCore):
     ) -> None:
         self.name = name  # Megatron's: any hashable, whole
         self._level = level  # Megatron's: any number (``timers(name, 1.5)``), whole; the wire clamps it
-        # what the wire and the spans call it: its str, bounded (interval.py ``bound_name``)
+        # what the wire and the spans call it: its str, bounded (records.py ``bound_name``)
         self.label = label if label is not None else bound_name(name)[0]
         self._group = stage_group(self.label)
         self._started = False
@@ -484,26 +243,16 @@ class Timer(TimerCore):
         return (_inert_timer, (self.name, self._level))
 
 
-class _PyTimersCore:
-    """``TimersCore`` of the C module (``_hotpath.c``) where it runs: its ``__call__`` finds an existing timer in C
-    and leaves everything else to ``Timers._get``. Here ``Timers.__call__`` is ``_get`` itself."""
-
-    __slots__ = ("_timers",)
-
-
-TimersCore: Any = getattr(hot_path.core, "TimersCore", _PyTimersCore)
-
-
 def _call(self: Timers, name: str, log_level: int | None = None) -> Timer | DummyTimer:
     """``timers(name, log_level=None)``: the timer ``name`` (Megatron's ``Timers.__call__``)."""
     return self(name, log_level)
 
 
 class _TimersType(type):
-    """The type of ``Timers`` where the C module answers ``timers(name, log_level)``: ``Timers.__call__`` read from
-    the class is ``_call``, with Megatron's signature, for ``inspect.signature``, ``mock.create_autospec`` and
-    wrappers. The call itself stays the C type's slot: a ``__call__`` defined on the class would replace it with a
-    Python dispatch (and, on Python 3.12+, lose its vectorcall)."""
+    """The type of ``Timers``: ``Timers.__call__`` read from the class is ``_call``, with Megatron's signature, for
+    ``inspect.signature``, ``mock.create_autospec`` and wrappers. The call itself stays ``TimersCore``'s (the C
+    type's slot: a ``__call__`` defined on the class would replace it with a Python dispatch, and on Python 3.12+
+    lose its vectorcall)."""
 
     def __getattribute__(cls, name: str) -> Any:
         if name == "__call__":
@@ -523,7 +272,7 @@ class _CallSignature:
         return inspect.signature(_call).replace(parameters=params)
 
 
-class Timers(TimersCore, metaclass=type if TimersCore is _PyTimersCore else _TimersType):
+class Timers(TimersCore, metaclass=_TimersType):
     """Group of timers, Megatron's ``Timers(log_level, log_option)`` plus keyword-only wiring.
 
     Built bare (``Timers(2, "minmax")``) it is a host-only timer group with nothing attached: intervals
@@ -578,10 +327,9 @@ class Timers(TimersCore, metaclass=type if TimersCore is _PyTimersCore else _Tim
         assert log_option in allowed, f"input log option {log_option} is invalid. It must be one of {allowed}"
         self._log_level = log_level
         self._log_option = log_option
-        if TimersCore is not _PyTimersCore:
-            # ``timers.__call__`` read from the object: Megatron's signature too (``_TimersType`` says why); the
-            # call itself never reads it
-            self.__dict__["__call__"] = MethodType(_call, self)
+        # ``timers.__call__`` read from the object: Megatron's signature too (``_TimersType`` says why); the call
+        # itself never reads it
+        self.__dict__["__call__"] = MethodType(_call, self)
         self._timers: dict[str, Timer] = {}
         self._log_levels: dict[str, int] = {}
         self._dummy_timer = DummyTimer()
@@ -639,7 +387,7 @@ class Timers(TimersCore, metaclass=type if TimersCore is _PyTimersCore else _Tim
 
     # ---- Megatron API ---------------------------------------------------------------------------
     def _get(self, name: Any, log_level: Any = None) -> Timer | DummyTimer:
-        """``timers(name, log_level)``: Megatron's lookup (``TimersCore`` answers an existing timer in C)."""
+        """``timers(name, log_level)``: Megatron's lookup (``TimersCore`` answers an existing timer first)."""
         t = self._timers.get(name)
         if t is not None:
             if log_level is not None:
@@ -677,9 +425,6 @@ class Timers(TimersCore, metaclass=type if TimersCore is _PyTimersCore else _Tim
         self._timers[name] = timer
         self._log_levels[name] = log_level
         return timer
-
-    if TimersCore is _PyTimersCore:
-        __call__ = _get
 
     def _this_rank_times(self, names: Iterable[str], reset: bool, barrier: bool, normalizer: float) -> dict:
         if barrier:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from otel_straggler_demo.megatron_gpt import SIZES
 
@@ -111,9 +111,22 @@ def describe_injection(opts: DemoOptions) -> str:
             f"{opts.inject_from}{until}")
 
 
+def straggler_overrides(ranks: int) -> dict[str, Any]:
+    """The demo's only departure from the shipped straggler settings: with 2 ranks each one is compared with
+    its single peer (``min_cohort_size`` 2 instead of 3)."""
+    return {"min_cohort_size": 2} if ranks == 2 else {}
+
+
+def detector_settings(ranks: int = 8) -> Config:
+    """The straggler processor's settings in the collector the demo starts (defaults + overrides)."""
+    from collector_processor.processor.straggler.config import Config
+
+    return Config(**straggler_overrides(ranks))
+
+
 def check_options(opts: DemoOptions, det: Config) -> None:
     """Raise OptionError for options the demo cannot run or cannot show. ``det`` holds the settings of the
-    detector in the collector the demo starts (``run.detector_settings``)."""
+    detector in the collector the demo starts (``detector_settings``)."""
     absolute_floor_ms, window_steps = det.absolute_floor_ms, det.window_steps
     persistence_windows = det.persistence_windows
     for name in ("ranks", "steps", "microbatches"):

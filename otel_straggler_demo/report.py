@@ -18,9 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import otel_straggler_schema as s
 from otel_straggler.export.probe import redact
-from otel_straggler_demo.options import DemoOptions, Detection, describe_injection, injecting
+from otel_straggler_demo.options import DemoOptions, Detection, describe_injection, detector_settings, injecting
 from otel_straggler_demo.outcome import explain, series_window_deviations, stage_series
-from otel_straggler_demo.run import detector_settings
 from otel_straggler_demo.tap import StagePoint
 
 if TYPE_CHECKING:

@@ -31,9 +31,11 @@ from otel_straggler_demo.options import (
     DemoResult,
     check_options,
     describe_injection,
+    detector_settings,
     inject_delay_ms,
     injecting,
     require_model_runtime,
+    straggler_overrides,
 )
 from otel_straggler_demo.outcome import problems, summarise
 from otel_straggler_demo.tap import StagePoint, TraceTap
@@ -72,19 +74,6 @@ class _Console:
         if not self.quiet:
             with self._lock:
                 print(text, file=sys.stderr, flush=True)
-
-
-def straggler_overrides(ranks: int) -> dict[str, Any]:
-    """The demo's only departure from the shipped straggler settings: with 2 ranks each one is compared with
-    its single peer (``min_cohort_size`` 2 instead of 3)."""
-    return {"min_cohort_size": 2} if ranks == 2 else {}
-
-
-def detector_settings(ranks: int = 8) -> Any:
-    """The straggler processor's settings in the collector the demo starts (defaults + overrides)."""
-    from collector_processor.processor.straggler.config import Config
-
-    return Config(**straggler_overrides(ranks))
 
 
 def collector_config(*, grpc_port: int, http_port: int, metrics_port: int, tap_port: int,

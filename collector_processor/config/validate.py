@@ -1,6 +1,6 @@
 """Turns the merged YAML mapping into validated component configs; every error names the key path and line.
 
-The component types come from a ``Factories`` (by default the distribution's, ``registry.default_factories``);
+The component types come from a ``Factories`` (by default the distribution's, ``components.default_factories``);
 what a factory declares (signals, side output, events) is all the checks below know of a component.
 """
 
@@ -13,9 +13,10 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from collector_processor.components import default_factories
 from collector_processor.config.loader import ConfigError, Marks
 from collector_processor.config.model import ServiceConfig
-from collector_processor.registry import Factories, Factory, default_factories
+from collector_processor.registry import Factories, Factory
 
 log = logging.getLogger(__name__)
 KINDS = {"receivers": "receiver", "processors": "processor", "exporters": "exporter", "connectors": "connector"}

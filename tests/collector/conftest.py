@@ -14,7 +14,7 @@ from service_support import (
     start_from_yaml,
 )
 
-from collector_processor import registry
+from collector_processor import components
 from collector_processor.service import Service
 
 
@@ -23,7 +23,7 @@ def double_processor_type(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Adds processor type ``double`` (traces, emits verdicts) and connector type ``double`` (the straggler
     connector's behaviour under another name) to the distribution's factories for the tests of this directory."""
     DoubleProcessor.instances.clear()
-    monkeypatch.setattr(registry, "_default", registry.default_factories().extended(*double_factories()))
+    monkeypatch.setattr(components, "_default", components.default_factories().extended(*double_factories()))
     yield
 
 

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fake_cuda import FakeDevice
 from recording_sink import RecordingSink
 
+import otel_straggler._hotpath_py as hot_path_py
 import otel_straggler.readout as readout_mod
 import otel_straggler.timers as timers_mod
 from otel_straggler import hot_path
@@ -50,11 +51,11 @@ class FrameSink(RecordingSink):
 # Deliberate mistakes, one of which a run applies to the Python implementation (``PARITY_MUTANT=<name>``): the
 # parity test must see every one of them (test_hot_path_parity.py). (module, function, text, replacement)
 MUTANTS = {
-    "skipped_counter": ("timers", "_PyTimerCore.stop", "self._c.dropped_ring_full += 1", "pass"),
-    "duration_off_by_one": ("timers", "_PyTimerCore.stop", "self._t0, now, w[0]", "self._t0, now + 1, w[0]"),
-    "wrong_flag_bit": ("timers", "_PyTimerCore.stop", "injected = F_INJECTED", "injected = F_INJECTED << 1"),
-    "repeat_pick": ("timers", "_PyTimerCore.start", "self._pick = pick = nxt >> 1", "self._pick = pick = nxt"),
-    "reuse_gap_inclusive": ("timers", "_PyTimerCore.start", "t - sh.ns < sh.gap_ns", "t - sh.ns <= sh.gap_ns"),
+    "skipped_counter": ("_hotpath_py", "TimerCore.stop", "self._c.dropped_ring_full += 1", "pass"),
+    "duration_off_by_one": ("_hotpath_py", "TimerCore.stop", "self._t0, now, w[0]", "self._t0, now + 1, w[0]"),
+    "wrong_flag_bit": ("_hotpath_py", "TimerCore.stop", "injected = F_INJECTED", "injected = F_INJECTED << 1"),
+    "repeat_pick": ("_hotpath_py", "TimerCore.start", "self._pick = pick = nxt >> 1", "self._pick = pick = nxt"),
+    "reuse_gap_inclusive": ("_hotpath_py", "TimerCore.start", "t - sh.ns < sh.gap_ns", "t - sh.ns <= sh.gap_ns"),
 }
 
 
@@ -96,7 +97,7 @@ def trace(seed: int, n_ops: int) -> dict[str, Any]:
             return self.ns
 
     clock = Clock()
-    timers_mod._clock = clock
+    timers_mod._clock = hot_path_py._clock = clock
     readout_mod._clock = clock
 
     dev = FakeDevice(auto_complete=rng.random() < 0.5)

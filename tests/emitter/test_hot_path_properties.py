@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from test_shared_event import GAP_US, NAMES, HostClock, check_free, play
 
+import otel_straggler._hotpath_py as hot_path_py
 import otel_straggler.readout as readout_mod
 import otel_straggler.timers as timers_mod
 from otel_straggler.counters import REASONS
@@ -54,8 +55,8 @@ SETTINGS = settings(max_examples=400, deadline=None, derandomize=True, database=
 
 def _run(ops: list[tuple[str, Any]], cfg: dict[str, Any]) -> None:
     clock = HostClock()
-    saved = timers_mod._clock, readout_mod._clock
-    timers_mod._clock = readout_mod._clock = clock
+    saved = timers_mod._clock, hot_path_py._clock, readout_mod._clock
+    timers_mod._clock = hot_path_py._clock = readout_mod._clock = clock
     try:
         stops = sum(1 for op, _ in ops if op == "stop")
         t, sink = play(ops, clock, check=check_free, **cfg)
@@ -77,7 +78,7 @@ def _run(ops: list[tuple[str, Any]], cfg: dict[str, Any]) -> None:
         shipped = len(sink.intervals) + c.dropped_ring_full
         assert shipped <= stops and stops - shipped <= misuses
     finally:
-        timers_mod._clock, readout_mod._clock = saved
+        timers_mod._clock, hot_path_py._clock, readout_mod._clock = saved
 
 
 @SETTINGS

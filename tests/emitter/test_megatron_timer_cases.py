@@ -21,6 +21,7 @@ import torch
 
 mt = pytest.importorskip("megatron.core.timers")
 
+import otel_straggler._hotpath_py as hot_path_py  # noqa: E402
 import otel_straggler.timers as ours  # noqa: E402
 
 
@@ -36,8 +37,10 @@ class Impl:
             self.world(0, 1)
             monkeypatch.setattr(mod, "dist_all_gather_func", lambda out, inp: None)  # one rank: in place
         else:
-            # the C path reads the module's clock when it differs from perf_counter_ns at timer creation
+            # the C path reads the module's clock when it differs from perf_counter_ns at timer creation, the Python
+            # path its own module's
             monkeypatch.setattr(mod, "_clock", lambda: round(self.now * 1e9))
+            monkeypatch.setattr(hot_path_py, "_clock", mod._clock)
 
     def at(self, seconds: float) -> None:
         self.now = seconds

@@ -345,7 +345,7 @@ def test_a_barrier_whose_truth_value_raises_is_a_counted_fault(make_timers) -> N
 def test_a_shared_event_never_initialised_raises_and_does_not_crash() -> None:
     """Its table and ring unset (NULL in C): releasing or recording an event raises, where reading them through a
     NULL pointer would end the process."""
-    from otel_straggler.shared_event import SharedEvent
+    from otel_straggler.hot_path import SharedEvent
 
     bare = SharedEvent.__new__(SharedEvent)
     with pytest.raises((TypeError, AttributeError)):

@@ -20,10 +20,11 @@ from otel_straggler import readout as readout_mod
 from otel_straggler.counters import CODE, READOUT_TIMEOUT, REASONS, EmitterCounters
 from otel_straggler.event_pool import event_table
 from otel_straggler.export import wire
+from otel_straggler.hot_path import Ring
 from otel_straggler.interval import Interval
 from otel_straggler.readout import Readout
 from otel_straggler.records import F_INJECTED, F_MICROBATCHES, F_SEQUENCES, F_TOKENS
-from otel_straggler.ring import NAN, NO_EVENT, RECORD, Ring, record_at, register
+from otel_straggler.ring import NAN, NO_EVENT, RECORD, record_at, register
 
 native = pytest.mark.skipif(not wire.RecordBatch.packs, reason=f"the C hot path is not in use ({hot_path.REASON})")
 

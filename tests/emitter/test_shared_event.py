@@ -14,6 +14,7 @@ import pytest
 from fake_cuda import FakeDevice
 from recording_sink import RecordingSink
 
+import otel_straggler._hotpath_py as hot_path_py
 import otel_straggler.readout as readout_mod
 import otel_straggler.timers as timers_mod
 from otel_straggler.config import EmitterConfig
@@ -39,6 +40,7 @@ class HostClock:
 def clock(monkeypatch: pytest.MonkeyPatch) -> HostClock:
     c = HostClock()
     monkeypatch.setattr(timers_mod, "_clock", c)
+    monkeypatch.setattr(hot_path_py, "_clock", c)  # the Python start/stop's (the C one reads the timers')
     monkeypatch.setattr(readout_mod, "_clock", c)  # the readout's timeout reads the same clock
     return c
 

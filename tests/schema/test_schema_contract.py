@@ -168,6 +168,7 @@ def test_stage_group_table_is_the_emitters_mapping() -> None:
         for name in re.findall(r"`([a-z0-9-]+)`", names):
             table[name] = group
     assert table == STAGE_GROUP_BY_NAME
+    assert set(STAGE_GROUP_BY_NAME.values()) <= set(s.STAGE_GROUPS)
     assert all(stage_group(n) == g for n, g in table.items())
     assert stage_group("startup-time") == "setup" and stage_group("train-data-iterators-setup") == "setup"
     uses = _section("Stage groups").split("What the collector does")[1]
