@@ -24,6 +24,7 @@ SPAN_JOB_STEP: Final = "train-step"  # one per step and rank block, emitted by i
 SPAN_RANK_STEP: Final = "rank-step"  # one per step per rank, parent of that rank's stage spans
 # A stage span is named after its Megatron timer name (``forward-compute``) and carries ATTR_STAGE.
 SPAN_VERDICT: Final = "straggler.verdict"  # injected by the collector into the step's trace
+SERVICE_COLLECTOR: Final = "otel-straggler-collector"  # service.name of the spans the collector itself emits
 
 # --- resource attributes (identity of one training process) -------------------------------------
 RES_SERVICE_NAME: Final = "service.name"
@@ -420,7 +421,8 @@ COLLECTOR_METRICS: Final = (
            "`stall_timeout` without a request or message)"),
     Metric(M_TENANT_REFUSED, "counter", ("receiver",),
            "requests refused because a resource names a job (`straggler.job.id`) the request's token "
-           "may not write (`auth.tenants`)"),
+           "may not write (`auth.tenants`), or, sent with a tenant's token, a span outside its own step traces "
+           "or posing as the collector's"),
     Metric(M_DUPLICATE_IDENTITY, "counter", ("receiver",),
            "requests refused (`invalid`) because a resource names an identity attribute (job, run, rank, cohort, "
            "host, GPU, service) more than once"),

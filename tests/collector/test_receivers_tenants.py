@@ -37,16 +37,66 @@ service:
 """
 
 
-def _req(*jobs: str | tuple[str, ...] | None) -> bytes:
-    """One resource per item: a job id, None (no job), or a tuple (the resource names the job once per value)."""
+def _req(*jobs: str | tuple[str, ...] | None, step: int = 7) -> bytes:
+    """One resource per item: a job id, None (no job), or a tuple (the resource names the job once per value);
+    its span sits in the job's trace of ``step``."""
     req = trace_service_pb2.ExportTraceServiceRequest()
     for job in jobs:
         rs = req.resource_spans.add()
         for value in (() if job is None else job if isinstance(job, tuple) else (job,)):
             a = rs.resource.attributes.add()
             a.key, a.value.string_value = s.RES_JOB_ID, value
-        rs.scope_spans.add().spans.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="forward-compute")
+        first = job[0] if isinstance(job, tuple) else job or ""
+        span = rs.scope_spans.add().spans.add(trace_id=s.trace_id_for_step(first, step).to_bytes(16, "big"),
+                                              span_id=b"\x02" * 8, name="forward-compute")
+        a = span.attributes.add()
+        a.key, a.value.int_value = s.ATTR_ITERATION, step
     return req.SerializeToString()
+
+
+def _forged(job: str, rank: int = 3, *, trace_of: str | None = None, trace_block: int | None = None,
+            name: str = "forward-compute", service: str = "train", step: int | None = 7) -> bytes:
+    """A span of ``job``'s rank ``rank`` whose trace is ``trace_of``'s step trace (its own by default)."""
+    req = trace_service_pb2.ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    for key, value in ((s.RES_JOB_ID, job), (s.RES_SERVICE_NAME, service)):
+        a = rs.resource.attributes.add()
+        a.key, a.value.string_value = key, value
+    a = rs.resource.attributes.add()
+    a.key, a.value.int_value = s.RES_RANK, rank
+    block = s.trace_block(rank) if trace_block is None else trace_block
+    tid = s.trace_id_for_step(trace_of or job, step or 0, "", block)
+    span = rs.scope_spans.add().spans.add(trace_id=tid.to_bytes(16, "big"), span_id=b"\x02" * 8, name=name)
+    if step is not None:
+        a = span.attributes.add()
+        a.key, a.value.int_value = s.ATTR_ITERATION, step
+    return req.SerializeToString()
+
+
+@pytest.mark.parametrize(("body", "allowed", "why"), [
+    (_forged("job-a"), True, ""),
+    (_forged("job-a", rank=70), True, ""),  # rank 70's spans sit in block 1's trace
+    (_forged("job-a", rank=70, trace_block=0), False, "outside its job's step trace"),
+    (_forged("job-a", trace_of="job-b-exact"), False, "outside its job's step trace"),  # into B's trace
+    (_forged("job-a", step=None), False, "names no step"),
+    (_forged("job-a", name=s.SPAN_VERDICT), False, "only the collector does"),
+    (_forged("job-a", service=s.SERVICE_COLLECTOR), False, "as service.name"),
+])
+def test_a_tenants_spans_stay_in_its_own_step_traces(start_service, body: bytes, allowed: bool, why: str) -> None:  # type: ignore[no-untyped-def]
+    """Step trace ids are computable by anyone who knows a job id: a tenant could once put spans into another
+    job's step traces, or a ``straggler.verdict`` span into its own. A tenant's span is now taken only in the trace
+    its own resource and step derive, and never as the collector's; the all-jobs token writes every trace."""
+    run = start_service(CFG)
+    code = _grpc(run.grpc, body, "tok-a")
+    status, answer = _http(run.http, body, "tok-a")
+    if allowed:
+        assert (code, status) == (grpc.StatusCode.OK, 200)
+    else:
+        assert code == grpc.StatusCode.PERMISSION_DENIED and status == 403
+        assert why in Status.FromString(answer).message
+        assert DoubleProcessor.instances[0].requests == []
+        assert run.sample("otel_straggler_collector_tenant_refused_total", receiver="otlp/http") == 1
+        assert _grpc(run.grpc, body, "admin-tok") == grpc.StatusCode.OK
 
 
 def _grpc(target: str, body: bytes, token: str) -> grpc.StatusCode:

@@ -57,7 +57,7 @@ def rank_resource(rank: int, cohort: str = "c0", job: str = "rel-job", world: in
 
 def stage_span(step: int, rank: int, stage: str = "forward-compute", host_ms: float = 10.0,
                device_ms: float | None = 9.0, start_ns: int = 1_800_000_000_000_000_000, span_id: bytes | None = None,
-               trace_id: bytes | None = None, extra: dict | None = None) -> Span:
+               trace_id: bytes | None = None, extra: dict | None = None, job: str = "rel-job") -> Span:
     attrs: dict[str, object] = {s.ATTR_STAGE: stage, s.ATTR_ITERATION: step, s.ATTR_HOST_MS: host_ms,
                                 s.ATTR_COUNT: 1, s.ATTR_WORKLOAD_TOKENS: 4096}
     if device_ms is not None:
@@ -68,7 +68,7 @@ def stage_span(step: int, rank: int, stage: str = "forward-compute", host_ms: fl
     # 97 shared a span id (one rejected as a duplicate, ~3 % of test runs)
     sid = span_id if span_id is not None else (
         step * 100_000 + rank * 100 + zlib.crc32(stage.encode()) % 97 + 1).to_bytes(8, "big")
-    tid = trace_id if trace_id is not None else s.trace_id_for_step("rel-job", step).to_bytes(16, "big")
+    tid = trace_id if trace_id is not None else s.trace_id_for_step(job, step).to_bytes(16, "big")
     u64 = 2**64 - 1
     start = min(u64, max(0, start_ns + step * 1_000_000_000))
     dur = int(host_ms * 1e6) if 0.0 <= host_ms < 1e12 else 0  # NaN/inf/negative: the span's own times stay valid
@@ -86,7 +86,7 @@ def healthy_request(step: int, ranks: int = 8, job: str = "rel-job", cohort: str
     req = ExportTraceServiceRequest()
     for r in range(ranks):
         spans = [stage_span(step, r, st, host_ms=ms * (1 + 0.002 * ((r + step) % 5)),
-                            device_ms=ms * 0.9 * (1 + 0.002 * ((r + step) % 5)))
+                            device_ms=ms * 0.9 * (1 + 0.002 * ((r + step) % 5)), job=job)
                  for st, ms in (("forward-compute", 40.0), ("backward-compute", 80.0), ("optimizer", 10.0))]
         req.resource_spans.append(ResourceSpans(resource=rank_resource(r, cohort, job, ranks),
                                                 scope_spans=[ScopeSpans(spans=spans)]))

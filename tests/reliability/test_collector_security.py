@@ -156,6 +156,28 @@ def test_trainer_token_accepted_or_refused_and_never_logged(tmp_path, right: boo
         assert TOKEN not in text and WRONG not in text
 
 
+def test_a_tenants_real_trainer_stays_in_its_own_step_traces(tmp_path) -> None:
+    """A real trainer (rank 70 of 128: the step traces of its block, a run id) sends with a tenant's token, which
+    the receivers check span by span against the step traces its resource derives: every span is taken."""
+    import json
+
+    auth = '    auth:\n      tenants: [{name: team-a, bearer_token: "${env:OTEL_STRAGGLER_TOKEN}", jobs: [auth-job]}]'
+    c = CollectorProcess(tmp_path, collector_config(tmp_path, auth=auth), env={"OTEL_STRAGGLER_TOKEN": TOKEN},
+                         name="trainer-tenant").start()
+    try:
+        env = otlp_env(f"http://{c.grpc_target}", OTEL_EXPORTER_OTLP_HEADERS=f"authorization=Bearer%20{TOKEN}",
+                       RANK="70", WORLD_SIZE="128", LOCAL_RANK="6", OTEL_STRAGGLER_RUN_ID="attempt-2")
+        args = {"job": "auth-job", "steps": 12, "end": "exit", "shutdown_timeout_s": 30.0}
+        out = subprocess.run([sys.executable, str(ROOT / "tests" / "reliability" / "trainer_driver.py"),
+                              json.dumps(args)], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert wait_for(lambda: total(c.metrics(), s.M_SPANS_RECEIVED) >= 12, 60)
+        m = c.metrics()
+        assert total(m, s.M_TENANT_REFUSED) == 0 and total(m, UNAUTH) == 0
+    finally:
+        c.stop()
+
+
 @pytest.mark.skipif(__import__("shutil").which("openssl") is None, reason="needs the openssl binary for a test cert")
 def test_tls_client_that_never_handshakes_blocks_nobody(tmp_path) -> None:
     """With TLS on, a client that opens TCP and never starts the handshake must not block other clients (the

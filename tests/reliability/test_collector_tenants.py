@@ -51,7 +51,7 @@ def _stream(job: str, faults: list[Fault], steps: int = 60) -> JobStream:
 
 def _far(job: str, i: int, cohort: str) -> bytes:
     """One span of one rank at a step near 10^6."""
-    return request(rank_resource(2, cohort, job), [stage_span(FAR + 7 * i, 2)]).SerializeToString()
+    return request(rank_resource(2, cohort, job), [stage_span(FAR + 7 * i, 2, job=job)]).SerializeToString()
 
 
 def test_a_tenant_cannot_write_another_job_and_its_own_attack_stays_in_its_job(tmp_path) -> None:

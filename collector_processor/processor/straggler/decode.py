@@ -37,7 +37,7 @@ REJECT_OVER_CAP = "over_cap"  # a stage span beyond max_samples_per_step of its 
 REJECT_QUARANTINED = "quarantined"
 MAX_DURATION_MS = 86_400_000.0  # one day: a longer stage or step is a broken clock, counted as non_finite
 
-COLLECTOR_SERVICE_NAME = "otel-straggler-collector"
+COLLECTOR_SERVICE_NAME = s.SERVICE_COLLECTOR
 
 _isfinite = math.isfinite
 
