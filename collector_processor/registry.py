@@ -30,6 +30,7 @@ class BuildContext:
     emit_for: Callable[[str], Emit] = lambda _id: lambda _items: None  # processor id -> its side-output emitter
     forward_for: Callable[[str], Forward] = lambda _id: lambda _batch: None  # connector id -> downstream feed
     consumers_for: Callable[[str], Mapping[str, list[Any]]] = lambda _id: {}  # receiver id -> pipelines by signal
+    tenant_of: Callable[[str], str] = lambda _job: ""  # job -> its tenant (tenancy.Tenancy of the receivers' auth)
 
 
 @dataclass(frozen=True)

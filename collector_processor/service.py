@@ -29,6 +29,7 @@ from collector_processor.pipeline import Pipeline, Stage
 from collector_processor.receiver.auth import BearerAuth
 from collector_processor.registry import BuildContext
 from collector_processor.telemetry import Telemetry
+from collector_processor.tenancy import NO_TENANT, from_receivers
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,11 @@ class Service:
     def _build(self) -> None:
         cfg, svc = self.cfg, self.cfg.service
         assert svc is not None
-        ctx = BuildContext(self.t, self.healthy, self._emit_for, self._forward_for, self._consumers_for)
+        tenancy = from_receivers(comp.config for comp in cfg.receivers.values())
+        ctx = BuildContext(self.t, self.healthy, self._emit_for, self._forward_for, self._consumers_for, tenancy)
+        for name in (NO_TENANT, *tenancy.names):
+            for structure in ("cohorts", "windows"):
+                self.t.tenant_evictions.labels(tenant=name, structure=structure)
         used = svc.used_ids()
         for eid, comp in cfg.exporters.items():
             if eid in used:

@@ -73,6 +73,8 @@ class Telemetry:
                                       ["receiver"], registry=r)
         self.duplicate_identity = Counter(_base(s.M_DUPLICATE_IDENTITY), "Requests naming an identity attribute "
                                           "twice in one resource", ["receiver"], registry=r)
+        self.tenant_evictions = Counter(_base(s.M_TENANT_EVICTIONS), "State of a tenant's jobs evicted to make room",
+                                        ["tenant", "structure"], registry=r)
         self.memory_bytes = Gauge(s.M_MEMORY_BYTES, "Process RSS seen by the memory limiter", registry=r)
         self.admitted_bytes = Gauge(s.M_ADMITTED_BYTES, "Largest body admitted whatever it holds, when idle",
                                     ["receiver"], registry=r)

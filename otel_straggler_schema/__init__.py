@@ -286,6 +286,8 @@ COLLECTOR_CONNECTION_CLOSE_REASONS: Final = ("refused", "stalled")
 M_TENANT_REFUSED: Final = "otel_straggler_collector_tenant_refused_total"
 # requests refused because a resource names an identity attribute (RES_IDENTITY_KEYS) twice
 M_DUPLICATE_IDENTITY: Final = "otel_straggler_collector_duplicate_identity_total"
+# state of a tenant's jobs evicted to make room (labels: tenant, structure: cohorts, windows)
+M_TENANT_EVICTIONS: Final = "otel_straggler_collector_tenant_evictions_total"
 # requests a receiver would have processed on its event loop, queued because the pipeline's inline budget was spent
 # (labels: pipeline)
 M_INLINE_DEFERRED: Final = "otel_straggler_collector_inline_deferred_total"
@@ -423,6 +425,10 @@ COLLECTOR_METRICS: Final = (
            "requests refused because a resource names a job (`straggler.job.id`) the request's token "
            "may not write (`auth.tenants`), or, sent with a tenant's token, a span outside its own step traces "
            "or posing as the collector's"),
+    Metric(M_TENANT_EVICTIONS, "counter", ("tenant", "structure"),
+           "cohorts (and their open windows) of a tenant's jobs evicted to make room, by tenant (`auth.tenants` "
+           "name; empty: jobs no tenant lists); a tenant holding less than its share of `max_cohorts` (divided "
+           "evenly among the tenants holding cohorts) loses none to another's load"),
     Metric(M_DUPLICATE_IDENTITY, "counter", ("receiver",),
            "requests refused (`invalid`) because a resource names an identity attribute (job, run, rank, cohort, "
            "host, GPU, service) more than once"),

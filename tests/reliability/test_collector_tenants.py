@@ -1,7 +1,8 @@
 """Tenants on a real collector process: a token writes only the jobs it is given. Another job's spans, a false
 straggler for another job, or far-future steps into another job are refused as whole requests (counted), and
 the other job's real verdict arrives; far-future steps into a tenant's own job are quarantined and cost that job
-nothing either."""
+nothing either. A tenant flooding its own job with new cohorts before each of another job's steps evicts only its
+own cohorts."""
 
 from __future__ import annotations
 
@@ -52,6 +53,16 @@ def _stream(job: str, faults: list[Fault], steps: int = 60) -> JobStream:
 def _far(job: str, i: int, cohort: str) -> bytes:
     """One span of one rank at a step near 10^6."""
     return request(rank_resource(2, cohort, job), [stage_span(FAR + 7 * i, 2, job=job)]).SerializeToString()
+
+
+def _cohort_flood(n: int, cohorts: int = 300) -> bytes:
+    """``cohorts`` new cohorts of job-a, one span each: more than the processor's ``max_cohorts`` (256)."""
+    req = ExportTraceServiceRequest()
+    for i in range(cohorts):
+        req.resource_spans.extend(request(rank_resource(i, f"flood-{n}-{i}", "job-a", world=cohorts),
+                                          [stage_span(n, i, trace_id=s.trace_id_for_step(
+                                              "job-a", n, "", s.trace_block(i)).to_bytes(16, "big"))]).resource_spans)
+    return req.SerializeToString()
 
 
 def test_a_tenant_cannot_write_another_job_and_its_own_attack_stays_in_its_job(tmp_path) -> None:
@@ -110,3 +121,23 @@ def test_a_tenant_cannot_write_another_job_and_its_own_attack_stays_in_its_job(t
     assert not any(job == "job-a" for job, _ in stragglers)
     for secret in (TOK_A, TOK_B):
         assert secret not in c.log()
+
+
+def test_a_tenants_cohort_flood_evicts_only_its_own_cohorts(tmp_path) -> None:
+    """Before each step of job-b-1, team-a sends 300 new one-span cohorts of its own job (``max_cohorts`` is 64):
+    cohorts are budgeted per tenant, so job-b-1's cohort is never evicted and its real straggler is found."""
+    c = CollectorProcess(tmp_path, collector_config(tmp_path, auth=AUTH), name="tenant-flood").start()
+    evidence = tmp_path / "evidence" / "verdicts.jsonl"
+    try:
+        victim = _stream("job-b-1", [Fault("device", rank=5, stages=("backward-compute",), size=0.5, onset=15)])
+        with grpc.insecure_channel(c.grpc_target) as ch:
+            for n, (_, req) in enumerate(victim):
+                assert grpc_call(ch, _cohort_flood(n), metadata=_md(TOK_A)).code == "OK"
+                assert grpc_call(ch, req.SerializeToString(), metadata=_md(TOK_B)).code == "OK"
+        assert wait_for(lambda: ("job-b-1", 5) in {(x.get("job"), x.get("rank")) for x in evidence_lines(evidence)
+                                                   if x.get("verdict") == s.VERDICT_STRAGGLER}, 30.0)
+        m = c.metrics()
+        assert total(m, s.M_TENANT_EVICTIONS, tenant="team-a", structure="cohorts") > 10_000
+        assert total(m, s.M_TENANT_EVICTIONS, tenant="team-b", structure="cohorts") == 0
+    finally:
+        c.stop()

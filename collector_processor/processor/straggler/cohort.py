@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from prometheus_client import Counter
 
 from collector_processor.processor.straggler.collective_signal import Rings
 from collector_processor.processor.straggler.pair import PairTrack
@@ -11,6 +14,10 @@ from collector_processor.processor.straggler.window import KIND_STEP, KIND_WALL,
 
 NO_INDEX = -(2**62)  # no window index seen yet
 NO_CEILING = 2**62  # a cohort without a step range yet: no sample is quarantined
+
+
+def _no_tenant(_job: str) -> str:
+    return ""
 
 
 @dataclass(slots=True)
@@ -50,14 +57,23 @@ class Cohort:
     # the cohort has a range
     step_ceiling: int = NO_CEILING
     range_at: float = float("-inf")  # when the range was last computed
+    tenant: str = ""  # whose job it is (CohortRegistry's budget)
 
 
 class CohortRegistry:
-    """(job, cohort key) -> Cohort, least recently seen evicted beyond ``max_cohorts``."""
+    """(job, cohort key) -> Cohort, at most ``max_cohorts``, budgeted per tenant (``tenant_of(job)``): to make room
+    for a new cohort, a tenant at or over its share (``max_cohorts`` over the tenants holding cohorts) evicts its
+    own least recently seen cohort, any other the busiest tenant's. So a tenant under its share loses no cohort to
+    another's load. Evictions are counted per tenant in ``evictions`` (labels tenant, structure)."""
 
-    def __init__(self, max_cohorts: int) -> None:
+    def __init__(self, max_cohorts: int, tenant_of: Callable[[str], str] | None = None,
+                 evictions: Counter | None = None) -> None:
         self.max_cohorts = max_cohorts
-        self._cohorts: OrderedDict[tuple[str, str], Cohort] = OrderedDict()
+        self._tenant_of = tenant_of or _no_tenant
+        self._evictions = evictions
+        self._cohorts: dict[tuple[str, str], Cohort] = {}
+        # tenant -> its cohorts, least recently seen first
+        self._by_tenant: dict[str, OrderedDict[tuple[str, str], None]] = {}
 
     def get(self, job: str, key: str, now_s: float) -> tuple[Cohort, Cohort | None]:
         """The cohort (created if new) and the cohort evicted to make room, if any."""
@@ -66,13 +82,32 @@ class CohortRegistry:
         if c is not None:
             if c.last_seen_s != now_s:
                 c.last_seen_s = now_s
-                self._cohorts.move_to_end(k)
+                self._by_tenant[c.tenant].move_to_end(k)
             return c, None
+        tenant = self._tenant_of(job)
+        own = self._by_tenant.get(tenant)
         evicted = None
         if len(self._cohorts) >= self.max_cohorts:
-            _, evicted = self._cohorts.popitem(last=False)
-        c = self._cohorts[k] = Cohort(job, key, now_s)
+            share = self.max_cohorts // (len(self._by_tenant) + (own is None))
+            victim = own if own is not None and len(own) >= share else max(self._by_tenant.values(), key=len)
+            evicted = self._cohorts.pop(victim.popitem(last=False)[0])
+            if not victim:
+                del self._by_tenant[evicted.tenant]
+                if victim is own:
+                    own = None
+            self._count(evicted)
+        if own is None:
+            own = self._by_tenant[tenant] = OrderedDict()
+        own[k] = None
+        c = self._cohorts[k] = Cohort(job, key, now_s, tenant=tenant)
         return c, evicted
+
+    def _count(self, evicted: Cohort) -> None:
+        if self._evictions is not None:
+            self._evictions.labels(tenant=evicted.tenant, structure="cohorts").inc()
+            windows = len(evicted.steps.open) + len(evicted.wall.open)
+            if windows:
+                self._evictions.labels(tenant=evicted.tenant, structure="windows").inc(windows)
 
     def find(self, job: str, key: str) -> Cohort | None:
         """The cohort if held (its recency unchanged)."""
@@ -80,6 +115,10 @@ class CohortRegistry:
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(list(self._cohorts.values()))
+
+    def held_by(self, tenant: str) -> int:
+        """Cohorts of ``tenant``'s jobs held now."""
+        return len(self._by_tenant.get(tenant, ()))
 
     def __len__(self) -> int:
         return len(self._cohorts)

@@ -30,9 +30,9 @@ def create_default_config() -> Config:
     return Config()
 
 
-def create_processor(config: Config, telemetry: Telemetry,
-                     emit_verdicts: Callable[[list[Verdict]], None]) -> StragglerProcessor:
-    return StragglerProcessor(config, telemetry, emit_verdicts)
+def create_processor(config: Config, telemetry: Telemetry, emit_verdicts: Callable[[list[Verdict]], None],
+                     tenant_of: Callable[[str], str] | None = None) -> StragglerProcessor:
+    return StragglerProcessor(config, telemetry, emit_verdicts, tenant_of=tenant_of)
 
 
 class ConnectorConfig(BaseModel):
@@ -60,7 +60,7 @@ class VerdictConnector:
 
 
 def _processor(ctx: BuildContext, cid: str, cfg: Config) -> StragglerProcessor:
-    return create_processor(cfg, ctx.telemetry, ctx.emit_for(cid))
+    return create_processor(cfg, ctx.telemetry, ctx.emit_for(cid), ctx.tenant_of)
 
 
 def _connector(ctx: BuildContext, cid: str, cfg: ConnectorConfig) -> VerdictConnector:

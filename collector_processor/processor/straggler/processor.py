@@ -81,15 +81,15 @@ EVICTED_STRUCTURES = ("cohorts", "windows", "dedup", "cohort_ranks", "stages", "
 
 class StragglerProcessor:
     def __init__(self, config: Config, telemetry: Telemetry, emit_verdicts: Callable[[list[Verdict]], None],
-                 *, clock: Callable[[], float] = time.time, wall_clock_ns: Callable[[], int] = time.time_ns
-                 ) -> None:
+                 *, clock: Callable[[], float] = time.time, wall_clock_ns: Callable[[], int] = time.time_ns,
+                 tenant_of: Callable[[str], str] | None = None) -> None:
         self.cfg = config
         self.telemetry = telemetry
         self._emit = emit_verdicts
         self._clock = clock
         self._wall_ns = wall_clock_ns
         self.c: dict[str, int] = dict.fromkeys(COUNTERS, 0)
-        self.cohorts = CohortRegistry(config.max_cohorts)
+        self.cohorts = CohortRegistry(config.max_cohorts, tenant_of, telemetry.tenant_evictions)
         self.states = StateStore(config.max_states)
         self.detector = Detector(config, self.states, self.c, self.cohorts)
         self.nodes = NodeVerdicts(config, self.c)

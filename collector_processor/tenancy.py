@@ -1,0 +1,52 @@
+"""Whose a job is: the tenant of the receivers' ``auth.tenants`` whose token may write it (exact job ids before
+prefixes, the longest prefix first), ``""`` for a job no tenant lists (the all-jobs token, or no auth). Shared
+state (cohorts) is budgeted per tenant with it, so one tenant's load evicts only its own."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+NO_TENANT = ""
+_MAX_REMEMBERED = 4096  # jobs whose tenant is remembered (cleared when full)
+
+
+class Tenancy:
+    def __init__(self, tenants: Iterable[tuple[str, Iterable[str]]] = ()) -> None:
+        """``tenants``: (name, job patterns), a pattern an exact job id or a prefix ending in ``*``."""
+        self._exact: dict[str, str] = {}
+        prefixes: list[tuple[str, str]] = []
+        self.names: list[str] = []
+        for name, jobs in tenants:
+            if name not in self.names:
+                self.names.append(name)
+            for j in jobs:
+                if j.endswith("*"):
+                    prefixes.append((j[:-1], name))
+                else:
+                    self._exact.setdefault(j, name)
+        self._prefixes = sorted(prefixes, key=lambda p: -len(p[0]))
+        self._memo: dict[str, str] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.names)
+
+    def __call__(self, job: str) -> str:
+        name = self._memo.get(job)
+        if name is None:
+            name = self._exact.get(job)
+            if name is None:
+                name = next((n for p, n in self._prefixes if job.startswith(p)), NO_TENANT)
+            if len(self._memo) >= _MAX_REMEMBERED:
+                self._memo.clear()
+            self._memo[job] = name
+        return name
+
+
+def from_receivers(configs: Iterable[object]) -> Tenancy:
+    """The tenants of every receiver config that has ``auth.tenants`` (named as the receivers log them)."""
+    tenants: list[tuple[str, list[str]]] = []
+    for cfg in configs:
+        auth = getattr(cfg, "auth", None)
+        for i, t in enumerate(getattr(auth, "tenants", None) or ()):
+            tenants.append((t.name or f"tenants[{i}]", list(t.jobs)))
+    return Tenancy(tenants)

@@ -1,0 +1,56 @@
+"""Cohorts budgeted per tenant: a tenant at or over its share of ``max_cohorts`` evicts only its own cohorts, so a
+flood of one tenant's one-span cohorts never evicts another tenant's cohort held under its share; evictions are
+counted per tenant."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter
+
+from collector_processor.processor.straggler.cohort import CohortRegistry
+from collector_processor.tenancy import Tenancy
+
+
+def _registry(max_cohorts: int) -> tuple[CohortRegistry, Counter]:
+    evictions = Counter("ev", "x", ["tenant", "structure"], registry=CollectorRegistry())
+    tenancy = Tenancy([("a", ["job-a", "team-a/*"]), ("b", ["job-b"])])
+    return CohortRegistry(max_cohorts, tenancy, evictions), evictions
+
+
+def _evicted(ev: Counter, tenant: str) -> float:
+    return ev.labels(tenant=tenant, structure="cohorts")._value.get()
+
+
+def test_a_flood_of_one_tenants_cohorts_evicts_only_its_own() -> None:
+    reg, ev = _registry(8)
+    for i in range(3):
+        reg.get("job-b", f"c{i}", 0.0)
+    for i in range(500):  # tenant a: a new cohort per span, in two of its jobs
+        _, evicted = reg.get("job-a" if i % 2 else f"team-a/{i}", f"c{i}", 1.0 + i)
+        assert evicted is None or evicted.tenant == "a"
+    assert [reg.find("job-b", f"c{i}") is not None for i in range(3)] == [True] * 3
+    assert len(reg) == 8 and reg.held_by("b") == 3 and reg.held_by("a") == 5
+    assert _evicted(ev, "a") == 500 - 5 and _evicted(ev, "b") == 0
+
+
+def test_a_tenant_over_its_share_gives_way_to_a_newcomer() -> None:
+    """Tenant a fills the registry alone; b's new cohorts take a's least recently seen until b holds its share."""
+    reg, ev = _registry(8)
+    for i in range(8):
+        reg.get("job-a", f"c{i}", float(i))
+    for i in range(4):
+        _, evicted = reg.get("job-b", f"c{i}", 10.0 + i)
+        assert evicted is not None and (evicted.tenant, evicted.key) == ("a", f"c{i}")
+    _, evicted = reg.get("job-b", "c4", 20.0)  # at its share (8 // 2): b now evicts its own
+    assert evicted is not None and (evicted.tenant, evicted.key) == ("b", "c0")
+    assert reg.held_by("a") == 4 and reg.held_by("b") == 4
+    assert _evicted(ev, "a") == 4 and _evicted(ev, "b") == 1
+
+
+def test_jobs_no_tenant_lists_share_one_budget_and_recency_counts() -> None:
+    reg, _ = _registry(3)
+    for i in range(3):
+        reg.get("other", f"c{i}", float(i))
+    reg.get("other", "c0", 5.0)  # seen again: c1 is now the least recently seen
+    _, evicted = reg.get("other", "c3", 6.0)
+    assert evicted is not None and evicted.key == "c1" and evicted.tenant == ""
+    assert Tenancy([("a", ["team-a/*", "team-a/x/*"]), ("b", ["team-a/x/y"])])("team-a/x/y") == "b"
