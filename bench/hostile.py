@@ -737,6 +737,9 @@ def main() -> None:
     ap.add_argument("--after-s", type=float, default=60.0, help="sequences: seconds valid clients are checked "
                     "after each attack")
     ap.add_argument("--rounds", type=int, default=1, help="sequences: times the sequence of attacks runs")
+    ap.add_argument("--flood", type=int, default=3000, help="sequences: connections held by connection-flood")
+    ap.add_argument("--preauth-per-peer", type=int, default=0, help="sequences: the HTTP receiver's "
+                    "max_preauth_connections_per_peer (0: as shipped)")
     ap.add_argument("--only", default="", help="sequences: only these attacks, comma-separated (e.g. slow-inline)")
     ap.add_argument("--expansion-child", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args()

@@ -22,6 +22,10 @@ times (1 by default). The attackers run in the bench's process beside the valid 
                   (--half-open / 15 connections, re-opened as the server closes them)
   chunked-oversize  the attacker's token: chunked bodies sent 1 MiB at a time past the 16 MiB limit (4 clients),
                   a chunk announcing 64 GiB, a chunked gzip bomb of 64 members (1 GiB inflated)
+  connection-flood  --flood (3000) TCP connections to the HTTP port from another address (127.0.0.2) that never
+                  start TLS, re-opened as the server closes them; beside the exporters, a valid client from
+                  127.0.0.1 opens a fresh TLS connection for each export (4 a second, no retry): its exports count
+                  with the valid ones
 
 Per attack: the collector's RSS (peak during, at the end), valid exports that succeeded during the attack and in
 the window after it (and the slowest 5 % of their durations: p95), and recover_s: seconds from the attack's end
@@ -35,7 +39,9 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import http.client
 import re
+import selectors
 import socket
 import ssl
 import subprocess
@@ -61,10 +67,12 @@ def make_cert(tmp: Path) -> tuple[Path, Path]:
     return tmp / "s.crt", tmp / "s.key"
 
 
-def overrides(crt: Path, key: Path) -> str:
+def overrides(crt: Path, key: Path, preauth_per_peer: int = 0) -> str:
+    http = f"    protocols: {{http: {{max_preauth_connections_per_peer: {preauth_per_peer}}}}}\n" \
+        if preauth_per_peer else ""
     return f"""receivers:
   otlp:
-    tls: {{cert_file: "{crt}", key_file: "{key}"}}
+{http}    tls: {{cert_file: "{crt}", key_file: "{key}"}}
     auth:
       tenants:
         - {{name: valid, bearer_token: {VALID_TOKEN}, jobs: [valid-job]}}
@@ -169,6 +177,7 @@ class Env:
     crt: Path
     a: argparse.Namespace
     tally: Tally
+    valid: Valid | None = None
 
     def ctx(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.crt))
@@ -496,11 +505,128 @@ def _inline_deferred(c: Collector) -> float:
     return sum(float(x) for x in found) if found else float("nan")
 
 
+ATTACKER_ADDRESS = "127.0.0.2"  # on loopback any 127.0.0.0/8 address is this host: another peer to the collector
+
+
+def _flood(e: Env, n: int, stop: threading.Event) -> tuple[int, int]:
+    """Hold ``n`` TCP connections from ``ATTACKER_ADDRESS`` to the HTTP port, saying nothing; each one the server
+    closes is counted and opened again. Returns (connections opened, most held at once)."""
+    sel = selectors.DefaultSelector()
+    opened = held_max = 0
+    try:
+        while not stop.is_set():
+            while len(sel.get_map()) < n and not stop.is_set():
+                so = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                try:
+                    so.settimeout(5)
+                    so.bind((ATTACKER_ADDRESS, 0))
+                    so.connect(("127.0.0.1", e.c.ports["http"]))
+                    so.setblocking(False)
+                    sel.register(so, selectors.EVENT_READ)
+                    opened += 1
+                except OSError:
+                    so.close()
+                    e.tally.add("flood connect failed")
+                    break
+            held_max = max(held_max, len(sel.get_map()))
+            for key, _ in sel.select(timeout=0.05):  # readable: closed by the server (it never answers them)
+                so = key.fileobj  # type: ignore[assignment]
+                sel.unregister(so)
+                so.close()
+                e.tally.add("flood closed by server")
+    finally:
+        for key in list(sel.get_map().values()):
+            key.fileobj.close()  # type: ignore[union-attr]
+        sel.close()
+    return opened, held_max
+
+
+def _newcomer_request(i: int) -> bytes:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+    from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+
+    import otel_straggler_schema as s
+    from collector_processor.otlp_values import key_value
+
+    res = Resource(attributes=[key_value(k, v) for k, v in {
+        s.RES_RANK: 2, s.RES_JOB_ID: "valid-job", s.RES_COHORT_KEY: "newcomer"}.items()])
+    start = time.time_ns()
+    sp = Span(trace_id=(i + 1).to_bytes(16, "big"), span_id=(i + 1).to_bytes(8, "big"), name="forward-compute",
+              start_time_unix_nano=start, end_time_unix_nano=start + 10_000_000,
+              attributes=[key_value(k, v) for k, v in {s.ATTR_STAGE: "forward-compute", s.ATTR_ITERATION: i,
+                                                       s.ATTR_HOST_MS: 10.0, s.ATTR_COUNT: 1}.items()])
+    return ExportTraceServiceRequest(resource_spans=[ResourceSpans(
+        resource=res, scope_spans=[ScopeSpans(spans=[sp])])]).SerializeToString()
+
+
+def attack_connection_flood(e: Env) -> str:
+    """--flood connections held from another address while a valid client from 127.0.0.1 connects afresh for every
+    export: is a newcomer from another address served?"""
+    n = e.a.flood
+    held: list[tuple[int, int]] = []
+    outcomes = Tally()
+    ctx = e.ctx()
+
+    def newcomer(stop: threading.Event) -> None:
+        i = 0
+        while not stop.wait(0.25):
+            t0 = time.monotonic()
+            conn = http.client.HTTPSConnection("127.0.0.1", e.c.ports["http"], context=ctx, timeout=10,
+                                               source_address=("127.0.0.1", 0))
+            try:
+                conn.request("POST", "/v1/traces", _newcomer_request(i), {
+                    "Content-Type": "application/x-protobuf", "Authorization": f"Bearer {VALID_TOKEN}",
+                    "Connection": "close"})
+                resp = conn.getresponse()
+                resp.read()
+                what = str(resp.status)
+            except (OSError, ssl.SSLError, http.client.HTTPException) as ex:
+                what = f"error({type(ex).__name__})"
+            finally:
+                conn.close()
+            outcomes.add(what)
+            if e.valid is not None:
+                with e.valid._lock:
+                    e.valid.results.append((t0, time.monotonic(), what == "200"))
+            i += 1
+
+    def attacker(stop: threading.Event) -> None:
+        held.append(_flood(e, n, stop))
+
+    closed0 = _http_closed(e.c)
+    flood_stop = threading.Event()
+    flood = threading.Thread(target=attacker, args=(flood_stop,), daemon=True)
+    flood.start()
+    time.sleep(min(3.0, e.a.duration / 4))  # the flood builds up first
+    run_threads(e.a.duration, [newcomer])
+    flood_stop.set()
+    flood.join(60)
+    closed = {k: int(v - closed0.get(k, 0.0)) for k, v in _http_closed(e.c).items() if v != closed0.get(k, 0.0)}
+    opened, held_max = held[0] if held else (0, 0)
+    ok = outcomes.counts.get("200", 0)
+    total = sum(outcomes.counts.values())
+    return (f"{n} connections from {ATTACKER_ADDRESS} that never start TLS ({opened} opened, at most {held_max} "
+            f"held at once); newcomer from 127.0.0.1, a fresh TLS connection per export: {ok}/{total} "
+            f"({outcomes.text()}); closed by the HTTP connection budget: {closed}")
+
+
+def _http_closed(c: Collector) -> dict[str, float]:
+    """The collector's ``connections_closed_total`` of its HTTP receiver, by reason ({} when it does not answer)."""
+    try:
+        text = c.metrics()
+    except OSError:
+        return {}
+    return {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'^otel_straggler_collector_connections_closed_total\{reason="(\w+)",receiver="otlp/http"\} (\S+)', text,
+        re.M)}
+
+
 SEQUENCE = [("amplification", attack_amplification), ("stalled-calls", attack_stalled_calls),
             ("half-open-tls", attack_half_open), ("amplification", attack_amplification),
             ("idle-tls", attack_idle_tls), ("gzip-bomb", attack_gzip), ("far-steps", attack_far_steps),
             ("slow-inline", attack_slow_inline), ("chunked-slow", attack_chunked_slow),
-            ("chunked-oversize", attack_chunked_oversize)]
+            ("chunked-oversize", attack_chunked_oversize), ("connection-flood", attack_connection_flood)]
 
 
 @dataclass
@@ -533,14 +659,15 @@ def main(a: argparse.Namespace) -> None:
     logging.getLogger("opentelemetry").setLevel(logging.ERROR)  # the SDK's own retry messages, expected here
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * a.half_open + 1024)), hard))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, max(4 * a.half_open, a.flood) + 1024)), hard))
     except (ValueError, OSError):
         pass
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
         crt, key = make_cert(tmp)
-        c = Collector(tmp, "sequence", limit_mib=a.limit_mib, spike_mib=a.spike_mib, extra_yaml=overrides(crt, key))
+        c = Collector(tmp, "sequence", limit_mib=a.limit_mib, spike_mib=a.spike_mib,
+                      extra_yaml=overrides(crt, key, a.preauth_per_peer))
         peak = [0.0]
         stop_sampling = threading.Event()
 
@@ -563,7 +690,7 @@ def main(a: argparse.Namespace) -> None:
                     tally = Tally()
                     peak[0] = rss_mb(c.proc.pid)
                     t0 = time.monotonic()
-                    notes = fn(Env(c, crt, a, tally))
+                    notes = fn(Env(c, crt, a, tally, valid))
                     t1 = time.monotonic()
                     during_peak = peak[0]
                     end_mb = rss_mb(c.proc.pid)

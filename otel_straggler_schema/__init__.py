@@ -279,9 +279,10 @@ M_EXPORTER_QUEUED: Final = "otel_straggler_collector_exporter_queued_items"
 M_EVIDENCE_LINES: Final = "otel_straggler_collector_evidence_lines_total"
 M_UNAUTHENTICATED: Final = "otel_straggler_collector_unauthenticated_total"  # labels: endpoint
 # connections (HTTP) and calls (gRPC) ended by the connection budget before a request was read (labels: receiver,
-# reason: refused = the budget was full of busy ones, stalled = ended to make room after stall_timeout)
+# reason: refused = the budget was full of busy ones, stalled = ended to make room after stall_timeout, shed = HTTP:
+# closed before auth to make room for another peer address, peer_limit = HTTP: refused at its address's caps)
 M_CONNECTIONS_CLOSED: Final = "otel_straggler_collector_connections_closed_total"
-COLLECTOR_CONNECTION_CLOSE_REASONS: Final = ("refused", "stalled")
+COLLECTOR_CONNECTION_CLOSE_REASONS: Final = ("refused", "stalled", "shed", "peer_limit")
 # requests refused because they name a job their token may not write (labels: receiver)
 M_TENANT_REFUSED: Final = "otel_straggler_collector_tenant_refused_total"
 # requests refused because a resource names an identity attribute (RES_IDENTITY_KEYS) twice
@@ -420,7 +421,9 @@ COLLECTOR_METRICS: Final = (
     Metric(M_CONNECTIONS_CLOSED, "counter", ("receiver", "reason"),
            "HTTP connections and gRPC calls ended by the connection budget before a request was read:"
            " `refused` (the budget was full of busy ones), `stalled` (ended to make room after "
-           "`stall_timeout` without a request or message)"),
+           "`stall_timeout` without a request or message), `shed` (HTTP: the oldest connection before auth of "
+           "the peer address holding the most, closed to admit one of another), `peer_limit` (HTTP: refused at "
+           "its address's `max_connections_per_peer` or `max_preauth_connections_per_peer`)"),
     Metric(M_TENANT_REFUSED, "counter", ("receiver",),
            "requests refused because a resource names a job (`straggler.job.id`) the request's token "
            "may not write (`auth.tenants`), or, sent with a tenant's token, a span outside its own step traces "

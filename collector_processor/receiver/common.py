@@ -81,12 +81,15 @@ class GrpcProtocol(Strict):
 class HttpProtocol(Strict):
     endpoint: HttpListen = "127.0.0.1:4318"
     max_request_body_size_mib: float = Field(16, gt=0, le=MAX_MESSAGE_MIB)
-    # connections, before any token is seen: at most max_connections (max_connections_per_peer from one address);
-    # at the cap the oldest connection that is not inside a request (handshaking or idle) for stall_timeout is
-    # closed to make room, else the newcomer is. The TLS handshake must end within handshake_timeout, a kept-alive
-    # connection may idle idle_timeout.
+    # connections, before any token is seen: at most max_connections (max_connections_per_peer from one address, of
+    # them max_preauth_connections_per_peer before a request head passed auth: TLS handshake, first head); at the
+    # cap the address holding the most gives up its oldest connection before auth, else the oldest connection that
+    # is not inside a request (handshaking or idle) for stall_timeout is closed to make room, else the newcomer is
+    # (OtlpHttpReceiver._admit). The TLS handshake must end within handshake_timeout, a kept-alive connection may
+    # idle idle_timeout.
     max_connections: int = Field(512, ge=1, le=65536)
     max_connections_per_peer: int = Field(512, ge=1, le=65536)
+    max_preauth_connections_per_peer: int = Field(256, ge=1, le=65536)
     handshake_timeout: Duration = Field(10.0, gt=0, le=300.0)
     idle_timeout: Duration = Field(30.0, gt=0, le=86400.0)
     stall_timeout: Duration = Field(2.0, gt=0, le=600.0)

@@ -2,7 +2,8 @@
 ``GET /healthz`` (200 while the collector is healthy, 503 otherwise, as the gRPC health check answers).
 
 An HTTP/1.1 server on an asyncio event loop: a connection that is waiting for its client costs a coroutine, not a
-thread, so thousands of stalled connections take no worker from anyone. Each request is checked in this order,
+thread, so thousands of stalled connections take no worker from anyone. Connections are admitted within caps shared
+fairly between peer addresses (``_admit``), before TLS starts. Each request is checked in this order,
 and refused as soon as something is wrong, without reading a body it will not use:
 
 1. request line and headers (within ``HEAD_TIMEOUT_S``; a kept-alive connection may idle ``IDLE_TIMEOUT_S``);
@@ -91,6 +92,14 @@ _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden"
             405: "Method Not Allowed", 501: "Not Implemented",
             411: "Length Required", 413: "Content Too Large", 415: "Unsupported Media Type",
             431: "Request Header Fields Too Large", 503: "Service Unavailable"}
+
+
+@dataclass
+class _Peer:
+    """The connections of one peer address: how many, and those before auth (task -> when admitted, oldest first)."""
+
+    n: int = 0
+    preauth: dict[asyncio.Task[None], float] = field(default_factory=dict)
 
 
 class _Aborted(Exception):
@@ -220,13 +229,15 @@ class OtlpHttpReceiver:
         self._tasks: set[asyncio.Task[None]] = set()  # every connection
         self._active: set[asyncio.Task[None]] = set()  # connections inside a request
         self.proto = proto
-        # connection budget: (task -> peer address, when it came), oldest first; connections per peer address
+        # connection budget: (task -> peer address, when it came or last finished a request), oldest first; per peer
+        # address with a connection (so at most max_connections of them): its connections, those before auth
         self._conns: dict[asyncio.Task[None], tuple[str, float]] = {}
-        self._per_peer: dict[str, int] = {}
+        self._peers: dict[str, _Peer] = {}
         self.connections_refused = 0
         self.connections_evicted = 0
         self._tls: ssl.SSLContext | None = None
         self._refused_logged = False
+        self._shed_logged = False
         self._closing = False
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
@@ -295,42 +306,93 @@ class OtlpHttpReceiver:
         self.stop_accepting(min(timeout_s, 2.0))
 
     # ---- connections --------------------------------------------------------------------------------------
-    def _admit(self, task: asyncio.Task[None], peer: str) -> bool:
-        """A place for a new connection of ``peer`` within max_connections and max_connections_per_peer, made by
-        closing the oldest connection that is not inside a request (handshaking or idle) for stall_timeout when
-        needed; False when there is none to close."""
+    def _admit(self, task: asyncio.Task[None], peer: str) -> str | None:
+        """A place for a new connection of ``peer``; None when it has one, else why it is refused.
+
+        Its own address first: within max_connections_per_peer connections, and max_preauth_connections_per_peer of
+        them before auth, made by closing its own oldest (idle or handshaking; before auth) connection older than
+        stall_timeout (``peer_limit`` when there is none). Then the listener's max_connections, made by closing, in
+        this order: the oldest connection before auth of the address holding the most connections, when that is
+        more than this address will (``shed``); the oldest connection not inside a request for stall_timeout of an
+        address holding at least as many as this one (``stalled``); else the newcomer is refused (``refused``).
+        So one address cannot hold the listener against another: a newcomer of an address with fewer connections
+        always finds room while the busiest has a connection before auth."""
         p = self.proto
         now = asyncio.get_running_loop().time()
-
-        def evict(same_peer: bool) -> bool:
-            for other, (addr, since) in self._conns.items():
-                if now - since < p.stall_timeout:
-                    return False
-                if other not in self._active and (not same_peer or addr == peer):
-                    self._forget(other)
-                    other.cancel()
-                    self.connections_evicted += 1
-                    self.t.connections_closed.labels(self.d.label, "stalled").inc()
-                    return True
-            return False
-
-        if len(self._conns) >= p.max_connections and not evict(False):
-            return False
-        if self._per_peer.get(peer, 0) >= p.max_connections_per_peer and not evict(True):
-            return False
+        own = self._peers.get(peer)
+        if own is not None:
+            if own.n >= p.max_connections_per_peer and not self._evict_stale(now, lambda addr: addr == peer):
+                return "peer_limit"
+            if len(own.preauth) >= p.max_preauth_connections_per_peer and not self._evict_preauth(own, now):
+                return "peer_limit"
+        if len(self._conns) >= p.max_connections:
+            n = own.n if own is not None else 0
+            if not self._shed_busiest(n) and not self._evict_stale(now, lambda addr: self._peers[addr].n >= n):
+                return "refused"
+        if own is None:
+            own = self._peers[peer] = _Peer()
+        own.n += 1
+        own.preauth[task] = now
         self._conns[task] = (peer, now)
-        self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
+        return None
+
+    def _close(self, task: asyncio.Task[None], reason: str) -> None:
+        self._forget(task)
+        task.cancel()
+        self.connections_evicted += 1
+        self.t.connections_closed.labels(self.d.label, reason).inc()
+
+    def _evict_stale(self, now: float, which: Callable[[str], bool]) -> bool:
+        """Close the oldest connection not inside a request for stall_timeout of an address ``which`` accepts."""
+        for other, (addr, since) in self._conns.items():
+            if now - since < self.proto.stall_timeout:
+                return False
+            if other not in self._active and which(addr):
+                self._close(other, "stalled")
+                return True
+        return False
+
+    def _evict_preauth(self, peer: _Peer, now: float) -> bool:
+        """Close the oldest connection of ``peer`` before auth, if older than stall_timeout."""
+        oldest, since = next(iter(peer.preauth.items()))
+        if now - since < self.proto.stall_timeout:
+            return False
+        self._close(oldest, "stalled")
         return True
+
+    def _shed_busiest(self, n: int) -> bool:
+        """Close the oldest connection before auth of the address holding the most connections, if it holds more
+        than ``n`` + 1 (a newcomer's address holding ``n``: after the exchange it would hold no more than that)."""
+        busiest: _Peer | None = None
+        for st in self._peers.values():
+            if st.preauth and st.n > n + 1 and (busiest is None or st.n > busiest.n):
+                busiest = st
+        if busiest is None:
+            return False
+        self._close(next(iter(busiest.preauth)), "shed")
+        if not self._shed_logged:
+            self._shed_logged = True
+            log.warning("%s: connection budget full (max_connections %d): closing the oldest unauthenticated "
+                        "connection of the address holding the most to admit one of another (not logged again)",
+                        self.d.label, self.proto.max_connections)
+        return True
+
+    def _past_auth(self) -> None:
+        """The current connection sent a request head that passed the bearer check (any, without auth)."""
+        task = asyncio.current_task()
+        entry = self._conns.get(task) if task is not None else None
+        if entry is not None:
+            self._peers[entry[0]].preauth.pop(task, None)  # type: ignore[arg-type]
 
     def _forget(self, task: asyncio.Task[None]) -> None:
         entry = self._conns.pop(task, None)
         if entry is None:
             return
-        n = self._per_peer.get(entry[0], 0) - 1
-        if n > 0:
-            self._per_peer[entry[0]] = n
-        else:
-            self._per_peer.pop(entry[0], None)
+        st = self._peers[entry[0]]
+        st.n -= 1
+        st.preauth.pop(task, None)
+        if st.n <= 0:
+            del self._peers[entry[0]]
 
     def _touch(self, task: asyncio.Task[None]) -> None:
         """The connection finished a request: it is young again (moved to the end of the eviction order)."""
@@ -343,14 +405,16 @@ class OtlpHttpReceiver:
         assert task is not None
         peername = writer.get_extra_info("peername")
         peer = str(peername[0]) if isinstance(peername, tuple) and peername else ""
-        if not self._admit(task, peer):
+        refused = self._admit(task, peer)
+        if refused is not None:
             self.connections_refused += 1
-            self.t.connections_closed.labels(self.d.label, "refused").inc()
+            self.t.connections_closed.labels(self.d.label, refused).inc()
             if not self._refused_logged:
                 self._refused_logged = True
-                log.warning("%s: connection budget full (max_connections %d, %d per peer), no idle connection to "
-                            "close: new connections are closed at once (not logged again)", self.d.label,
-                            self.proto.max_connections, self.proto.max_connections_per_peer)
+                log.warning("%s: connection budget full (max_connections %d; per peer %d, %d before auth), no "
+                            "connection to close: new connections are closed at once (not logged again)",
+                            self.d.label, self.proto.max_connections, self.proto.max_connections_per_peer,
+                            self.proto.max_preauth_connections_per_peer)
             writer.transport.abort()
             return
         self._tasks.add(task)
@@ -496,6 +560,7 @@ class OtlpHttpReceiver:
             self.t.unauthenticated.labels(self.d.label).inc()
             return self._status(401, _UNAUTHENTICATED, "missing or bad bearer token", reply_ct, "unauthenticated",
                                 {"WWW-Authenticate": "Bearer"}, close=True), length
+        self._past_auth()
         if length is None:
             return self._status(411, _INVALID_ARGUMENT, "Content-Length or Transfer-Encoding: chunked required",
                                 reply_ct, "invalid", close=True), length
