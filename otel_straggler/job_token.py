@@ -36,7 +36,7 @@ def header(token: str) -> str:
 
 def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
-    ap = argparse.ArgumentParser(prog="otel-straggler token", description=HELP)
+    ap = argparse.ArgumentParser(prog="otel-straggler token", description=HELP, allow_abbrev=False)
     ap.add_argument("--job", default=None, help="the job id (default: OTEL_STRAGGLER_JOB_ID)")
     ap.add_argument("--secret-file", default=None,
                     help="file holding the job secret (default: OTEL_STRAGGLER_JOB_SECRET_FILE, else the secret in "
