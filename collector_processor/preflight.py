@@ -10,13 +10,12 @@ message naming every address that cannot be listened on and why.
 from __future__ import annotations
 
 import errno
-import ipaddress
 import os
 import socket
 from collections.abc import Iterator
 from typing import Any
 
-from collector_processor.config.types import split_host_port
+from collector_processor.config.types import is_loopback, split_host_port
 
 
 def listen_addresses(raw: dict[str, Any]) -> Iterator[tuple[str, str]]:
@@ -29,8 +28,8 @@ def listen_addresses(raw: dict[str, Any]) -> Iterator[tuple[str, str]]:
         if eid.split("/")[0] == "prometheus" and isinstance(ecfg, dict) and ecfg.get("endpoint"):
             yield eid, str(ecfg["endpoint"])
     telemetry = ((raw.get("service") or {}).get("telemetry") or {}).get("metrics") or {}
-    if isinstance(telemetry, dict) and telemetry.get("endpoint"):
-        yield "service.telemetry.metrics", str(telemetry["endpoint"])
+    if isinstance(telemetry, dict) and telemetry.get("address"):
+        yield "service.telemetry.metrics", str(telemetry["address"])
 
 
 def _try_bind(host: str, port: int) -> str:
@@ -63,24 +62,16 @@ def clashes(raw: dict[str, Any]) -> list[str]:
 
 
 def _has_auth(section: object) -> bool:
-    """A component's ``auth`` asks for credentials (a bearer token, a token file or tenants), or its TLS asks for
-    client certificates (``client_ca_file``)."""
+    """A component's ``auth`` asks for credentials (a bearer token, a token file, tenants or a job secret), or its
+    TLS asks for client certificates (``client_ca_file``)."""
     if not isinstance(section, dict):
         return False
     auth = section.get("auth")
-    if isinstance(auth, dict) and any(auth.get(k) for k in ("bearer_token", "bearer_token_file", "tenants")):
+    keys = ("bearer_token", "bearer_token_file", "tenants", "job_secret", "job_secret_file")
+    if isinstance(auth, dict) and any(auth.get(k) for k in keys):
         return True
     tls = section.get("tls")
     return isinstance(tls, dict) and bool(tls.get("client_ca_file"))
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a name: it may resolve to any interface
 
 
 def exposed(raw: dict[str, Any]) -> list[str]:

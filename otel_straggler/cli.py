@@ -1,5 +1,5 @@
-"""``otel-straggler``: the project's command line (``doctor`` checks a node; other commands, such as ``demo``,
-come from the ``otel_straggler.commands`` entry points of the installed packages).
+"""``otel-straggler``: the project's command line (``doctor`` checks a node, ``token`` prints a job's bearer token;
+other commands, such as ``demo``, come from the ``otel_straggler.commands`` entry points of the installed packages).
 
 An entry point names a ``main(argv) -> int`` that parses its own options, and its module a one-line ``HELP``; it
 is loaded only when its command runs (or for the top-level ``--help``), so the library imports none of them.
@@ -40,11 +40,17 @@ def main(argv: list[str] | None = None) -> int:
     plugged = commands()
     if argv[:1] and argv[0] in plugged:  # the command parses its own options
         return int(plugged[argv[0]].load()(argv[1:]))
+    if argv[:1] == ["token"]:  # parses its own options; imports the schema alone
+        from otel_straggler import job_token
+
+        return job_token.main(argv[1:])
     parser = argparse.ArgumentParser(prog="otel-straggler")
     parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True)
     for name, ep in sorted(plugged.items()):  # listed here; ``otel-straggler NAME --help`` for more
         sub.add_parser(name, help=getattr(importlib.import_module(ep.module), "HELP", None), add_help=False)
+    sub.add_parser("token", help="print the bearer token of one job, derived from the cluster's job secret",
+                   add_help=False)
     doc = sub.add_parser("doctor", help="say what the emitter will do on this node, and check the collector",
                          description="Checks, from this environment: enabled, settings, hot path, torch/CUDA, "
                                      "launcher ranks, job and run ids, whether the OTLP endpoint takes trace "

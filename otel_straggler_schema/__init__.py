@@ -12,7 +12,10 @@ collector (``collector_processor``) both import it, and neither loads the other
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
+import hmac
 from typing import Final, NamedTuple
 
 SCHEMA_VERSION: Final = "3"  # 3: a step trace per block of STEP_TRACE_RANKS ranks; 2: step summary, step scope
@@ -560,3 +563,53 @@ def cohort_key(
 ) -> str:
     """Ranks with the same key hold the same role and may be compared; DP is deliberately absent."""
     return f"e{int(topology_epoch)}/{stage_schema}/tp{tp}.pp{pp}.vpp{vpp}.cp{cp}.ep{ep}.etp{etp}.c{chunk}"
+
+
+# --- per-job credentials --------------------------------------------------------------------------
+# A job token lets its holder write one job and no other, without the collector listing jobs: the collector holds
+# the cluster's job secret, a launcher that holds it too derives each job's token and hands it to the job's ranks
+# (``otel-straggler token``), which send it as ``Authorization: Bearer <token>``. docs/schema.md "Job tokens".
+JOB_TOKEN_PREFIX: Final = "j1"
+JOB_TOKEN_MAC_INPUT: Final = "otel-straggler/job-token/"  # followed by the job id
+JOB_SECRET_MIN_BYTES: Final = 32
+JOB_ID_MAX_BYTES: Final = 1024
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode("ascii").rstrip("=")
+
+
+def job_token_mac(secret: str | bytes, job_id: str) -> str:
+    """HMAC-SHA256 keyed by the job secret (its UTF-8 bytes) over ``otel-straggler/job-token/<job id>``, as 64
+    lowercase hex digits."""
+    key = secret.encode("utf-8") if isinstance(secret, str) else secret
+    return hmac.new(key, f"{JOB_TOKEN_MAC_INPUT}{job_id}".encode(), hashlib.sha256).hexdigest()
+
+
+def job_token(secret: str | bytes, job_id: str) -> str:
+    """The bearer token of job ``job_id`` (its ``straggler.job.id`` exactly): ``j1.<job id as unpadded base64url of
+    its UTF-8 bytes>.<job_token_mac>``. The job id travels in the token, so the collector checks the token from the
+    request's headers alone, before it reads the body."""
+    key = secret.encode("utf-8") if isinstance(secret, str) else secret
+    if len(key) < JOB_SECRET_MIN_BYTES:
+        raise ValueError(f"a job secret of at least {JOB_SECRET_MIN_BYTES} bytes (e.g. openssl rand -hex 32)")
+    raw = job_id.encode("utf-8")
+    if not raw or len(raw) > JOB_ID_MAX_BYTES:
+        raise ValueError(f"a job id of 1 to {JOB_ID_MAX_BYTES} UTF-8 bytes")
+    return f"{JOB_TOKEN_PREFIX}.{_b64url(raw)}.{job_token_mac(key, job_id)}"
+
+
+def job_token_parts(token: str) -> tuple[str, str] | None:
+    """(job id, MAC) a token in the form of ``job_token`` states, unverified; None when it is not in that form."""
+    prefix, _, rest = token.partition(".")
+    encoded, _, mac = rest.partition(".")
+    if prefix != JOB_TOKEN_PREFIX or not encoded or len(mac) != 64 or len(encoded) > 2 * JOB_ID_MAX_BYTES:
+        return None
+    try:
+        job = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None
+    if not job or _b64url(job.encode("utf-8")) != encoded:  # one spelling per job id
+        return None
+    return job, mac
+

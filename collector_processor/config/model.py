@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
-from collector_processor.config.types import Strict
+from collector_processor.config.types import Strict, is_loopback, split_host_port
 
 SIGNALS = ("traces", "metrics", "logs")
 MIB = 1024 * 1024
@@ -28,6 +28,18 @@ class TelemetryMetrics(Strict):
     # Where the collector's own /metrics is served. Empty: served by the ``prometheus`` exporter of the config
     # (the shared registry holds both), or nowhere if there is none.
     address: str = ""
+    # it serves no token: beyond loopback only with this explicit opt-in
+    allow_unauthenticated: bool = False
+
+    @model_validator(mode="after")
+    def _guarded(self) -> TelemetryMetrics:
+        if self.address.strip() and not self.allow_unauthenticated:
+            host, _port = split_host_port(self.address.strip(), 9464)
+            if not is_loopback(host):
+                raise ValueError(f"address {self.address!r} is beyond loopback and serves no token: bind "
+                                 "loopback, serve it through a prometheus exporter with auth, or set "
+                                 "allow_unauthenticated: true")
+        return self
 
 
 class TelemetryConfig(Strict):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 import socket
@@ -68,6 +69,16 @@ def split_host_port(endpoint: str, default_port: int | None = None) -> tuple[str
     if not 0 <= port <= 65535:
         raise ValueError(f"endpoint {endpoint!r}: port {port} is out of range (0-65535)")
     return host or "127.0.0.1", port
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` is a loopback address (or ``localhost``); a name is not: it may resolve to any interface."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _listen(default_port: int) -> BeforeValidator:

@@ -28,11 +28,11 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
-from pydantic import Field
+from pydantic import Field, model_validator
 
 import otel_straggler_schema as s
 from collector_processor.component import Endpoint
-from collector_processor.config.types import MetricsListen, Strict, split_host_port
+from collector_processor.config.types import MetricsListen, Strict, is_loopback, split_host_port
 from collector_processor.exporter.prometheus_names import prometheus_name
 from collector_processor.receiver.auth import AuthConfig, BearerAuth
 from collector_processor.registry import BuildContext, Factory
@@ -49,6 +49,21 @@ class Config(Strict):
     endpoint: MetricsListen = "127.0.0.1:9464"
     max_series: int = Field(20000, ge=1, le=10_000_000)
     auth: AuthConfig = Field(default_factory=AuthConfig)
+    # /metrics names every job's ids, hosts, GPUs, ranks, verdicts and trace ids: beyond loopback it needs a token
+    # (``auth``) or this explicit opt-in (a network only the scraper reaches)
+    allow_unauthenticated: bool = False
+
+    @model_validator(mode="after")
+    def _guarded(self) -> Config:
+        if self.auth.job_secret or self.auth.job_secret_file:
+            raise ValueError("auth.job_secret: a job token writes its own job and never reads /metrics (every "
+                             "job's series); give the scraper bearer_token or bearer_token_file")
+        host, _port = split_host_port(self.endpoint, 9464)
+        if not is_loopback(host) and not self.auth.enabled and not self.allow_unauthenticated:
+            raise ValueError(f"endpoint {self.endpoint!r} is beyond loopback and /metrics shows every job's ids, "
+                             "hosts, GPUs and verdicts: set auth.bearer_token or auth.bearer_token_file (the "
+                             "scraper sends it), or allow_unauthenticated: true")
+        return self
 
 
 def _attrs(kvs) -> dict[str, str]:

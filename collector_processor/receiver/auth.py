@@ -1,7 +1,9 @@
 """Bearer-token check shared by the OTLP receivers and the metrics endpoint, and the tenants behind the tokens.
 
 ``bearer_token`` (or ``bearer_token_file``) admits every job. Each entry of ``tenants`` is a token of its own that
-may write only the jobs it lists: an exact ``straggler.job.id`` or a prefix ending in ``*``. A request that names
+may write only the jobs it lists: an exact ``straggler.job.id`` or a prefix ending in ``*``. With ``job_secret``
+(or ``job_secret_file``), every job has a token of its own, derived from the secret and the job id
+(``otel_straggler_schema.job_token``), that writes that job alone: no job is listed anywhere. A request that names
 another job (any of its resources) is refused as a whole (``receiver.tenants``)."""
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 
+import otel_straggler_schema as s
 from collector_processor.config.types import Strict
 
 MAX_TENANTS = 1024
@@ -59,16 +62,28 @@ class AuthConfig(Strict):
     bearer_token: str = Field("", max_length=MAX_TOKEN_BYTES)
     bearer_token_file: str = ""
     tenants: list[TenantConfig] = Field(default_factory=list, max_length=MAX_TENANTS)
+    # the cluster's job secret: each job's own token is derived from it (otel_straggler_schema.job_token)
+    job_secret: str = Field("", max_length=MAX_TOKEN_BYTES)
+    job_secret_file: str = ""
 
     @model_validator(mode="after")
     def _one(self) -> AuthConfig:
         if self.bearer_token and self.bearer_token_file:
             raise ValueError("set bearer_token or bearer_token_file, not both")
+        if self.job_secret and self.job_secret_file:
+            raise ValueError("set job_secret or job_secret_file, not both")
+        if self.job_secret and len(self.job_secret.encode()) < s.JOB_SECRET_MIN_BYTES:
+            raise ValueError(f"job_secret: at least {s.JOB_SECRET_MIN_BYTES} bytes (e.g. openssl rand -hex 32)")
         return self
 
+    @property
+    def enabled(self) -> bool:
+        return bool(self.bearer_token or self.bearer_token_file or self.tenants or self.job_secret
+                    or self.job_secret_file)
+
     def __repr__(self) -> str:  # never show the secret
-        return (f"AuthConfig(enabled={bool(self.bearer_token or self.bearer_token_file or self.tenants)}, "
-                f"tenants={len(self.tenants)})")
+        return (f"AuthConfig(enabled={self.enabled}, tenants={len(self.tenants)}, "
+                f"job_tokens={bool(self.job_secret or self.job_secret_file)})")
 
 
 @dataclass(frozen=True)
@@ -97,13 +112,18 @@ def _tenant(cfg: TenantConfig, i: int) -> Tenant:
 
 class BearerAuth:
     """Constant-time comparison of the token in ``Authorization: Bearer <token>`` (the scheme is case-insensitive,
-    RFC 9110 section 11.1) against every configured token. No token configured -> everyone passes, for every
-    job."""
+    RFC 9110 section 11.1) against every configured token, and, with a job secret, against the token derived for
+    the job a job token names. No token configured -> everyone passes, for every job."""
 
     def __init__(self, cfg: AuthConfig | None) -> None:
         self._tokens: list[tuple[bytes, Tenant]] = []
+        self._job_secret = b""
         if cfg is None:
             return
+        secret = _read_token(cfg.job_secret, cfg.job_secret_file, "job_secret_file")
+        if secret and not s.JOB_SECRET_MIN_BYTES <= len(secret.encode()) <= MAX_TOKEN_BYTES:
+            raise ValueError(f"job_secret_file: {s.JOB_SECRET_MIN_BYTES} to {MAX_TOKEN_BYTES} bytes")
+        self._job_secret = secret.encode()
         token = _read_token(cfg.bearer_token, cfg.bearer_token_file, "bearer_token_file")
         if token:
             self._tokens.append((token.encode(), EVERYONE))
@@ -118,17 +138,23 @@ class BearerAuth:
 
     @property
     def enabled(self) -> bool:
-        return bool(self._tokens)
+        return bool(self._tokens or self._job_secret)
 
     @property
     def scoped(self) -> bool:
         """Some token is limited to some jobs: requests must be checked against the tenant's jobs."""
-        return any(not t.every_job for _, t in self._tokens)
+        return bool(self._job_secret) or any(not t.every_job for _, t in self._tokens)
+
+    @property
+    def job_tokens(self) -> bool:
+        """Each job's derived token is accepted (a job secret is configured)."""
+        return bool(self._job_secret)
 
     def identify(self, header: str | None) -> Tenant | None:
         """The tenant whose token the header carries; None when it carries none of them. Every token is compared
-        (in constant time each), whichever matches."""
-        if not self._tokens:
+        (in constant time each), whichever matches. A job token that matches none of them is its job's tenant when
+        its MAC is the one derived for the job it names."""
+        if not self.enabled:
             return EVERYONE
         if not header:
             return None
@@ -140,7 +166,18 @@ class BearerAuth:
         for expected, tenant in self._tokens:
             if hmac.compare_digest(given, expected):
                 found = tenant
+        if found is None and self._job_secret:
+            found = self._job_tenant(token.strip())
         return found
+
+    def _job_tenant(self, token: str) -> Tenant | None:
+        parts = s.job_token_parts(token)
+        if parts is None:
+            return None
+        job, mac = parts
+        if not hmac.compare_digest(mac.encode("ascii", "replace"), s.job_token_mac(self._job_secret, job).encode()):
+            return None
+        return Tenant(f"job {job[:80]!r}", frozenset((job,)))
 
     def check(self, header: str | None) -> bool:
         return self.identify(header) is not None

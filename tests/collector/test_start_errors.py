@@ -121,11 +121,13 @@ def test_every_listener_beyond_loopback_without_credentials_is_named(tmp_path: P
     raw = {"receivers": {"otlp": {"protocols": {"grpc": {"endpoint": "0.0.0.0:4317"},
                                                 "http": {"endpoint": "127.0.0.1:4318"}}}},
            "exporters": {"prometheus": {"endpoint": "[::]:9464"}, "prometheus/2": {"endpoint": "localhost:9465"}},
-           "service": {"telemetry": {"metrics": {"endpoint": "10.1.2.3:8888"}}}}
+           "service": {"telemetry": {"metrics": {"address": "10.1.2.3:8888", "allow_unauthenticated": True}}}}
     assert preflight.exposed(raw) == ["otlp (grpc) 0.0.0.0:4317", "prometheus [::]:9464",
                                       "service.telemetry.metrics 10.1.2.3:8888"]
     raw["receivers"]["otlp"]["auth"] = {"tenants": [{"bearer_token": "t", "jobs": ["a"]}]}
     raw["exporters"]["prometheus"]["auth"] = {"bearer_token_file": "/run/secrets/metrics"}
+    assert preflight.exposed(raw) == ["service.telemetry.metrics 10.1.2.3:8888"]
+    raw["receivers"]["otlp"]["auth"] = {"job_secret_file": "/run/secrets/job-secret"}  # each job's own token
     assert preflight.exposed(raw) == ["service.telemetry.metrics 10.1.2.3:8888"]
     raw["receivers"]["otlp"] = {"protocols": {"grpc": {"endpoint": "node-7:4317"}}, "tls": {"client_ca_file": "ca"}}
     assert preflight.exposed(raw) == ["service.telemetry.metrics 10.1.2.3:8888"]
@@ -136,7 +138,8 @@ def test_every_listener_beyond_loopback_without_credentials_is_named(tmp_path: P
     sock, port = _taken()
     cfg = tmp_path / "c.yaml"
     cfg.write_text((CONFIG % {"grpc": _free(), "http": _free(), "metrics": port}).replace(
-        '"127.0.0.1:', '"0.0.0.0:'), encoding="utf-8")
+        '"127.0.0.1:', '"0.0.0.0:').replace("}\nservice", ", allow_unauthenticated: true}\nservice"),
+        encoding="utf-8")
     caplog.set_level(logging.WARNING)
     try:
         assert main(["--config", str(cfg)]) == 1

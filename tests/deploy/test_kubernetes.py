@@ -17,7 +17,7 @@ import yaml
 
 import otel_straggler
 import otel_straggler_schema as s
-from collector_processor.config.loader import load_text
+from collector_processor.config.loader import ConfigError, load_text
 from collector_processor.config.validate import validate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +61,9 @@ def test_every_manifest_is_there() -> None:
             ("PrometheusRule", "otel-straggler"), ("StatefulSet", "straggler-collector-shard"),
             ("Service", "straggler-collector-shards"), ("Deployment", "straggler-gateway"),
             ("Service", "straggler-gateway"), ("ConfigMap", "straggler-gateway-config"),
-            ("ConfigMap", "otel-straggler-training"), ("Job", "pretrain-gpt")} <= kinds
+            ("ConfigMap", "otel-straggler-training"), ("Job", "pretrain-gpt"),
+            ("NetworkPolicy", "straggler-collector"), ("NetworkPolicy", "straggler-collector-shard"),
+            ("NetworkPolicy", "straggler-gateway")} <= kinds
 
 
 @pytest.mark.parametrize(("path", "doc"), BUILTIN, ids=_ids(BUILTIN))
@@ -186,8 +188,12 @@ def test_the_collector_runs_the_configmaps_valid_configuration(kind: str, name: 
     config_volume = next(n for n, v in volumes.items()
                          if v.get("configMap", {}).get("name") == "straggler-collector-config")
     assert c["args"][:2] == ["--config", f"{mounts[config_volume]}/{key}"]
-    raw, marks = load_text(cm["data"][key], key, env={})
+    env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+    with pytest.raises(ConfigError, match="allow_unauthenticated"):  # /metrics on every interface wants a token
+        validate(*load_text(cm["data"][key], key, env={}))
+    raw, marks = load_text(cm["data"][key], key, env=env)
     validate(raw, marks)
+    assert raw["exporters"]["prometheus"]["auth"]["bearer_token_file"].startswith("/etc/otel-straggler-auth/")
     ports = _container_ports(w)
     protocols = raw["receivers"]["otlp"]["protocols"]
     assert protocols["grpc"]["endpoint"] == f"0.0.0.0:{ports['otlp-grpc']}"
@@ -196,7 +202,6 @@ def test_the_collector_runs_the_configmaps_valid_configuration(kind: str, name: 
     evidence = raw["exporters"]["file/evidence"]["path"]
     assert evidence.startswith(mounts["evidence"] + "/"), "evidence is written to its volume"
     # the verdict spans go to the trace stores the pod's environment names
-    env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
     with_env, _ = load_text(cm["data"][key], key, env=env)
     assert with_env["exporters"]["otlp_grpc/jaeger"]["endpoint"] == env["JAEGER_OTLP_ENDPOINT"]
     assert with_env["exporters"]["otlp_grpc/tempo"]["endpoint"] == env["TEMPO_OTLP_ENDPOINT"]
@@ -239,6 +244,14 @@ def test_the_sharded_gateway_routes_each_cohort_to_one_shard() -> None:
     assert c["image"] == compose["services"]["gateway-sharded"]["image"]
     sharded_compose = yaml.safe_load((ROOT / "configs/otelcol-gateway-sharded.yaml").read_text(encoding="utf-8"))
     compose_lb = sharded_compose["exporters"]["load_balancing/straggler"]
+    # in Kubernetes the gateway sends the shards' token (compose's shards take the gateway's traffic without one)
+    headers = lb["protocol"]["otlp"].pop("headers")
+    assert headers == {"authorization": "Bearer ${env:OTEL_STRAGGLER_GATEWAY_TOKEN}"}
+    (gw,) = _pod(_find("Deployment", "straggler-gateway"))["spec"]["containers"]
+    (shard,) = _pod(shards)["spec"]["containers"]
+    assert (_env_var(gw, "OTEL_STRAGGLER_GATEWAY_TOKEN")["valueFrom"]["secretKeyRef"]
+            == _env_var(shard, "OTEL_STRAGGLER_TOKEN")["valueFrom"]["secretKeyRef"]
+            == {"name": "otel-straggler-auth", "key": "gateway-token", "optional": False})
     assert {k: v for k, v in lb.items() if k != "resolver"} == {k: v for k, v in compose_lb.items() if k != "resolver"}
 
 
@@ -272,25 +285,93 @@ def _env_var(container: dict[str, Any], name: str) -> dict[str, Any]:
     return var
 
 
-def test_training_pods_send_the_collectors_token_when_it_is_on() -> None:
-    """The ranks read their OTLP header from the Secret that turns the collector's token on (optional: no Secret,
-    no header, no token). The Secret's ``otlp-headers``, made as ``training/env.yaml`` says, is what the OTel
-    exporter parses into the ``authorization`` header the collector accepts."""
+def _secret_volume(w: dict[str, Any], container: dict[str, Any], path: str) -> tuple[str, dict[str, Any]]:
+    """(key, secret volume source) of the Secret file ``path`` in the container's mounts."""
+    mount, _, key = path.rpartition("/")
+    name = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}[mount]
+    (vol,) = [v for v in _pod(w)["spec"]["volumes"] if v["name"] == name]
+    return key, vol["secret"]
+
+
+def test_training_pods_send_their_jobs_own_token(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The collector reads the job secret from a Secret it cannot start without; each training job's pods read
+    their header from a Secret of their own (required) that ``training/env.yaml`` makes with ``otel-straggler
+    token``. That header, parsed by the OTel exporter, is a token the collector takes for that job and no other."""
     from opentelemetry.util.re import parse_env_headers
 
     from collector_processor.receiver.auth import AuthConfig, BearerAuth
+    from otel_straggler.job_token import main as token_main
 
-    (rank,) = _pod(_find("Job", "pretrain-gpt"))["spec"]["containers"]
-    (collector,) = _pod(_find("Deployment", "straggler-collector"))["spec"]["containers"]
-    token_ref = _env_var(collector, "OTEL_STRAGGLER_TOKEN")["valueFrom"]["secretKeyRef"]
+    job = _find("Job", "pretrain-gpt")
+    (rank,) = _pod(job)["spec"]["containers"]
+    w = _find("Deployment", "straggler-collector")
+    (collector,) = _pod(w)["spec"]["containers"]
+    key, secret = _secret_volume(w, collector, _env_var(collector, "OTEL_STRAGGLER_JOB_SECRET_FILE")["value"])
+    assert key == "job-secret" and secret["optional"] is False
+    assert not [e for e in collector["env"] if e["name"] == "OTEL_STRAGGLER_TOKEN"], "no all-jobs token"
     header_ref = _env_var(rank, "OTEL_EXPORTER_OTLP_HEADERS")["valueFrom"]["secretKeyRef"]
-    assert header_ref["name"] == token_ref["name"] and header_ref["optional"] is True
+    job_name = job["metadata"]["name"]
+    assert header_ref == {"name": f"otel-straggler-job-{job_name}", "key": "otlp-headers", "optional": False}
+    # the job id the ranks send is the Job's name
+    assert _env_var(rank, "OTEL_STRAGGLER_JOB_ID")["valueFrom"]["fieldRef"]["fieldPath"] == \
+        "metadata.labels['batch.kubernetes.io/job-name']"
     env_doc = (K8S / "training" / "env.yaml").read_text(encoding="utf-8")
-    assert f"--from-literal={header_ref['key']}=\"authorization=Bearer%20$T\"" in env_doc
-    assert f"--from-literal={token_ref['key']}=\"$T\"" in env_doc
-    token = "s3cret-token"
-    headers = parse_env_headers(f"authorization=Bearer%20{token}", liberal=True)
-    assert BearerAuth(AuthConfig(bearer_token=token)).check(headers["authorization"])
+    made = f"create secret generic {header_ref['name']}"
+    assert made in env_doc
+    command = f'--from-literal={header_ref["key"]}="$(otel-straggler token --job {job_name} --header --secret-file'
+    assert command in env_doc
+    secret_file = tmp_path / "job-secret"
+    secret_file.write_text("0123456789abcdef" * 4)
+    assert token_main(["--job", job_name, "--header", "--secret-file", str(secret_file)], env={}) == 0
+    headers = parse_env_headers(capsys.readouterr().out.strip(), liberal=True)
+    tenant = BearerAuth(AuthConfig(job_secret_file=str(secret_file))).identify(headers["authorization"])
+    assert tenant is not None and tenant.allows(job_name) and not tenant.allows("another-job")
+
+
+def test_metrics_want_the_token_the_servicemonitor_sends() -> None:
+    (endpoint,) = _find("ServiceMonitor", "straggler-collector")["spec"]["endpoints"]
+    ref = endpoint["authorization"]["credentials"]
+    assert endpoint["authorization"]["type"] == "Bearer"
+    for kind, name in (("Deployment", "straggler-collector"), ("StatefulSet", "straggler-collector-shard")):
+        w = _find(kind, name)
+        (c,) = _pod(w)["spec"]["containers"]
+        key, secret = _secret_volume(w, c, _env_var(c, "OTEL_STRAGGLER_METRICS_TOKEN_FILE")["value"])
+        assert (secret["secretName"], key) == (ref["name"], ref["key"]) and secret["optional"] is False
+
+
+def _admits(policy: dict[str, Any], port: str) -> list[dict[str, Any]]:
+    """The peers ``policy`` admits to the named port."""
+    return [peer for rule in policy["spec"]["ingress"] if {"port": port, "protocol": "TCP"} in rule["ports"]
+            for peer in rule["from"]]
+
+
+PROMETHEUS = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+
+
+@pytest.mark.parametrize(("kind", "name", "otlp_from"), [
+    ("Deployment", "straggler-collector", "training"),
+    ("StatefulSet", "straggler-collector-shard", "gateway"),
+    ("Deployment", "straggler-gateway", "training"),
+])
+def test_network_policies_admit_otlp_from_senders_and_metrics_from_prometheus(kind: str, name: str,
+                                                                               otlp_from: str) -> None:
+    w = _find(kind, name)
+    labels = _pod(w)["metadata"]["labels"]
+    (policy,) = [d for _p, d in DOCS if d["kind"] == "NetworkPolicy"
+                 and d["spec"]["podSelector"]["matchLabels"].items() <= labels.items()]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    training = _pod(_find("Job", "pretrain-gpt"))["metadata"]["labels"]
+    gateway = _pod(_find("Deployment", "straggler-gateway"))["metadata"]["labels"]
+    for port in ("otlp-grpc", "otlp-http"):
+        (peer,) = _admits(policy, port)
+        sender = training if otlp_from == "training" else gateway
+        assert peer["podSelector"]["matchLabels"].items() <= sender.items()
+        assert ("namespaceSelector" in peer) == (otlp_from == "training"), "the gateway is in this namespace"
+    ports = {p["name"] for p in _pod(w)["spec"]["containers"][0]["ports"]}
+    if "metrics" in ports:
+        assert _admits(policy, "metrics") == [PROMETHEUS]
+    admitted = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+    assert admitted <= ports and admitted == {"otlp-grpc", "otlp-http"} | ({"metrics"} & ports)
 
 
 def test_training_pods_name_their_node_in_host_name_and_k8s_node_name() -> None:
@@ -319,7 +400,7 @@ def _effective_collector_config(w: dict[str, Any], tmp: Path) -> dict[str, Any]:
         f = tmp / f"{i}-{key}"
         f.write_text(cm["data"][key], encoding="utf-8")
         files.append(str(f))
-    raw, marks = load_files(files)
+    raw, marks = load_files(files, env={e["name"]: e["value"] for e in c["env"] if "value" in e})
     validate(raw, marks)
     return raw
 

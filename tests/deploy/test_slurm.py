@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import otel_straggler_schema as s
 from otel_straggler_demo.run import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,7 +88,10 @@ def test_the_sbatch_logic_starts_the_collector_on_the_first_node_and_points_the_
     assert rank["OTEL_STRAGGLER_ENABLED"] == "1" and rank["OTEL_STRAGGLER_JOB_ID"] == "slurm-4242"
     assert rank["OTEL_EXPORTER_OTLP_ENDPOINT"] == f"http://localhost:{grpc}"
     token = rank["OTEL_EXPORTER_OTLP_HEADERS"].removeprefix("authorization=Bearer%20")
-    assert len(token) == 32 and token not in log, "a fresh token per job, never logged"
+    parts = s.job_token_parts(token)
+    assert parts is not None and parts[0] == "slurm-4242", "the job's own token"
+    assert token not in log and parts[1] not in log, "never logged"
+    assert not (out / ".job-secret").exists(), "the job's secret goes with the job"
 
     srun = (tmp_path / "srun.log").read_text().splitlines()
     assert "--nodelist=localhost" in srun[0] and "--overlap" in srun[0] and srun[0].endswith("otel-straggler-collector")
@@ -128,6 +132,10 @@ deadline = time.monotonic() + 120  # both jobs run at once: wait (bounded) until
 while len(list(sd.glob("*.json"))) < 2 and time.monotonic() < deadline:
     time.sleep(0.2)
 seen = {p.name: json.loads(p.read_text()) for p in sd.glob("*.json")}
+# neither job ends (and unregisters) before the other's rank has looked
+(sd.parent / f"seen-{os.environ['SLURM_JOB_ID']}").touch()
+while len(list(sd.parent.glob("seen-*"))) < 2 and time.monotonic() < deadline:
+    time.sleep(0.2)
 print(json.dumps({"endpoint": os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"], "seen": seen}), flush=True)
 """
 

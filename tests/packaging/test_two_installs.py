@@ -153,7 +153,7 @@ def test_otel_straggler_demo_dispatches_to_the_demo_application() -> None:
     assert proc.stdout.startswith("usage: otel-straggler demo") and "--inject-rank" in proc.stdout
     top = subprocess.run([sys.executable, "-m", "otel_straggler.cli", "--help"], capture_output=True, text=True,
                          timeout=60, env=env)
-    assert top.returncode == 0 and "{demo,doctor}" in top.stdout and "slow one" in top.stdout
+    assert top.returncode == 0 and "{demo,token,doctor}" in top.stdout and "slow one" in top.stdout
 
 
 def test_version_says_which_hot_path_runs() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 import otel_straggler_schema as s
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "schema.md").read_text(encoding="utf-8")
@@ -192,3 +194,22 @@ def test_evidence_fields_are_the_verdict_fields() -> None:
                 window_end=14, step=14, attribution=s.ATTRIBUTION_GPU, step_time_lost_ms=1.0,
                 gpu_seconds_per_hour=2.0, cohort_size=8, collective_evidence="", trace_id=b"\x01" * 16)
     assert documented == set(verdict_to_dict(v))
+
+
+def test_job_token_test_vector_in_the_document() -> None:
+    """The documented derivation and its vector are what ``job_token`` computes, and the collector takes it for that
+    job alone."""
+    import base64
+    import hashlib
+    import hmac
+
+    secret, job = "0123456789abcdef0123456789abcdef", "job-1"
+    token = s.job_token(secret, job)
+    mac = hmac.new(secret.encode(), b"otel-straggler/job-token/job-1", hashlib.sha256).hexdigest()
+    assert token == f"j1.{base64.urlsafe_b64encode(job.encode()).decode().rstrip('=')}.{mac}"
+    assert f"`{token}`" in DOC and "`otel-straggler/job-token/`" in DOC
+    assert s.job_token_parts(token) == (job, mac)
+    assert s.job_token_parts(token.replace("j1.", "j2.")) is None
+    for bad_secret, bad_job in (("short", job), (secret, ""), (secret, "x" * (s.JOB_ID_MAX_BYTES + 1))):
+        with pytest.raises(ValueError):
+            s.job_token(bad_secret, bad_job)

@@ -48,6 +48,10 @@ from otel_straggler_demo.run import free_ports
 pytestmark = pytest.mark.slow
 
 NODE_SCRIPT = Path(__file__).with_name("engine_node.py")
+# the Kubernetes Secret otel-straggler-auth, as docs/deployment.md makes it
+AUTH_SECRET = "otel-straggler-auth"
+AUTH = {"job-secret": "test-job-secret-0123456789abcdef0123456789", "metrics-token": "test-metrics-token",
+        "gateway-token": "test-gateway-token"}
 RANKS, SLOW_RANK, SLOW_FROM = 4, 2, 5
 STAGE_NAMES = ("forward-compute", "backward-compute", "all-grads-sync")
 FIRST_STEPS, MAX_STEP = 40, 120
@@ -101,13 +105,16 @@ def k8s_docs(profile: str) -> list[dict[str, Any]]:
 
 
 def k8s_container(docs: list[dict[str, Any]], workload: str) -> tuple[list[str], dict[str, str], dict[str, str]]:
-    """(its config files' texts in ``--config`` order, its env (literal values; optional Secrets unset), and
-    {mount path: ConfigMap key text}) of the first container of Deployment/StatefulSet ``workload``."""
+    """(its config files' texts in ``--config`` order, its env (literal values and keys of the Secret
+    ``AUTH_SECRET``), and {mount path: ConfigMap or Secret key text}) of the first container of
+    Deployment/StatefulSet ``workload``."""
     obj = next(d for d in docs if d["kind"] in ("Deployment", "StatefulSet") and d["metadata"]["name"] == workload)
     pod = obj["spec"]["template"]["spec"]
     c = pod["containers"][0]
     maps = {d["metadata"]["name"]: d["data"] for d in docs if d["kind"] == "ConfigMap"}
-    volumes = {v["name"]: v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v}
+    maps[AUTH_SECRET] = AUTH
+    volumes = {v["name"]: v["configMap"]["name"] if "configMap" in v else v["secret"]["secretName"]
+               for v in pod["volumes"] if "configMap" in v or v.get("secret", {}).get("secretName") == AUTH_SECRET}
     files = {}
     for m in c["volumeMounts"]:
         if m["name"] in volumes:
@@ -116,7 +123,28 @@ def k8s_container(docs: list[dict[str, Any]], workload: str) -> tuple[list[str],
     args = " ".join(c.get("args", [])).replace("--config=", "--config ").split()
     configs = [files[args[i + 1]] for i, a in enumerate(args) if a == "--config"]
     env = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+    env.update({e["name"]: AUTH[ref["key"]] for e in c.get("env", [])
+                if (ref := e.get("valueFrom", {}).get("secretKeyRef")) and ref["name"] == AUTH_SECRET})
     return configs, env, files
+
+
+def secret_files(files: dict[str, str], tmp: Path) -> dict[str, str]:
+    """The Secret's files of ``k8s_container`` written under ``tmp``: {their mount directory: where they are}."""
+    moved = {}
+    for path, text in files.items():
+        mount, _, key = path.rpartition("/")
+        if key in AUTH:
+            (tmp / "auth").mkdir(exist_ok=True)
+            (tmp / "auth" / key).write_text(text, encoding="utf-8")
+            moved[mount] = str(tmp / "auth")
+    return moved
+
+
+def job_env(job: str) -> dict[str, str]:
+    """A training pod's environment: its job's own token (training/env.yaml), read by the OTel SDK exporter."""
+    from otel_straggler.job_token import header
+
+    return {**os.environ, "OTEL_EXPORTER_OTLP_HEADERS": header(s.job_token(AUTH["job-secret"], job))}
 
 
 # --- the engines and the job --------------------------------------------------------------------------------
@@ -248,14 +276,15 @@ def run_compose(tmp: Path, jaeger: Jaeger, sink: TraceSink, node: Node, job: str
 
 
 def run_k8s_single(tmp: Path, jaeger: Jaeger, sink: TraceSink, node: Node, job: str) -> None:
-    configs, env, _ = k8s_container(k8s_docs("single"), "straggler-collector")
+    configs, env, files = k8s_container(k8s_docs("single"), "straggler-collector")
     grpc, http, metrics = free_ports(3)
     with contextlib.ExitStack() as stack:
         straggler_collector(tmp, configs, {
             "0.0.0.0:4317": f"127.0.0.1:{grpc}", "0.0.0.0:4318": f"127.0.0.1:{http}",
             "0.0.0.0:9464": f"127.0.0.1:{metrics}", "/var/lib/otel-straggler": str(tmp)},
-            remap(env, {"jaeger:4317": jaeger.otlp_grpc, "tempo:4317": sink.endpoint}), metrics, stack)
-        proc = stack.enter_context(process(node.argv(f"127.0.0.1:{grpc}", job), node.log))
+            remap(env, {"jaeger:4317": jaeger.otlp_grpc, "tempo:4317": sink.endpoint, **secret_files(files, tmp)}),
+            metrics, stack)
+        proc = stack.enter_context(process(node.argv(f"127.0.0.1:{grpc}", job), node.log, env=job_env(job)))
         stack.callback(node.stop)
         trace_id = verdict_trace(jaeger, job, node, lambda: proc.poll() is None)
         check_stores(jaeger, sink, trace_id)
@@ -263,7 +292,7 @@ def run_k8s_single(tmp: Path, jaeger: Jaeger, sink: TraceSink, node: Node, job: 
 
 def run_k8s_sharded(tmp: Path, jaeger: Jaeger, sink: TraceSink, node: Node, job: str) -> None:
     docs = k8s_docs("sharded")
-    shard_configs, shard_env, _ = k8s_container(docs, "straggler-collector-shard")
+    shard_configs, shard_env, shard_files = k8s_container(docs, "straggler-collector-shard")
     (gw_text,), gw_env, _ = k8s_container(docs, "straggler-gateway")
     grpc, http, metrics, gw_grpc, gw_http = free_ports(5)
     stores = {"jaeger:4317": jaeger.otlp_grpc, "tempo:4317": sink.endpoint}
@@ -271,7 +300,7 @@ def run_k8s_sharded(tmp: Path, jaeger: Jaeger, sink: TraceSink, node: Node, job:
         straggler_collector(tmp, shard_configs, {
             "0.0.0.0:4317": f"127.0.0.1:{grpc}", "0.0.0.0:4318": f"127.0.0.1:{http}",
             "0.0.0.0:9464": f"127.0.0.1:{metrics}", "/var/lib/otel-straggler": str(tmp)},
-            remap(shard_env, stores), metrics, stack)
+            remap(shard_env, {**stores, **secret_files(shard_files, tmp)}), metrics, stack)
         gw_cfg = remap(yaml.safe_load(gw_text), {"0.0.0.0:4317": f"127.0.0.1:{gw_grpc}",
                                                  "0.0.0.0:4318": f"127.0.0.1:{gw_http}"})
         dns = gw_cfg["exporters"]["load_balancing/straggler"]["resolver"]["dns"]

@@ -229,20 +229,25 @@ def test_collector_compose_config_forwards_only_verdict_spans_to_jaeger_and_temp
     span to it: a loop) or elsewhere; the stage spans reach the trace stores through the gateway only. Both
     addresses come from JAEGER_OTLP_ENDPOINT / TEMPO_OTLP_ENDPOINT (compose passes them to the collectors and the
     gateways), defaulting to the stack's own stores."""
-    from collector_processor.config.loader import load_files
+    from collector_processor.config.loader import ConfigError, load_files
     from collector_processor.config.validate import validate
 
     def forwarders(cfg: dict) -> dict[str, str]:
         return {e: cfg["exporters"][e]["endpoint"] for e in cfg["exporters"]
                 if e.split("/")[0] in ("otlp", "otlp_grpc", "otlphttp", "otlp_http")}
 
-    cfg, marks = load_files([CONFIGS / "collector-compose.yaml"], env={})
+    # /metrics listens on the container's network without a token only as compose opts in
+    with pytest.raises(ConfigError, match="allow_unauthenticated"):
+        validate(*load_files([CONFIGS / "collector-compose.yaml"], env={}))
+    opt_in = {"OTEL_STRAGGLER_METRICS_OPEN": compose["services"]["straggler-collector"]["environment"][
+        "OTEL_STRAGGLER_METRICS_OPEN"]}
+    cfg, marks = load_files([CONFIGS / "collector-compose.yaml"], env=opt_in)
     protocols = cfg["receivers"]["otlp"]["protocols"]
     assert protocols["grpc"]["endpoint"] == "0.0.0.0:4317" and protocols["http"]["endpoint"] == "0.0.0.0:4318"
     assert cfg["exporters"]["prometheus"]["endpoint"] == "0.0.0.0:9464"
     assert forwarders(cfg) == {"otlp_grpc/jaeger": "jaeger:4317", "otlp_grpc/tempo": "tempo:4317"}
     own = {"JAEGER_OTLP_ENDPOINT": "jaeger-collector.observability:4317", "TEMPO_OTLP_ENDPOINT": "tempo.obs:4317"}
-    moved, _ = load_files([CONFIGS / "collector-compose.yaml"], env=own)
+    moved, _ = load_files([CONFIGS / "collector-compose.yaml"], env={**own, **opt_in})
     assert forwarders(moved) == {"otlp_grpc/jaeger": own["JAEGER_OTLP_ENDPOINT"],
                                  "otlp_grpc/tempo": own["TEMPO_OTLP_ENDPOINT"]}
     for name in ("jaeger", "tempo"):
@@ -250,7 +255,8 @@ def test_collector_compose_config_forwards_only_verdict_spans_to_jaeger_and_temp
     for service in ("straggler-collector", "straggler-collector-0", "gateway", "gateway-sharded"):
         env = compose["services"][service]["environment"]
         assert env == {"JAEGER_OTLP_ENDPOINT": "${JAEGER_OTLP_ENDPOINT:-jaeger:4317}",
-                       "TEMPO_OTLP_ENDPOINT": "${TEMPO_OTLP_ENDPOINT:-tempo:4317}"}, service
+                       "TEMPO_OTLP_ENDPOINT": "${TEMPO_OTLP_ENDPOINT:-tempo:4317}",
+                       **(opt_in if service.startswith("straggler") else {})}, service
     traces = cfg["service"]["pipelines"]["traces"]
     assert traces["processors"][-2:] == ["straggler", "filter/verdict_spans"]
     assert cfg["processors"]["filter/verdict_spans"]["include_services"] == ["otel-straggler-collector"]
