@@ -1,18 +1,22 @@
 """Whose a job is: the tenant of the receivers' ``auth.tenants`` whose token may write it (exact job ids before
-prefixes, the longest prefix first), ``""`` for a job no tenant lists (the all-jobs token, or no auth). Shared
-state (cohorts) is budgeted per tenant with it, so one tenant's load evicts only its own."""
+prefixes, the longest prefix first); with a ``job_secret`` (per-job tokens) a job no tenant lists is its own
+tenant; else ``""`` (the all-jobs token, or no auth). Shared state (cohorts) is budgeted per tenant with it, so one
+tenant's load evicts only its own. Counters label a per-job tenant ``JOB_TOKENS``: their series stay bounded."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 NO_TENANT = ""
+JOB_TOKENS = "job-tokens"  # the label of every job that is its own tenant
 _MAX_REMEMBERED = 4096  # jobs whose tenant is remembered (cleared when full)
 
 
 class Tenancy:
-    def __init__(self, tenants: Iterable[tuple[str, Iterable[str]]] = ()) -> None:
-        """``tenants``: (name, job patterns), a pattern an exact job id or a prefix ending in ``*``."""
+    def __init__(self, tenants: Iterable[tuple[str, Iterable[str]]] = (), per_job: bool = False) -> None:
+        """``tenants``: (name, job patterns), a pattern an exact job id or a prefix ending in ``*``; ``per_job``: a
+        job no tenant lists is a tenant of its own (``job:<id>``)."""
+        self.per_job = per_job
         self._exact: dict[str, str] = {}
         prefixes: list[tuple[str, str]] = []
         self.names: list[str] = []
@@ -28,14 +32,19 @@ class Tenancy:
         self._memo: dict[str, str] = {}
 
     def __bool__(self) -> bool:
-        return bool(self.names)
+        return bool(self.names) or self.per_job
+
+    def label(self, tenant: str) -> str:
+        """A tenant as counters label it: its name, or ``JOB_TOKENS`` for a job that is its own tenant."""
+        return JOB_TOKENS if tenant.startswith("job:") else tenant
 
     def __call__(self, job: str) -> str:
         name = self._memo.get(job)
         if name is None:
             name = self._exact.get(job)
             if name is None:
-                name = next((n for p, n in self._prefixes if job.startswith(p)), NO_TENANT)
+                name = next((n for p, n in self._prefixes if job.startswith(p)),
+                            f"job:{job}" if self.per_job else NO_TENANT)
             if len(self._memo) >= _MAX_REMEMBERED:
                 self._memo.clear()
             self._memo[job] = name
@@ -45,8 +54,10 @@ class Tenancy:
 def from_receivers(configs: Iterable[object]) -> Tenancy:
     """The tenants of every receiver config that has ``auth.tenants`` (named as the receivers log them)."""
     tenants: list[tuple[str, list[str]]] = []
+    per_job = False
     for cfg in configs:
         auth = getattr(cfg, "auth", None)
         for i, t in enumerate(getattr(auth, "tenants", None) or ()):
             tenants.append((t.name or f"tenants[{i}]", list(t.jobs)))
-    return Tenancy(tenants)
+        per_job = per_job or bool(getattr(auth, "job_secret", "") or getattr(auth, "job_secret_file", ""))
+    return Tenancy(tenants, per_job)

@@ -253,6 +253,7 @@ def free_port() -> int:
 
 def make_spans(n: int = 5, rank: int = 0, job: str = "job-1"):  # type: ignore[no-untyped-def]
     """``n`` finished SDK spans (ReadableSpan) from a real TracerProvider with a rank's resource."""
+    from opentelemetry import trace
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -262,9 +263,12 @@ def make_spans(n: int = 5, rank: int = 0, job: str = "job-1"):  # type: ignore[n
     tp = TracerProvider(resource=Resource.create({s.RES_RANK: rank, s.RES_JOB_ID: job}), shutdown_on_exit=False)
     tp.add_span_processor(SimpleSpanProcessor(mem))
     tr = tp.get_tracer(s.SCOPE_NAME)
-    for i in range(n):
-        with tr.start_as_current_span("forward-compute", attributes={s.ATTR_STAGE: "forward-compute",
-                                                                     s.ATTR_ITERATION: i}):
+    for i in range(n):  # in the step trace the schema derives, as the emitter sends them
+        tid = s.trace_id_for_step(job, i, "", s.trace_block(rank))
+        parent = trace.set_span_in_context(trace.NonRecordingSpan(trace.SpanContext(
+            tid, s.step_root_span_id(tid), is_remote=True, trace_flags=trace.TraceFlags(1))))
+        with tr.start_as_current_span("forward-compute", context=parent, attributes={
+                s.ATTR_STAGE: "forward-compute", s.ATTR_ITERATION: i}):
             pass
     tp.shutdown()
     return list(mem.get_finished_spans())

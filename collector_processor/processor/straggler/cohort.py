@@ -16,6 +16,9 @@ NO_INDEX = -(2**62)  # no window index seen yet
 NO_CEILING = 2**62  # a cohort without a step range yet: no sample is quarantined
 
 
+_JOB_TOKENS = "job-tokens"  # how counters label a job that is its own tenant (tenancy.JOB_TOKENS)
+
+
 def _no_tenant(_job: str) -> str:
     return ""
 
@@ -104,10 +107,11 @@ class CohortRegistry:
 
     def _count(self, evicted: Cohort) -> None:
         if self._evictions is not None:
-            self._evictions.labels(tenant=evicted.tenant, structure="cohorts").inc()
+            tenant = _JOB_TOKENS if evicted.tenant.startswith("job:") else evicted.tenant  # a bounded label
+            self._evictions.labels(tenant=tenant, structure="cohorts").inc()
             windows = len(evicted.steps.open) + len(evicted.wall.open)
             if windows:
-                self._evictions.labels(tenant=evicted.tenant, structure="windows").inc(windows)
+                self._evictions.labels(tenant=tenant, structure="windows").inc(windows)
 
     def find(self, job: str, key: str) -> Cohort | None:
         """The cohort if held (its recency unchanged)."""

@@ -54,3 +54,19 @@ def test_jobs_no_tenant_lists_share_one_budget_and_recency_counts() -> None:
     _, evicted = reg.get("other", "c3", 6.0)
     assert evicted is not None and evicted.key == "c1" and evicted.tenant == ""
     assert Tenancy([("a", ["team-a/*", "team-a/x/*"]), ("b", ["team-a/x/y"])])("team-a/x/y") == "b"
+
+
+def test_with_job_tokens_every_job_is_its_own_tenant() -> None:
+    """Per-job tokens (``auth.job_secret``): a job no tenant lists has a budget of its own, counted under one
+    bounded label."""
+    evictions = Counter("ev", "x", ["tenant", "structure"], registry=CollectorRegistry())
+    tenancy = Tenancy([("a", ["job-a"])], per_job=True)
+    assert tenancy("job-a") == "a" and tenancy("j1") == "job:j1" != tenancy("j2")
+    reg = CohortRegistry(8, tenancy, evictions)
+    for i in range(3):
+        reg.get("j1", f"c{i}", 0.0)
+    for i in range(100):
+        _, evicted = reg.get("j2", f"c{i}", 1.0 + i)
+        assert evicted is None or evicted.job == "j2"
+    assert reg.held_by("job:j1") == 3
+    assert evictions.labels(tenant="job-tokens", structure="cohorts")._value.get() == 95
