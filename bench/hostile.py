@@ -51,6 +51,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -137,6 +138,17 @@ class Collector:
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.ports['metrics']}/metrics", timeout=30) as r:
             return r.read().decode()
+
+    def total(self, name: str, **labels: str) -> float:
+        """The sum of ``name``'s samples whose labels include ``labels``."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        n = 0.0
+        for fam in text_string_to_metric_families(self.metrics()):
+            for smp in fam.samples:
+                if smp.name == name and all(smp.labels.get(k) == v for k, v in labels.items()):
+                    n += smp.value
+        return n
 
     def outcomes(self) -> dict[str, float]:
         """requests_total by outcome ({"unreachable": 1} when /metrics does not answer within 30 s)."""
@@ -301,7 +313,9 @@ def cohort_spans(nbytes: int, job: str = "cohorts-job") -> bytes:
         res = Resource(attributes=[key_value(k, v) for k, v in {
             s.RES_RANK: i % 8, s.RES_WORLD_SIZE: 8, s.RES_JOB_ID: job, s.RES_COHORT_KEY: f"c{i}"}.items()])
         start = 1_800_000_000_000_000_000 + i * 1_000_000
-        sp = Span(trace_id=i.to_bytes(16, "big"), span_id=(i + 1).to_bytes(8, "big"), name="forward-compute",
+        sp = Span(trace_id=s.trace_id_for_step(job, i).to_bytes(16, "big"),
+                  span_id=(zlib.crc32(job.encode()) << 32 | i + 1).to_bytes(8, "big"),
+                  name="forward-compute",
                   start_time_unix_nano=start, end_time_unix_nano=start + 40_000_000,
                   attributes=[key_value(k, v) for k, v in {s.ATTR_STAGE: "forward-compute", s.ATTR_ITERATION: i,
                                                            s.ATTR_HOST_MS: 40.0, s.ATTR_COUNT: 1}.items()])

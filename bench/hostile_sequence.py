@@ -22,6 +22,9 @@ times (1 by default). The attackers run in the bench's process beside the valid 
                   (--half-open / 15 connections, re-opened as the server closes them)
   chunked-oversize  the attacker's token: chunked bodies sent 1 MiB at a time past the 16 MiB limit (4 clients),
                   a chunk announcing 64 GiB, a chunked gzip bomb of 64 members (1 GiB inflated)
+  cross-tenant    the attacker's token against valid-job: the job named twice in one resource, its own spans in
+                  valid-job's step traces, a straggler.verdict span, a resource posing as the collector's service
+  cohort-flood    the attacker's token: requests of ~300 new one-span cohorts of its own job, back to back
   connection-flood  --flood (3000) TCP connections to the HTTP port from another address (127.0.0.2) that never
                   start TLS, re-opened as the server closes them; beside the exporters, a valid client from
                   127.0.0.1 opens a fresh TLS connection for each export (4 a second, no retry): its exports count
@@ -29,8 +32,9 @@ times (1 by default). The attackers run in the bench's process beside the valid 
 
 Per attack: the collector's RSS (peak during, at the end), valid exports that succeeded during the attack and in
 the window after it (and the slowest 5 % of their durations: p95), and recover_s: seconds from the attack's end
-until the RSS is under the soft limit and a valid export has succeeded again. tenants_crossed: attacker requests
-for valid-job that were answered OK (0 expected).
+until the RSS is under the soft limit and a valid export has succeeded again. tenants_crossed, measured: attacker
+requests for valid-job (far-steps, cross-tenant) answered OK, plus the valid tenant's cohorts evicted during
+cohort-flood (0 expected).
 
 Last line: peak_rss_mb= valid_client_success_during= valid_client_success_after= recover_s_max= tenants_crossed=
 """
@@ -429,7 +433,8 @@ def _far_request(job: str, i: int) -> bytes:
     res = Resource(attributes=[key_value(k, v) for k, v in {
         s.RES_RANK: 0, s.RES_WORLD_SIZE: 2, s.RES_JOB_ID: job, s.RES_COHORT_KEY: "valid"}.items()])
     step = 1_000_000 + 7 * i
-    sp = Span(trace_id=step.to_bytes(16, "big"), span_id=(i + 1).to_bytes(8, "big"), name="forward-compute",
+    sp = Span(trace_id=s.trace_id_for_step(job, step).to_bytes(16, "big"), span_id=(i + 1).to_bytes(8, "big"),
+              name="forward-compute",
               start_time_unix_nano=1_800_000_000_000_000_000, end_time_unix_nano=1_800_000_000_040_000_000,
               attributes=[key_value(k, v) for k, v in {s.ATTR_STAGE: "forward-compute", s.ATTR_ITERATION: step,
                                                        s.ATTR_HOST_MS: 4000.0, s.ATTR_COUNT: 1}.items()])
@@ -622,11 +627,85 @@ def _http_closed(c: Collector) -> dict[str, float]:
         re.M)}
 
 
+def _span_request(resource: dict[str, object] | list[tuple[str, object]], step: int, trace_of: str,
+                  name: str = "forward-compute") -> bytes:
+    """One stage span of ``resource`` (a dict, or (key, value) pairs: a key may come twice) at ``step``, in
+    ``trace_of``'s step trace."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+    from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+
+    import otel_straggler_schema as s
+    from collector_processor.otlp_values import key_value
+
+    pairs = resource.items() if isinstance(resource, dict) else resource
+    sp = Span(trace_id=s.trace_id_for_step(trace_of, step).to_bytes(16, "big"), span_id=(step + 1).to_bytes(8, "big"),
+              name=name, start_time_unix_nano=1_800_000_000_000_000_000, end_time_unix_nano=1_800_000_000_040_000_000,
+              attributes=[key_value(k, v) for k, v in {s.ATTR_STAGE: "forward-compute", s.ATTR_ITERATION: step,
+                                                       s.ATTR_HOST_MS: 4000.0, s.ATTR_COUNT: 1}.items()])
+    return ExportTraceServiceRequest(resource_spans=[ResourceSpans(
+        resource=Resource(attributes=[key_value(k, v) for k, v in pairs]),
+        scope_spans=[ScopeSpans(spans=[sp])])]).SerializeToString()
+
+
+def attack_cross_tenant(e: Env) -> str:
+    """The attacker's token against valid-job: the job named twice (its own first), spans of its own job in
+    valid-job's step traces, a span posing as the collector's verdict in valid-job's trace, and one with the
+    collector's service.name. Each answered OK is a crossing."""
+    import otel_straggler_schema as s
+
+    end = time.monotonic() + e.a.duration
+    crossed = 0
+    step = 0
+    with e.channel() as ch:
+        while time.monotonic() < end:
+            step += 1
+            own = {s.RES_RANK: 0, s.RES_WORLD_SIZE: 2, s.RES_JOB_ID: "attacker-job", s.RES_COHORT_KEY: "x"}
+            bodies = {
+                "job-twice": _span_request([*own.items(), (s.RES_JOB_ID, "valid-job")], step, "valid-job"),
+                "foreign-trace": _span_request(own, step, "valid-job"),
+                "posed-verdict": _span_request(own, step, "valid-job", name=s.SPAN_VERDICT),
+                "collector-service": _span_request({**own, s.RES_SERVICE_NAME: s.SERVICE_COLLECTOR}, step,
+                                                   "attacker-job"),
+            }
+            for what, body in bodies.items():
+                code = grpc_send(ch, body)
+                e.tally.add(f"{what} {code}")
+                crossed += code == "OK"
+                code = e.post(body)
+                e.tally.add(f"{what}-http {code}")
+                crossed += code == "200"
+    e.a.tenants_crossed += crossed
+    return "job named twice, spans into valid-job's traces, posed verdicts and collector spans (gRPC and HTTP)"
+
+
+def _tenant_evictions(e: Env, tenant: str) -> float:
+    return e.c.total("otel_straggler_collector_tenant_evictions_total", tenant=tenant, structure="cohorts")
+
+
+def attack_cohort_flood(e: Env) -> str:
+    """The attacker's token: requests of 300 new one-span cohorts of its own job, as fast as they are taken. Each
+    cohort of the valid tenant evicted meanwhile is a crossing (its straggler would go unseen)."""
+    before_valid, before_own = _tenant_evictions(e, "valid"), _tenant_evictions(e, "attacker")
+    end = time.monotonic() + e.a.duration
+    n = 0
+    with e.channel() as ch:
+        while time.monotonic() < end:
+            body = cohort_spans(300 * 305, job=f"attacker-flood-{n}")
+            e.tally.add("flood " + grpc_send(ch, body))
+            n += 1
+    crossed = int(_tenant_evictions(e, "valid") - before_valid)
+    e.a.tenants_crossed += crossed
+    own = _tenant_evictions(e, "attacker") - before_own
+    return f"{n} requests of ~300 new cohorts; attacker's own evicted {own:.0f}, valid's {crossed}"
+
+
 SEQUENCE = [("amplification", attack_amplification), ("stalled-calls", attack_stalled_calls),
             ("half-open-tls", attack_half_open), ("amplification", attack_amplification),
             ("idle-tls", attack_idle_tls), ("gzip-bomb", attack_gzip), ("far-steps", attack_far_steps),
             ("slow-inline", attack_slow_inline), ("chunked-slow", attack_chunked_slow),
-            ("chunked-oversize", attack_chunked_oversize), ("connection-flood", attack_connection_flood)]
+            ("chunked-oversize", attack_chunked_oversize), ("cross-tenant", attack_cross_tenant),
+            ("cohort-flood", attack_cohort_flood), ("connection-flood", attack_connection_flood)]
 
 
 @dataclass

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 def export_valid_spans(rank: int, exporter, stop: threading.Event,  # type: ignore[no-untyped-def]
                        record: Callable[[float, float, bool], None]) -> None:
+    from opentelemetry import trace
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
@@ -24,8 +25,11 @@ def export_valid_spans(rank: int, exporter, stop: threading.Event,  # type: igno
     tracer = tp.get_tracer(s.SCOPE_NAME)
     step = 0
     while not stop.is_set():
+        tid = s.trace_id_for_step("valid-job", step, "", s.trace_block(rank))  # the step's trace, as ranks send
+        parent = trace.set_span_in_context(trace.NonRecordingSpan(trace.SpanContext(
+            tid, s.step_root_span_id(tid), is_remote=True, trace_flags=trace.TraceFlags(1))))
         for _ in range(20):
-            with tracer.start_as_current_span("forward-compute", attributes={
+            with tracer.start_as_current_span("forward-compute", context=parent, attributes={
                     s.ATTR_STAGE: "forward-compute", s.ATTR_ITERATION: step, s.ATTR_HOST_MS: 10.0}):
                 pass
         step += 1
