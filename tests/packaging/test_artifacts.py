@@ -91,10 +91,11 @@ def test_metadata_license_classifiers_urls_and_version(dist: Dist) -> None:
 def test_the_version_has_one_source() -> None:
     project = _pyproject()["project"]
     assert "version" not in project and "version" in project["dynamic"]
-    assert _pyproject()["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "otel_straggler.__version__"}
+    assert _pyproject()["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "otel_straggler.version.__version__"}
+    from otel_straggler import version as version_module
     from importlib.metadata import version
 
-    assert version("otel-straggler") == otel_straggler.__version__
+    assert version("otel-straggler") == otel_straggler.__version__ == version_module.__version__
 
 
 def test_the_plain_install_is_the_emitter_and_the_collector_is_an_extra(dist: Dist) -> None:
