@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 
 import otel_straggler_schema as s
-from collector_processor.simulate.stream import JobStream, Noise, SimConfig
+from jobsim.stream import JobStream, Noise, SimConfig
 
 
 def _forward_ms(noise: Noise, steps: int = 200) -> dict[int, dict[int, float]]:

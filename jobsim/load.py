@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import otel_straggler_schema as s
-from collector_processor.simulate.job import Layout, ranks_of
-from collector_processor.simulate.stream import SimConfig, resource_for
+from jobsim.job import Layout, ranks_of
+from jobsim.stream import SimConfig, resource_for
 from otel_straggler_schema.stages import stage_group
 
 SDK_BATCH = 512

@@ -44,8 +44,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 import otel_straggler_schema as s
 from collector_processor.otlp_values import key_value
-from collector_processor.simulate.faults import Fault
-from collector_processor.simulate.job import Layout, RankInfo, StepModel, ranks_of
+from jobsim.faults import Fault
+from jobsim.job import Layout, RankInfo, StepModel, ranks_of
 from otel_straggler_schema.stages import STAGE_SCHEMA, stage_group
 
 REGIME_LAUNCH = "launch"
