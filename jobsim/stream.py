@@ -40,12 +40,12 @@ from dataclasses import dataclass, field
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans, Span
 
 import otel_straggler_schema as s
 from collector_processor.otlp_values import key_value
 from jobsim.faults import Fault
-from jobsim.job import Layout, RankInfo, StepModel, ranks_of
+from jobsim.job import Layout, RankInfo, StageModel, StepModel, ranks_of
 from otel_straggler_schema.stages import STAGE_SCHEMA, stage_group
 
 REGIME_LAUNCH = "launch"
@@ -116,6 +116,31 @@ MP_OPT_WAIT_MS = 1.0  # its time when every member arrives together
 DDP_STAGE = "backward-compute"  # with SimConfig.ddp: the stage that holds the gradient all-reduce
 
 
+Row = tuple[str, str, int, float, float, int]  # stage, group, level, device ms, host ms, count
+
+
+@dataclass
+class _Plan:
+    """What the faults make of the job for its whole run."""
+
+    faulty: set[int]  # ranks not counted healthy
+    node_of: dict[int, str]  # a node fault's rank -> its host
+    cohort_faulty: set[str]
+    links: list[tuple[str, Fault]]  # (cohort, link fault)
+
+
+@dataclass
+class _StepTimes:
+    """One step's times, per rank, before encoding."""
+
+    step: int
+    per_rank: dict[int, list[Row]] = field(default_factory=dict)
+    arrival: dict[int, float] = field(default_factory=dict)  # at the grad sync
+    tokens: dict[int, int] = field(default_factory=dict)
+    slowed: dict[int, float] = field(default_factory=dict)  # rank -> its device slowdown at this step (nvml)
+    step_ms: float = 0.0
+
+
 def resource_for(info: RankInfo, cfg: SimConfig) -> Resource:
     lay = cfg.layout
     attrs = {
@@ -153,7 +178,7 @@ class JobStream:
             self.mp_groups.setdefault((r.dp_rank, r.pp_rank), []).append(r.rank)
             self.replicas.setdefault(r.dp_rank, []).append(r.rank)
 
-    def _sync(self, per_rank: dict[int, list[tuple[str, str, int, float, float, int]]],
+    def _sync(self, per_rank: dict[int, list[Row]],
               arrival: dict[int, float]) -> None:
         """``mp_sync`` and ``pp_sync`` (module docstring): the waits inside one DP replica, in place."""
         cfg = self.cfg
@@ -197,188 +222,243 @@ class JobStream:
             f *= 1.0 + 0.6 * (n.warmup_steps - step + 1) / n.warmup_steps * self.warm_skew[rank]
         return f
 
+    def _plan(self) -> _Plan:
+        node_of = {f.rank: self.ranks[f.rank].host for f in self.faults if f.kind == "node"}
+        faulty = {f.rank for f in self.faults if f.kind not in ("cohort", "node")}
+        faulty |= {r.rank for r in self.ranks if r.host in node_of.values()}
+        return _Plan(faulty=faulty, node_of=node_of,
+                     cohort_faulty={self.ranks[f.rank].cohort for f in self.faults if f.kind == "cohort"},
+                     links=[(self.ranks[f.rank].cohort, f) for f in self.faults if f.kind == "link"])
+
     def __iter__(self) -> Iterator[tuple[int, ExportTraceServiceRequest]]:
         cfg = self.cfg
-        sm = cfg.step_model
         t = cfg.start_unix_ns
-        marked = cfg.ddp and cfg.collective_marked
-        faulty = {f.rank for f in self.faults if f.kind not in ("cohort", "node")}
-        node_of = {f.rank: self.ranks[f.rank].host for f in self.faults if f.kind == "node"}
-        faulty |= {r.rank for r in self.ranks if r.host in node_of.values()}
-        cohort_faulty = {self.ranks[f.rank].cohort for f in self.faults if f.kind == "cohort"}
-        links = [(self.ranks[f.rank].cohort, f) for f in self.faults if f.kind == "link"]
+        plan = self._plan()
         replays: dict[int, int] = {}  # rank -> cumulative PCIe replay errors (link faults, nvml)
         for step in range(1, cfg.steps + 1):
-            device_on = step % cfg.device_every == 0
             common = 1.0 + self._step_rng.gauss(0.0, cfg.noise.step_jitter) if cfg.noise.step_jitter else 1.0
-            per_rank: dict[int, list[tuple[str, str, int, float, float, int]]] = {}
-            arrival: dict[int, float] = {}
-            tokens: dict[int, int] = {}
-            slowed: dict[int, float] = {}  # rank -> its device slowdown at this step (nvml)
+            times = _StepTimes(step)
             for info in self.ranks:
-                rows = []
-                spike_stage = (self.rng.randrange(len(sm.stages))
-                               if self.rng.random() < cfg.noise.spike_prob else -1)
-                work = 1.0
-                tok = cfg.tokens_per_step
-                for f in self.faults:
-                    if f.kind == "workload" and f.rank == info.rank and f.active(step, 0.0):
-                        work *= 1.0 + f.size
-                        tok = int(tok * (1.0 + f.size))
-                    if f.kind == "cohort" and info.cohort == self.ranks[f.rank].cohort and f.active(step, 0.0):
-                        work *= 1.0 + f.size
-                per_token = 1.0
-                if cfg.token_spread:
-                    per_token = self._token_rng.uniform(1.0 - cfg.token_spread, 1.0 + cfg.token_spread)
-                    tok = int(tok * per_token)
-                tokens[info.rank] = tok
-                before_sync = 0.0
-                for i, st in enumerate(sm.stages):
-                    w = work * per_token if st.group in _TOKEN_GROUPS else work
-                    dev = st.device_ms * w * self._factor(step, info.rank) * common
-                    nominal_launch = st.device_ms * st.host_fraction * w
-                    host = nominal_launch * self._factor(step, info.rank, host=True)
-                    launch_noise = host - nominal_launch
-                    if st.group == "data":
-                        host = dev
-                    if i == spike_stage:
-                        k = self.rng.uniform(1.3, 3.0)
-                        dev *= k
-                        host *= k
-                    rv = self.rng.random()
-                    for f in self.faults:
-                        if f.kind == "contention":
-                            if info.host == self.ranks[f.rank].host and f.active(step, 0.0):
-                                duty = min(1.0, f.duty * (3.0 if info.rank == f.rank else 1.0))
-                                if self._contention_rng.random() < duty:
-                                    host += f.size * st.device_ms * self._contention_rng.random()
-                            continue
-                        if f.kind == "node":
-                            if info.host != node_of[f.rank] or st.name not in f.stages or not f.active(step, rv):
-                                continue
-                        elif f.rank != info.rank or st.name not in f.stages or not f.active(step, rv):
-                            continue
-                        if f.kind in _DEVICE_FAULTS:
-                            dev *= 1.0 + f.slowdown(step)
-                            slowed[info.rank] = max(slowed.get(info.rank, 0.0), f.slowdown(step))
-                        elif f.kind == "host":
-                            host += f.stall_ms if f.stall_ms is not None else f.size * st.device_ms
-                        elif f.kind == "dataloader":
-                            extra = f.size * sm.stages[1].device_ms
-                            host += extra
-                            dev += extra
-                    if st.group in _QUEUED_GROUPS:
-                        # the stream cannot end before the stage's last launch: a host stall longer than the
-                        # queued work starves it
-                        dev = max(dev, host)
-                        if cfg.regime == REGIME_GPU_BOUND:
-                            host = dev + launch_noise  # the host blocks on the full launch queue
-                    rows.append((st.name, st.group, st.level, dev, host, st.count))
-                    if st.group in ("data", "forward", "backward"):
-                        before_sync += max(dev, host if st.group == "data" else 0.0)
-                per_rank[info.rank] = rows
-                arrival[info.rank] = before_sync
+                self._rank_times(times, info, common, plan)
             if cfg.mp_sync or cfg.pp_sync or cfg.mp_optimizer_sync:
-                self._sync(per_rank, arrival)
-            by_cohort: dict[str, float] = {}
-            for info in self.ranks:
-                by_cohort[info.cohort] = max(by_cohort.get(info.cohort, 0.0), arrival[info.rank])
-            step_ms = 0.0
-            ring_slow = {cohort: f.size for cohort, f in links if f.active(step, 0.0)}
-            for _cohort, f in links:
-                if f.active(step, 0.0):
-                    replays[f.rank] = replays.get(f.rank, 0) + 12
-            for info in self.ranks:
-                wait = by_cohort[info.cohort] - arrival[info.rank] + sm.grad_sync_ms * self._factor(step, info.rank)
-                wait += sm.grad_sync_ms * ring_slow.get(info.cohort, 0.0)  # the ring waits for its slowest link
-                rows = per_rank[info.rank]
-                if cfg.ddp:
-                    i = next(i for i, row in enumerate(rows) if row[0] == DDP_STAGE)
-                    name, group, level, dev, host, count = rows[i]
-                    rows[i] = (name, group, level, dev + wait, host, count)
-                else:
-                    rows.append(("all-grads-sync", stage_group("all-grads-sync"), 1, wait, wait, 1))
-                fb = arrival[info.rank] + wait
-                rows.append(("forward-backward", stage_group("forward-backward"), 1, fb, fb, 1))
-                total = fb + sum(r[3] for r in rows if r[1] == "optimizer") + sm.step_overhead_ms
-                step_ms = max(step_ms, total)
-            request = ExportTraceServiceRequest()
-            blocks: dict[int, tuple[bytes, bytes]] = {}  # trace block -> (trace id, train-step root id)
-            for info in self.ranks:
-                if step < self.start_step[info.rank]:
-                    continue
-                block = s.trace_block(info.rank)
-                if block not in blocks:
-                    tid = s.trace_id_for_step(cfg.job, step, block=block)
-                    blocks[block] = (tid.to_bytes(16, "big"), s.step_root_span_id(tid).to_bytes(8, "big"))
-                trace_id, root_id = blocks[block]
-                if info.rank not in faulty and info.cohort not in cohort_faulty:
-                    self.healthy_rank_steps += 1
-                rs = request.resource_spans.add()
-                rs.resource.CopyFrom(self.resources[info.rank])
-                ss = rs.scope_spans.add()
-                ss.scope.name = s.SCOPE_NAME
-                parent = s.rank_step_span_id(cfg.job, step, info.rank).to_bytes(8, "big")
-                cursor = t
-                kept = []
-                for name, group, level, dev, host, count in per_rank[info.rank]:
-                    if self.rng.random() < cfg.noise.missing_prob:
-                        continue
-                    kept.append((name, group, dev if device_on else s.SUMMARY_NOT_MEASURED, host, count))
-                    span = ss.spans.add()
-                    span.trace_id = trace_id
-                    span.span_id = self.rng.getrandbits(64).to_bytes(8, "big")
-                    span.parent_span_id = parent
-                    span.name = name
-                    span.kind = Span.SPAN_KIND_INTERNAL
-                    dur = int(max(dev, host) * 1e6)
-                    span.start_time_unix_nano = cursor
-                    span.end_time_unix_nano = cursor + dur
-                    attrs = [_kv(s.ATTR_STAGE, name), _kv(s.ATTR_STAGE_GROUP, group), _kv(s.ATTR_STAGE_LEVEL, level),
-                             _kv(s.ATTR_ITERATION, step), _kv(s.ATTR_HOST_MS, float(host)),
-                             _kv(s.ATTR_COUNT, count), _kv(s.ATTR_DETAIL, s.DETAIL_STEP),
-                             _kv(s.ATTR_WORKLOAD_TOKENS, tokens[info.rank])]
-                    if marked and name == DDP_STAGE:
-                        attrs.append(_kv(s.ATTR_STAGE_COLLECTIVE, True))
-                    if device_on:
-                        attrs += [_kv(s.ATTR_DEVICE_MS, float(dev)), _kv(s.ATTR_MEASUREMENT, s.MEASUREMENT_DEVICE)]
-                    else:
-                        attrs += [_kv(s.ATTR_MEASUREMENT, s.MEASUREMENT_HOST_ONLY),
-                                  _kv(s.ATTR_DEGRADED_REASON, "sampled_out")]
-                    span.attributes.extend(attrs)
-                    if group not in ("step",):
-                        cursor += dur
-                if cfg.step_summary:
-                    step_ss = rs.scope_spans.add()
-                    step_ss.scope.name = s.SCOPE_STEP_NAME
-                    rsp = step_ss.spans.add()
-                else:
-                    rsp = ss.spans.add()
-                rsp.trace_id = trace_id
-                rsp.span_id = parent
-                rsp.parent_span_id = root_id
-                rsp.name = s.SPAN_RANK_STEP
-                rsp.start_time_unix_nano = t
-                rsp.end_time_unix_nano = t + int(step_ms * 1e6)
-                rsp.attributes.extend([_kv(s.ATTR_STAGE, s.SPAN_RANK_STEP), _kv(s.ATTR_STAGE_GROUP, "step"),
-                                       _kv(s.ATTR_ITERATION, step), _kv(s.ATTR_HOST_MS, float(step_ms)),
-                                       _kv(s.ATTR_WORKLOAD_TOKENS, tokens[info.rank])])
-                if cfg.step_summary:
-                    rsp.attributes.extend([
-                        _kv(s.ATTR_SUMMARY_STAGES, [k[0] for k in kept]),
-                        _kv(s.ATTR_SUMMARY_GROUPS, [k[1] for k in kept]),
-                        _kv(s.ATTR_SUMMARY_DEVICE_MS, [float(k[2]) for k in kept]),
-                        _kv(s.ATTR_SUMMARY_HOST_MS, [float(k[3]) for k in kept]),
-                        _kv(s.ATTR_SUMMARY_COUNTS, [k[4] for k in kept])])
-                    if marked and any(k[0] == DDP_STAGE for k in kept):
-                        rsp.attributes.append(_kv(s.ATTR_SUMMARY_COLLECTIVE, [DDP_STAGE]))
-                    if cfg.nvml:
-                        slow = slowed.get(info.rank, 0.0)
-                        rsp.attributes.extend([
-                            _kv(s.ATTR_GPU_SM_CLOCK_MHZ, round(1980 / (1.0 + slow))),
-                            _kv(s.ATTR_GPU_SM_CLOCK_MAX_MHZ, 1980),
-                            _kv(s.ATTR_GPU_TEMPERATURE_C, 85 if slow else 60),
-                            _kv(s.ATTR_GPU_CLOCK_REASONS, ["sw_thermal_slowdown"] if slow else []),
-                            _kv(s.ATTR_GPU_PCIE_REPLAYS, replays.get(info.rank, 0))])
-            t += int(step_ms * 1e6)
+                self._sync(times.per_rank, times.arrival)
+            self._grad_sync(times, plan, replays)
+            request = self._request(times, t, plan, replays)
+            t += int(times.step_ms * 1e6)
             yield step, request
+
+    def _work(self, step: int, info: RankInfo) -> tuple[float, int]:
+        """The rank's work factor and tokens at ``step`` (workload and cohort faults)."""
+        work = 1.0
+        tok = self.cfg.tokens_per_step
+        for f in self.faults:
+            if f.kind == "workload" and f.rank == info.rank and f.active(step, 0.0):
+                work *= 1.0 + f.size
+                tok = int(tok * (1.0 + f.size))
+            if f.kind == "cohort" and info.cohort == self.ranks[f.rank].cohort and f.active(step, 0.0):
+                work *= 1.0 + f.size
+        return work, tok
+
+    def _rank_times(self, times: _StepTimes, info: RankInfo, common: float, plan: _Plan) -> None:
+        """One rank's stage rows, its arrival at the grad sync and its tokens, into ``times``."""
+        cfg = self.cfg
+        sm = cfg.step_model
+        spike_stage = (self.rng.randrange(len(sm.stages))
+                       if self.rng.random() < cfg.noise.spike_prob else -1)
+        work, tok = self._work(times.step, info)
+        per_token = 1.0
+        if cfg.token_spread:
+            per_token = self._token_rng.uniform(1.0 - cfg.token_spread, 1.0 + cfg.token_spread)
+            tok = int(tok * per_token)
+        times.tokens[info.rank] = tok
+        rows: list[Row] = []
+        before_sync = 0.0
+        for i, st in enumerate(sm.stages):
+            w = work * per_token if st.group in _TOKEN_GROUPS else work
+            dev, host = self._stage_time(times, info, st, w, common, i == spike_stage, plan)
+            rows.append((st.name, st.group, st.level, dev, host, st.count))
+            if st.group in ("data", "forward", "backward"):
+                before_sync += max(dev, host if st.group == "data" else 0.0)
+        times.per_rank[info.rank] = rows
+        times.arrival[info.rank] = before_sync
+
+    def _stage_time(self, times: _StepTimes, info: RankInfo, st: StageModel, w: float, common: float,
+                    spiked: bool, plan: _Plan) -> tuple[float, float]:
+        """(device ms, host ms) of one stage of one rank: noise, a spike, the faults, the regime."""
+        step = times.step
+        dev = st.device_ms * w * self._factor(step, info.rank) * common
+        nominal_launch = st.device_ms * st.host_fraction * w
+        host = nominal_launch * self._factor(step, info.rank, host=True)
+        launch_noise = host - nominal_launch
+        if st.group == "data":
+            host = dev
+        if spiked:
+            k = self.rng.uniform(1.3, 3.0)
+            dev *= k
+            host *= k
+        rv = self.rng.random()
+        for f in self.faults:
+            dev, host = self._fault_effect(f, times, info, st, dev, host, rv, plan)
+        if st.group in _QUEUED_GROUPS:
+            # the stream cannot end before the stage's last launch: a host stall longer than the
+            # queued work starves it
+            dev = max(dev, host)
+            if self.cfg.regime == REGIME_GPU_BOUND:
+                host = dev + launch_noise  # the host blocks on the full launch queue
+        return dev, host
+
+    def _fault_effect(self, f: Fault, times: _StepTimes, info: RankInfo, st: StageModel, dev: float, host: float,
+                      rv: float, plan: _Plan) -> tuple[float, float]:
+        """(device ms, host ms) of the stage with fault ``f`` applied (unchanged where it does not hit)."""
+        step = times.step
+        if f.kind == "contention":
+            if info.host == self.ranks[f.rank].host and f.active(step, 0.0):
+                duty = min(1.0, f.duty * (3.0 if info.rank == f.rank else 1.0))
+                if self._contention_rng.random() < duty:
+                    host += f.size * st.device_ms * self._contention_rng.random()
+            return dev, host
+        hit = info.host == plan.node_of[f.rank] if f.kind == "node" else f.rank == info.rank
+        if not hit or st.name not in f.stages or not f.active(step, rv):
+            return dev, host
+        if f.kind in _DEVICE_FAULTS:
+            dev *= 1.0 + f.slowdown(step)
+            times.slowed[info.rank] = max(times.slowed.get(info.rank, 0.0), f.slowdown(step))
+        elif f.kind == "host":
+            host += f.stall_ms if f.stall_ms is not None else f.size * st.device_ms
+        elif f.kind == "dataloader":
+            extra = f.size * self.cfg.step_model.stages[1].device_ms
+            host += extra
+            dev += extra
+        return dev, host
+
+    def _grad_sync(self, times: _StepTimes, plan: _Plan, replays: dict[int, int]) -> None:
+        """Each rank's wait for its cohort in the grad sync (or, with ``ddp``, inside backward), its
+        ``forward-backward``, and the step's period (``times.step_ms``)."""
+        cfg = self.cfg
+        sm = cfg.step_model
+        step = times.step
+        by_cohort: dict[str, float] = {}
+        for info in self.ranks:
+            by_cohort[info.cohort] = max(by_cohort.get(info.cohort, 0.0), times.arrival[info.rank])
+        ring_slow = {cohort: f.size for cohort, f in plan.links if f.active(step, 0.0)}
+        for _cohort, f in plan.links:
+            if f.active(step, 0.0):
+                replays[f.rank] = replays.get(f.rank, 0) + 12
+        for info in self.ranks:
+            arrival = times.arrival[info.rank]
+            wait = by_cohort[info.cohort] - arrival + sm.grad_sync_ms * self._factor(step, info.rank)
+            wait += sm.grad_sync_ms * ring_slow.get(info.cohort, 0.0)  # the ring waits for its slowest link
+            rows = times.per_rank[info.rank]
+            if cfg.ddp:
+                i = next(i for i, row in enumerate(rows) if row[0] == DDP_STAGE)
+                name, group, level, dev, host, count = rows[i]
+                rows[i] = (name, group, level, dev + wait, host, count)
+            else:
+                rows.append(("all-grads-sync", stage_group("all-grads-sync"), 1, wait, wait, 1))
+            fb = arrival + wait
+            rows.append(("forward-backward", stage_group("forward-backward"), 1, fb, fb, 1))
+            total = fb + sum(r[3] for r in rows if r[1] == "optimizer") + sm.step_overhead_ms
+            times.step_ms = max(times.step_ms, total)
+
+    def _request(self, times: _StepTimes, t: int, plan: _Plan, replays: dict[int, int]) -> ExportTraceServiceRequest:
+        """The step's request: per rank that has started, its resource, stage spans and ``rank-step`` span."""
+        cfg = self.cfg
+        step = times.step
+        request = ExportTraceServiceRequest()
+        blocks: dict[int, tuple[bytes, bytes]] = {}  # trace block -> (trace id, train-step root id)
+        for info in self.ranks:
+            if step < self.start_step[info.rank]:
+                continue
+            block = s.trace_block(info.rank)
+            if block not in blocks:
+                tid = s.trace_id_for_step(cfg.job, step, block=block)
+                blocks[block] = (tid.to_bytes(16, "big"), s.step_root_span_id(tid).to_bytes(8, "big"))
+            trace_id, root_id = blocks[block]
+            if info.rank not in plan.faulty and info.cohort not in plan.cohort_faulty:
+                self.healthy_rank_steps += 1
+            rs = request.resource_spans.add()
+            rs.resource.CopyFrom(self.resources[info.rank])
+            ss = rs.scope_spans.add()
+            ss.scope.name = s.SCOPE_NAME
+            parent = s.rank_step_span_id(cfg.job, step, info.rank).to_bytes(8, "big")
+            kept = self._stage_spans(ss, times, info, trace_id, parent, t)
+            if cfg.step_summary:
+                step_ss = rs.scope_spans.add()
+                step_ss.scope.name = s.SCOPE_STEP_NAME
+                rsp = step_ss.spans.add()
+            else:
+                rsp = ss.spans.add()
+            rsp.trace_id = trace_id
+            rsp.span_id = parent
+            rsp.parent_span_id = root_id
+            self._rank_step_span(rsp, times, info, t, kept, replays.get(info.rank, 0))
+        return request
+
+    def _stage_spans(self, ss: ScopeSpans, times: _StepTimes, info: RankInfo, trace_id: bytes, parent: bytes,
+                     t: int) -> list[tuple[str, str, float, float, int]]:
+        """The rank's stage spans (each lost with ``missing_prob``), back to back from ``t``; returns what was
+        kept as (name, group, device ms or not measured, host ms, count)."""
+        cfg = self.cfg
+        device_on = times.step % cfg.device_every == 0
+        marked = cfg.ddp and cfg.collective_marked
+        cursor = t
+        kept = []
+        for name, group, level, dev, host, count in times.per_rank[info.rank]:
+            if self.rng.random() < cfg.noise.missing_prob:
+                continue
+            kept.append((name, group, dev if device_on else s.SUMMARY_NOT_MEASURED, host, count))
+            span = ss.spans.add()
+            span.trace_id = trace_id
+            span.span_id = self.rng.getrandbits(64).to_bytes(8, "big")
+            span.parent_span_id = parent
+            span.name = name
+            span.kind = Span.SPAN_KIND_INTERNAL
+            dur = int(max(dev, host) * 1e6)
+            span.start_time_unix_nano = cursor
+            span.end_time_unix_nano = cursor + dur
+            attrs = [_kv(s.ATTR_STAGE, name), _kv(s.ATTR_STAGE_GROUP, group), _kv(s.ATTR_STAGE_LEVEL, level),
+                     _kv(s.ATTR_ITERATION, times.step), _kv(s.ATTR_HOST_MS, float(host)),
+                     _kv(s.ATTR_COUNT, count), _kv(s.ATTR_DETAIL, s.DETAIL_STEP),
+                     _kv(s.ATTR_WORKLOAD_TOKENS, times.tokens[info.rank])]
+            if marked and name == DDP_STAGE:
+                attrs.append(_kv(s.ATTR_STAGE_COLLECTIVE, True))
+            if device_on:
+                attrs += [_kv(s.ATTR_DEVICE_MS, float(dev)), _kv(s.ATTR_MEASUREMENT, s.MEASUREMENT_DEVICE)]
+            else:
+                attrs += [_kv(s.ATTR_MEASUREMENT, s.MEASUREMENT_HOST_ONLY),
+                          _kv(s.ATTR_DEGRADED_REASON, "sampled_out")]
+            span.attributes.extend(attrs)
+            if group not in ("step",):
+                cursor += dur
+        return kept
+
+    def _rank_step_span(self, rsp: Span, times: _StepTimes, info: RankInfo, t: int,
+                        kept: list[tuple[str, str, float, float, int]], replays: int) -> None:
+        """The ``rank-step`` span's name, period and attributes: with ``step_summary`` the summary of the kept
+        stages (and with ``nvml`` the NVML sample)."""
+        cfg = self.cfg
+        step_ms = times.step_ms
+        rsp.name = s.SPAN_RANK_STEP
+        rsp.start_time_unix_nano = t
+        rsp.end_time_unix_nano = t + int(step_ms * 1e6)
+        rsp.attributes.extend([_kv(s.ATTR_STAGE, s.SPAN_RANK_STEP), _kv(s.ATTR_STAGE_GROUP, "step"),
+                               _kv(s.ATTR_ITERATION, times.step), _kv(s.ATTR_HOST_MS, float(step_ms)),
+                               _kv(s.ATTR_WORKLOAD_TOKENS, times.tokens[info.rank])])
+        if not cfg.step_summary:
+            return
+        rsp.attributes.extend([
+            _kv(s.ATTR_SUMMARY_STAGES, [k[0] for k in kept]),
+            _kv(s.ATTR_SUMMARY_GROUPS, [k[1] for k in kept]),
+            _kv(s.ATTR_SUMMARY_DEVICE_MS, [float(k[2]) for k in kept]),
+            _kv(s.ATTR_SUMMARY_HOST_MS, [float(k[3]) for k in kept]),
+            _kv(s.ATTR_SUMMARY_COUNTS, [k[4] for k in kept])])
+        if cfg.ddp and cfg.collective_marked and any(k[0] == DDP_STAGE for k in kept):
+            rsp.attributes.append(_kv(s.ATTR_SUMMARY_COLLECTIVE, [DDP_STAGE]))
+        if cfg.nvml:
+            slow = times.slowed.get(info.rank, 0.0)
+            rsp.attributes.extend([
+                _kv(s.ATTR_GPU_SM_CLOCK_MHZ, round(1980 / (1.0 + slow))),
+                _kv(s.ATTR_GPU_SM_CLOCK_MAX_MHZ, 1980),
+                _kv(s.ATTR_GPU_TEMPERATURE_C, 85 if slow else 60),
+                _kv(s.ATTR_GPU_CLOCK_REASONS, ["sw_thermal_slowdown"] if slow else []),
+                _kv(s.ATTR_GPU_PCIE_REPLAYS, replays)])
