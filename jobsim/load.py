@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import otel_straggler_schema as s
-from jobsim.job import Layout, ranks_of
+from jobsim.job import Layout, ranks_of, timers
 from jobsim.stream import SimConfig, resource_for
 from otel_straggler_schema.stages import stage_group
 
@@ -28,6 +28,7 @@ _PER_MICROBATCH = (("batch-generator", 2, 0.4), ("forward-compute", 2, 6.0), ("b
 _PER_STEP = (("all-grads-sync", 1, 18.0), ("params-all-gather", 1, 6.0), ("optimizer", 1, 14.0),
              ("optimizer-inner-step", 1, 12.0), ("optimizer-copy-main-to-model-params", 1, 1.5),
              ("optimizer-clip-main-grad", 1, 2.0), ("optimizer-count-zeros", 1, 0.3), ("forward-backward", 1, 170.0))
+timers(*(name for name, _level, _ms in _PER_MICROBATCH + _PER_STEP))
 
 
 @dataclass

@@ -45,7 +45,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans, Span
 import otel_straggler_schema as s
 from collector_processor.otlp_values import key_value
 from jobsim.faults import Fault
-from jobsim.job import Layout, RankInfo, StageModel, StepModel, ranks_of
+from jobsim.job import Layout, RankInfo, StageModel, StepModel, ranks_of, timers
 from otel_straggler_schema.stages import STAGE_SCHEMA, stage_group
 
 REGIME_LAUNCH = "launch"
@@ -109,11 +109,13 @@ class SimConfig:
 
 
 _kv = key_value
-MP_SYNC_STAGES = ("forward-compute", "backward-compute")  # with SimConfig.mp_sync: stages holding TP all-reduces
-PP_WAIT_STAGE = "forward-recv"  # with SimConfig.pp_sync: the p2p stage that holds the wait for the slowest stage
-MP_OPT_WAIT_STAGE = "optimizer-clip-main-grad"  # with SimConfig.mp_optimizer_sync: the model-parallel all-reduce
+MP_SYNC_STAGES = timers("forward-compute", "backward-compute")  # with SimConfig.mp_sync: stages holding TP all-reduces
+# with SimConfig.pp_sync: the p2p stage that holds the wait for the slowest stage; with SimConfig.mp_optimizer_sync:
+# the model-parallel all-reduce; with SimConfig.ddp: the stage that holds the gradient all-reduce; without: the
+# grad sync; the step's forward and backward
+PP_WAIT_STAGE, MP_OPT_WAIT_STAGE, DDP_STAGE, GRAD_SYNC_STAGE, FORWARD_BACKWARD = timers(
+    "forward-recv", "optimizer-clip-main-grad", "backward-compute", "all-grads-sync", "forward-backward")
 MP_OPT_WAIT_MS = 1.0  # its time when every member arrives together
-DDP_STAGE = "backward-compute"  # with SimConfig.ddp: the stage that holds the gradient all-reduce
 
 
 Row = tuple[str, str, int, float, float, int]  # stage, group, level, device ms, host ms, count
@@ -354,9 +356,9 @@ class JobStream:
                 name, group, level, dev, host, count = rows[i]
                 rows[i] = (name, group, level, dev + wait, host, count)
             else:
-                rows.append(("all-grads-sync", stage_group("all-grads-sync"), 1, wait, wait, 1))
+                rows.append((GRAD_SYNC_STAGE, stage_group(GRAD_SYNC_STAGE), 1, wait, wait, 1))
             fb = arrival + wait
-            rows.append(("forward-backward", stage_group("forward-backward"), 1, fb, fb, 1))
+            rows.append((FORWARD_BACKWARD, stage_group(FORWARD_BACKWARD), 1, fb, fb, 1))
             total = fb + sum(r[3] for r in rows if r[1] == "optimizer") + sm.step_overhead_ms
             times.step_ms = max(times.step_ms, total)
 
