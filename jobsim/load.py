@@ -131,7 +131,8 @@ def _rank_spans(cfg: LoadConfig, rank: int, steps: range, rng: random.Random) ->
     meas_host = _kv_bytes(s.ATTR_MEASUREMENT, s.MEASUREMENT_HOST_ONLY)
     k_host = length_delimited(1, s.ATTR_HOST_MS.encode())
     k_dev = length_delimited(1, s.ATTR_DEVICE_MS.encode())
-    rank_step_const = (length_delimited(5, s.SPAN_RANK_STEP.encode()) + _kv_bytes(s.ATTR_STAGE, s.SPAN_RANK_STEP)
+    rank_step_const = (length_delimited(5, s.SPAN_RANK_STEP.encode()) + b"\x30\x01"
+                       + _kv_bytes(s.ATTR_STAGE, s.SPAN_RANK_STEP)
                        + _kv_bytes(s.ATTR_STAGE_GROUP, "step"))
 
     def dbl(key: bytes, v: float) -> bytes:

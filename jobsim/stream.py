@@ -441,6 +441,7 @@ class JobStream:
         cfg = self.cfg
         step_ms = times.step_ms
         rsp.name = s.SPAN_RANK_STEP
+        rsp.kind = Span.SPAN_KIND_INTERNAL
         rsp.start_time_unix_nano = t
         rsp.end_time_unix_nano = t + int(step_ms * 1e6)
         rsp.attributes.extend([_kv(s.ATTR_STAGE, s.SPAN_RANK_STEP), _kv(s.ATTR_STAGE_GROUP, "step"),
