@@ -115,7 +115,7 @@ MP_SYNC_STAGES = timers("forward-compute", "backward-compute")  # with SimConfig
 # grad sync; the step's forward and backward
 PP_WAIT_STAGE, MP_OPT_WAIT_STAGE, DDP_STAGE, GRAD_SYNC_STAGE, FORWARD_BACKWARD = timers(
     "forward-recv", "optimizer-clip-main-grad", "backward-compute", "all-grads-sync", "forward-backward")
-MP_OPT_WAIT_MS = 1.0  # its time when every member arrives together
+MP_OPT_WAIT_MS = 1.0  # MP_OPT_WAIT_STAGE's time when every member arrives together
 
 
 Row = tuple[str, str, int, float, float, int]  # stage, group, level, device ms, host ms, count
