@@ -109,12 +109,12 @@ import otel_straggler_schema as s  # noqa: E402
 from collector_processor.processor.straggler import factory  # noqa: E402
 from collector_processor.processor.straggler.model import Verdict  # noqa: E402
 from collector_processor.processor.straggler.processor import StragglerProcessor  # noqa: E402
-from collector_processor.simulate.arrival import Batching, SimClock, batched, drive  # noqa: E402
-from collector_processor.simulate.faults import COMPUTE_STAGES, Fault  # noqa: E402
-from collector_processor.simulate.job import Layout, StepModel  # noqa: E402
-from collector_processor.simulate.score import RunScore, median, percentile, score_run  # noqa: E402
-from collector_processor.simulate.stream import REGIME_GPU_BOUND, REGIME_LAUNCH, JobStream, Noise, SimConfig  # noqa: E402
 from collector_processor.telemetry import Telemetry  # noqa: E402
+from jobsim.arrival import Batching, SimClock, batched, drive  # noqa: E402
+from jobsim.faults import COMPUTE_STAGES, Fault  # noqa: E402
+from jobsim.job import Layout, StepModel  # noqa: E402
+from jobsim.score import RunScore, median, percentile, score_run  # noqa: E402
+from jobsim.stream import REGIME_GPU_BOUND, REGIME_LAUNCH, JobStream, Noise, SimConfig  # noqa: E402
 from otel_straggler_demo.run import free_port  # noqa: E402
 
 TARGET = "target:device:20ms-stage:+5%"
@@ -591,7 +591,7 @@ def collective_scenarios(reps: int, rng: random.Random) -> list[Run]:
 
 def _collective(args: argparse.Namespace, overrides: dict, t0: float) -> str:
     """``collective_scenarios``: their table and ``collective:`` line ('' when there are none)."""
-    from collector_processor.simulate.job import ranks_of
+    from jobsim.job import ranks_of
 
     reps = args.collective_reps if args.collective_reps is not None else (2 if args.quick else 6)
     rng = random.Random(args.seed ^ COLLECTIVE_SEED)

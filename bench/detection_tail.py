@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import detection as bench  # noqa: E402
 
 from collector_processor.processor.straggler import factory, sequential  # noqa: E402
-from collector_processor.simulate.stream import Noise  # noqa: E402
+from jobsim.stream import Noise  # noqa: E402
 
 LEVELS = (3.0, 3.5, 4.0, 4.5, 5.0, 5.5)
 

@@ -58,7 +58,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from collector_processor.simulate.load import length_delimited  # noqa: E402
+from jobsim.load import length_delimited  # noqa: E402
 
 MIB = 1 << 20
 TRACE_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -329,8 +329,8 @@ def cohort_spans(nbytes: int, job: str = "cohorts-job") -> bytes:
 def real_spans(nbytes: int, job: str = "big-job") -> bytes:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    from collector_processor.simulate.job import Layout
-    from collector_processor.simulate.stream import JobStream, SimConfig
+    from jobsim.job import Layout
+    from jobsim.stream import JobStream, SimConfig
 
     req = ExportTraceServiceRequest()
     for _step, r in JobStream(SimConfig(layout=Layout(dp=64), steps=100_000, job=job), []):

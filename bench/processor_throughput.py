@@ -1,7 +1,7 @@
 """Collector throughput: spans/s of the full straggler collector against a parse-only OTLP/gRPC floor.
 
 Requests are pre-encoded as the ranks' SDKs batch them (512 spans of one rank per request, ~50 spans per
-rank-step; ``collector_processor.simulate.load``) and the same client sends the same bytes over loopback
+rank-step; ``jobsim.load``) and the same client sends the same bytes over loopback
 gRPC (``--inflight`` concurrent calls, retrying throttled ones) to
 
   (a) parse-only: a real gRPC server in its own process (same server model: ``grpc.server`` + thread pool)
@@ -50,8 +50,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import otel_straggler_schema as s  # noqa: E402
-from collector_processor.simulate.job import Layout  # noqa: E402
-from collector_processor.simulate.load import LoadConfig, sdk_requests  # noqa: E402
+from jobsim.job import Layout  # noqa: E402
+from jobsim.load import LoadConfig, sdk_requests  # noqa: E402
 from otel_straggler_demo.run import free_port  # noqa: E402
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"

@@ -42,9 +42,7 @@ from otel_straggler.export.wire import RecordBatch, WireEncoder  # noqa: E402
 from otel_straggler.interval import NullSink  # noqa: E402
 from otel_straggler.ring import NO_EVENT, record_at  # noqa: E402
 from otel_straggler.timers import Timers  # noqa: E402
-
-OPTIMIZER = ("optimizer-copy-to-main-grad", "optimizer-unscale-and-check-inf", "optimizer-clip-main-grad",
-             "optimizer-count-zeros", "optimizer-inner-step", "optimizer-copy-main-to-model-params")
+from otel_straggler_schema.stages import OPTIMIZER_TIMERS  # noqa: E402
 
 
 def megatron_step(t: Any, step: int, work: Callable[[], Any], microbatches: int = 4) -> None:
@@ -68,7 +66,7 @@ def megatron_step(t: Any, step: int, work: Callable[[], Any], microbatches: int 
     t("all-grads-sync").stop()
     t("forward-backward").stop()
     t("optimizer", 1).start()
-    for name in OPTIMIZER:
+    for name in OPTIMIZER_TIMERS:
         t(name, 1).start()
         work()
         t(name).stop()

@@ -49,9 +49,9 @@ def child(ranks: int, steps: int, batch: int) -> dict:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     from collector_processor.processor.straggler import factory
-    from collector_processor.simulate.job import Layout
-    from collector_processor.simulate.load import LoadConfig, sdk_requests
     from collector_processor.telemetry import Telemetry
+    from jobsim.job import Layout
+    from jobsim.load import LoadConfig, sdk_requests
 
     cfg = LoadConfig(Layout(dp=DP, tp=max(1, ranks // DP)), step_s=STEP_S)
     if batch:

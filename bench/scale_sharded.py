@@ -3,7 +3,7 @@ through the real OpenTelemetry Collector gateway (``configs/otelcol-gateway-shar
 ``straggler.cohort.key``, static resolver listing the shards) into ``--shards`` straggler collector shards
 (``configs/collector-compose.yaml``), all on this machine.
 
-Load: ``collector_processor.simulate.load`` (the emitter's default detail, ``step``: 14 spans per rank-step), one
+Load: ``jobsim.load`` (the emitter's default detail, ``step``: 14 spans per rank-step), one
 ``ResourceSpans`` per rank and step as the rank's SDK batches it, ``--ranks-per-request`` consecutive ranks (one
 host's GPUs) per OTLP/gRPC request (as a node-local agent forwards them), step by step over the whole job. One
 rank is slowed in forward-compute from ``--slow-from`` on, so a verdict is expected. A refused request (the
@@ -60,8 +60,8 @@ def generate(endpoint: str, ranks: int, dp: int, steps: int, per_request: int, s
     import grpc
 
     import otel_straggler_schema as s
-    from collector_processor.simulate.job import Layout
-    from collector_processor.simulate.load import LoadConfig, sdk_requests
+    from jobsim.job import Layout
+    from jobsim.load import LoadConfig, sdk_requests
 
     cfg = LoadConfig(Layout(dp=dp, tp=max(1, ranks // dp)), detail=s.DETAIL_STEP, slow_rank=slow_rank,
                      slow_from=slow_from, slow_factor=slow_factor)

@@ -5,7 +5,7 @@ headless Chromium; the same for the whole step as one trace (``--layouts one``),
 The step is one training step of a Megatron-shaped job (TP 8, PP 1/4/4, DP 8/32/256) as the emitter sends it in its
 default step detail: per rank 13 stage spans (five per-microbatch timers aggregated over 8 microbatches, eight
 per-step timers) and the ``rank-step`` span with the step summary, on each rank's Resource
-(``collector_processor/simulate/load.py`` encodes the emitter's shapes; ``tests/stack`` checks them), and the
+(``jobsim/load.py`` encodes the emitter's shapes; ``tests/stack`` checks them), and the
 ``train-step`` root of each block of 64 ranks (docs/schema.md, trace-id rule). Layout ``blocks`` is the trace-id
 rule: a trace per block, the measured trace the last rank's block (an alert's trace holds its rank's block). Layout
 ``one`` rewrites every span into block 0's trace under one root: a trace of the whole step, for comparison. The
@@ -48,7 +48,7 @@ MAX_REQUEST = 3 << 20  # under the OTLP receiver's 4 MiB gRPC default
 def _root(s, trace_id: int, block: int) -> bytes:
     """The ``train-step`` span of a block's trace (``Span`` fields 1 trace_id, 2 span_id, 5 name, 6 kind, 7/8
     times, 9 attributes)."""
-    from collector_processor.simulate.load import _kv_bytes, length_delimited
+    from jobsim.load import _kv_bytes, length_delimited
 
     t0 = 1_800_000_000_000_000_000 + STEP * 5 * 10**9
     return (b"\x0a\x10" + trace_id.to_bytes(16, "big") + b"\x12\x08" + s.step_root_span_id(trace_id).to_bytes(8, "big")
@@ -62,8 +62,8 @@ def step_requests(ranks: int, layout: str) -> tuple[list[bytes], int, int, int]:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     import otel_straggler_schema as s
-    from collector_processor.simulate.job import Layout
-    from collector_processor.simulate.load import LoadConfig, length_delimited, sdk_requests
+    from jobsim.job import Layout
+    from jobsim.load import LoadConfig, length_delimited, sdk_requests
 
     tp, pp, dp = LAYOUTS.get(ranks, (1, 1, ranks))
     cfg = LoadConfig(Layout(tp=tp, pp=pp, dp=dp), detail=s.DETAIL_STEP, job=JOB)

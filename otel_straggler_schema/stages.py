@@ -24,6 +24,16 @@ P2P_TIMERS: Final = (
     "forward-backward-send-forward-backward-recv",
 )
 
+# The timers inside ``optimizer``, in the order Megatron's optimizer step runs them.
+OPTIMIZER_TIMERS: Final = (
+    "optimizer-copy-to-main-grad",
+    "optimizer-unscale-and-check-inf",
+    "optimizer-clip-main-grad",
+    "optimizer-count-zeros",
+    "optimizer-inner-step",
+    "optimizer-copy-main-to-model-params",
+)
+
 STAGE_GROUP_BY_NAME: Final[dict[str, str]] = {
     # level 2
     "forward-compute": "forward",
@@ -36,13 +46,7 @@ STAGE_GROUP_BY_NAME: Final[dict[str, str]] = {
     "conditional-embedder-grads-all-reduce": "grad-sync",
     "non-tensor-parallel-grads-all-reduce": "grad-sync",
     "embedding-grads-all-reduce": "grad-sync",
-    "optimizer": "optimizer",
-    "optimizer-copy-to-main-grad": "optimizer",
-    "optimizer-unscale-and-check-inf": "optimizer",
-    "optimizer-inner-step": "optimizer",
-    "optimizer-copy-main-to-model-params": "optimizer",
-    "optimizer-clip-main-grad": "optimizer",
-    "optimizer-count-zeros": "optimizer",
+    **dict.fromkeys(("optimizer", *OPTIMIZER_TIMERS), "optimizer"),
     "params-all-gather": "param-gather",
     # level 0 (training.py)
     "interval-time": "step",
@@ -60,8 +64,9 @@ MP_WAIT_TIMERS: Final = ("optimizer-unscale-and-check-inf", "optimizer-clip-main
 # Timers that enclose MP_WAIT_TIMERS: their excess is a wait where those timers' excess explains it.
 MP_WAIT_ENCLOSING: Final[dict[str, tuple[str, ...]]] = {"optimizer": MP_WAIT_TIMERS}
 
-_PREFIX_RULES: Final = (("startup-", "setup"),)
-_SUFFIX_RULES: Final = (("-data-iterators-setup", "setup"),)
+# (prefix or suffix, group): a name with more than the prefix (suffix) to it
+PREFIX_RULES: Final = (("startup-", "setup"),)
+SUFFIX_RULES: Final = (("-data-iterators-setup", "setup"),)
 
 
 def stage_group(name: str) -> str:
@@ -69,10 +74,10 @@ def stage_group(name: str) -> str:
     group = STAGE_GROUP_BY_NAME.get(name)
     if group is not None:
         return group
-    for prefix, g in _PREFIX_RULES:
+    for prefix, g in PREFIX_RULES:
         if name.startswith(prefix) and len(name) > len(prefix):
             return g
-    for suffix, g in _SUFFIX_RULES:
+    for suffix, g in SUFFIX_RULES:
         if name.endswith(suffix) and len(name) > len(suffix):
             return g
     return "other"

@@ -4,8 +4,10 @@ default, a bound, a metric name or a label is written once, in code, and the doc
 
 Sources:
 * emitter settings: ``otel_straggler.config`` (``EmitterConfig`` defaults, ``_PARSERS`` bounds, ``HELP``);
-* collector settings: the pydantic models of each component (defaults and bounds of every key);
-* metrics: ``otel_straggler_schema.COLLECTOR_METRICS`` and ``EMITTER_METRICS`` (name, kind, unit, labels, meaning).
+* collector settings: the pydantic models of each component of ``collector_processor.components`` (defaults and
+  bounds of every key);
+* metrics: ``otel_straggler_schema.COLLECTOR_METRICS`` and ``EMITTER_METRICS`` (name, kind, unit, labels, meaning);
+* stage groups: ``otel_straggler_schema.stages`` (Megatron timer name -> group).
 
 A generated block sits between ``<!-- generated: NAME -->`` and ``<!-- end generated: NAME -->``; the text around
 it is written by hand. ``tests/test_generated_docs.py`` runs ``check()``.
@@ -128,27 +130,31 @@ def _component_table(model: type) -> str:
     return "\n".join(rows)
 
 
-def _collector_models() -> dict[str, type]:
-    from collector_processor.config.model import ServiceConfig
-    from collector_processor.exporter import debug, evidence, otlp, prometheus
-    from collector_processor.processor import filter as span_filter
-    from collector_processor.processor import memory_limiter
-    from collector_processor.processor.straggler import config as straggler
-    from collector_processor.processor.straggler import factory
-    from collector_processor.receiver import common
+def _shared_words(types: list[str]) -> list[str]:
+    """The leading ``_``-separated words every one of ``types`` has."""
+    shared = []
+    for words in zip(*(t.split("_") for t in types)):
+        if len(set(words)) > 1:
+            break
+        shared.append(words[0])
+    return shared
 
-    return {
-        "collector-receiver-otlp": common.Config,
-        "collector-processor-straggler": straggler.Config,
-        "collector-processor-memory-limiter": memory_limiter.Config,
-        "collector-processor-filter": span_filter.Config,
-        "collector-connector-straggler": factory.ConnectorConfig,
-        "collector-exporter-otlp": otlp.Config,
-        "collector-exporter-prometheus": prometheus.Config,
-        "collector-exporter-file": evidence.Config,
-        "collector-exporter-debug": debug.Config,
-        "collector-service": ServiceConfig,
-    }
+
+def _collector_models() -> dict[str, type]:
+    """Block name -> config model: ``collector-<kind>-<type>`` for each factory of the distribution
+    (``collector_processor.components``), one block for factories that share a model (``otlp_grpc`` and
+    ``otlp_http``: ``otlp``, the start of the types they share), and ``collector-service``."""
+    from collector_processor.components import factories
+    from collector_processor.config.model import ServiceConfig
+
+    types: dict[tuple[str, type], list[str]] = {}
+    for f in factories():
+        types.setdefault((f.kind, f.config), []).append(f.type)
+    models: dict[str, type] = {}
+    for (kind, model), names in types.items():
+        models[f"collector-{kind}-{'-'.join(_shared_words(names))}"] = model
+    models["collector-service"] = ServiceConfig
+    return models
 
 
 # --- metrics (the contract) --------------------------------------------------------------------------------------
@@ -167,6 +173,25 @@ def emitter_metrics() -> str:
     rows = ["| instrument | kind | unit | attributes | meaning |", "|---|---|---|---|---|"]
     for m in s.EMITTER_METRICS:
         rows.append(_row(f"`{m.name}`", m.kind, f"`{m.unit}`", ", ".join(m.labels), _cell(m.meaning)))
+    return "\n".join(rows)
+
+
+def stage_groups() -> str:
+    """The timer names of each group (in the schema's order), the name rules, and ``other``."""
+    from otel_straggler_schema import stages
+
+    names: dict[str, list[str]] = {}
+    for name, group in stages.STAGE_GROUP_BY_NAME.items():
+        names.setdefault(group, []).append(f"`{name}`")
+    rows = ["| timer name | group |", "|---|---|"]
+    rows += [_row(", ".join(n), f"`{group}`") for group, n in names.items()]
+    rules: dict[str, list[str]] = {}
+    for prefix, group in stages.PREFIX_RULES:
+        rules.setdefault(group, []).append(f"starting `{prefix}`")
+    for suffix, group in stages.SUFFIX_RULES:
+        rules.setdefault(group, []).append(f"ending `{suffix}`")
+    rows += [_row(f"a name {' or '.join(r)}, with more before / after it", f"`{group}`") for group, r in rules.items()]
+    rows.append(_row("any other name (never guessed from a similar one)", "`other`"))
     return "\n".join(rows)
 
 
@@ -205,8 +230,8 @@ def blocks() -> dict[str, dict[str, Callable[[], str]]]:
     collector = {name: (lambda model=model: _component_table(model)) for name, model in _collector_models().items()}
     return {
         "docs/configuration.md": {"emitter-settings": emitter_settings, **collector},
-        "docs/schema.md": {"collector-metrics": collector_metrics, "emitter-metrics": emitter_metrics,
-                           "emitter-counters": emitter_counters},
+        "docs/schema.md": {"stage-groups": stage_groups, "collector-metrics": collector_metrics,
+                           "emitter-metrics": emitter_metrics, "emitter-counters": emitter_counters},
     }
 
 

@@ -1,6 +1,6 @@
 """Device-time jitter of Megatron's stages on a real GPU, as the shim measures it.
 
-The detector's defaults (``docs/detection-defaults.md``) and the simulator (``collector_processor.simulate``)
+The detector's defaults (``docs/detection-defaults.md``) and the simulator (``jobsim``)
 assume the per-step device time of a compute stage varies by about 1 % (Gaussian sigma). This measures it:
 a real megatron-core GPT (local spec, bf16, TP = PP = 1) alone on the GPU, timed by this project's Timers
 with device events on every step, the intervals captured in-process (no export). Per stage and step the

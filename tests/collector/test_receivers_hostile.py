@@ -29,7 +29,7 @@ from collector_processor.allocator import trim
 from collector_processor.processor.memory_limiter import rss_bytes
 from collector_processor.receiver import otlp_http
 from collector_processor.receiver.decode import TooLarge, gunzip_bounded
-from collector_processor.simulate.load import length_delimited
+from jobsim.load import length_delimited
 
 TRACE_EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 METRICS_EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"

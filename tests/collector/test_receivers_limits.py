@@ -37,8 +37,8 @@ from collector_processor.receiver.decode import (
     decode_cost_bound,
     small_messages,
 )
-from collector_processor.simulate.load import length_delimited
 from collector_processor.telemetry import Telemetry
+from jobsim.load import length_delimited
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reliability"))
 from rel_support import rank_resource, stage_span

@@ -18,10 +18,10 @@ from service_support import BASE_RECEIVER, make_spans, scrape, wait_for
 
 import otel_straggler_schema as s
 from collector_processor.pipeline import Pipeline, Result, Stage
-from collector_processor.simulate.faults import Fault
-from collector_processor.simulate.job import Layout
-from collector_processor.simulate.stream import JobStream, SimConfig
 from collector_processor.telemetry import Telemetry
+from jobsim.faults import Fault
+from jobsim.job import Layout
+from jobsim.stream import JobStream, SimConfig
 
 
 class _Exploding:

@@ -18,9 +18,9 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from service_support import BASE_RECEIVER, DoubleProcessor, scrape, wait_for
 
 import otel_straggler_schema as s
-from collector_processor.simulate.faults import Fault
-from collector_processor.simulate.job import Layout
-from collector_processor.simulate.stream import JobStream, SimConfig
+from jobsim.faults import Fault
+from jobsim.job import Layout
+from jobsim.stream import JobStream, SimConfig
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,11 +1,23 @@
-"""The simulator's noise model: step time jitter common to a step's ranks (``Noise.step_jitter``)."""
+"""The simulator's noise model: step time jitter common to a step's ranks (``Noise.step_jitter``); its encoding:
+the OTel SDK exporter's for the same spans."""
 
 from __future__ import annotations
 
 import statistics
 
+from opentelemetry.exporter.otlp.proto.common._internal.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+
 import otel_straggler_schema as s
-from collector_processor.simulate.stream import JobStream, Noise, SimConfig
+from jobsim.faults import COMPUTE_STAGES, Fault
+from jobsim.job import Layout
+from jobsim.load import LoadConfig, sdk_requests
+from jobsim.stream import JobStream, Noise, SimConfig
 
 
 def _forward_ms(noise: Noise, steps: int = 200) -> dict[int, dict[int, float]]:
@@ -47,3 +59,55 @@ def test_step_jitter_leaves_the_ranks_per_step_ratios_alone() -> None:
         for r, v in ranks.items():  # same per-rank draws; one factor per step on all of them
             assert abs(c[r] / c[0] - v / ranks[0]) < 1e-9
     assert moved > len(plain) * 0.9
+
+
+def _value(v: AnyValue) -> object:
+    kind = v.WhichOneof("value")
+    return tuple(_value(x) for x in v.array_value.values) if kind == "array_value" else getattr(v, kind)
+
+
+def _sdk_encoding(req: ExportTraceServiceRequest) -> ExportTraceServiceRequest:
+    """The same spans as the SDK's ``ReadableSpan``s, encoded by its OTLP exporter's encoder, less the two fields
+    the simulator leaves unset on every span (the SDK's ``flags``: the parent is remote; an empty ``status``)."""
+    spans = []
+    for rs in req.resource_spans:
+        resource = Resource({kv.key: _value(kv.value) for kv in rs.resource.attributes})
+        for ss in rs.scope_spans:
+            scope = InstrumentationScope(ss.scope.name)
+            for sp in ss.spans:
+                tid = int.from_bytes(sp.trace_id, "big")
+                spans.append(ReadableSpan(
+                    name=sp.name, context=SpanContext(tid, int.from_bytes(sp.span_id, "big"), False, TraceFlags(1)),
+                    parent=SpanContext(tid, int.from_bytes(sp.parent_span_id, "big"), True, TraceFlags(1)),
+                    resource=resource, attributes={kv.key: _value(kv.value) for kv in sp.attributes},
+                    kind=SpanKind.INTERNAL, start_time=sp.start_time_unix_nano, end_time=sp.end_time_unix_nano,
+                    instrumentation_scope=scope))
+    out = encode_spans(spans)
+    for rs in out.resource_spans:
+        for ss in rs.scope_spans:
+            for sp in ss.spans:
+                assert sp.flags == 0x300 and not sp.status.code and not sp.status.message
+                sp.ClearField("flags")
+                sp.ClearField("status")
+    return out
+
+
+def test_the_stream_is_what_the_sdk_exporter_encodes() -> None:
+    """(Compared as bytes: a step without device time has NaN in its summary.)"""
+    cfg = SimConfig(layout=Layout(tp=2, dp=4), steps=6, ddp=True, collective_marked=True, nvml=True, device_every=2,
+                    noise=Noise(late_ranks=0))
+    for _step, req in JobStream(cfg, [Fault("device", 3, COMPUTE_STAGES, 0.1, 2)]):
+        assert len(req.resource_spans) == 8
+        assert _sdk_encoding(req).SerializeToString(deterministic=True) == req.SerializeToString(deterministic=True)
+
+
+def test_the_load_is_what_the_sdk_exporter_encodes() -> None:
+    """The load's hand-made wire bytes (``jobsim/load.py``, made fast for the scale benches) decode to the message
+    the SDK's encoder makes of the same spans."""
+    cfg = LoadConfig(layout=Layout(dp=2), device_every=2, spans_per_request=40)
+    n = 0
+    for raw in sdk_requests(cfg, range(1, 4)):
+        req = ExportTraceServiceRequest.FromString(raw)  # (its fields in another order than protobuf's: decoded)
+        assert _sdk_encoding(req).SerializeToString(deterministic=True) == req.SerializeToString(deterministic=True)
+        n += sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+    assert n == 2 * 3 * cfg.spans_per_rank_step

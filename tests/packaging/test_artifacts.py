@@ -60,7 +60,7 @@ def test_the_wheel_carries_types_license_config_and_entry_points(dist: Dist) -> 
         config = zf.read("collector_processor/config/collector.yaml").decode()
     assert {"otel_straggler/py.typed", "otel_straggler_schema/py.typed", "collector_processor/py.typed"} <= names
     assert {n.split("/", 1)[0] for n in names if n.endswith(".py")} == {
-        "otel_straggler", "otel_straggler_schema", "otel_straggler_demo", "collector_processor"}
+        "otel_straggler", "otel_straggler_schema", "otel_straggler_demo", "collector_processor"}  # not jobsim
     assert {"otel_straggler_schema/__init__.py", "otel_straggler_schema/stages.py", "otel_straggler/schema.py",
             "otel_straggler_demo/cli.py", "otel_straggler_demo/run.py"} <= names
     assert f"otel_straggler-{otel_straggler.__version__}.dist-info/licenses/LICENSE" in names
@@ -92,8 +92,9 @@ def test_the_version_has_one_source() -> None:
     project = _pyproject()["project"]
     assert "version" not in project and "version" in project["dynamic"]
     assert _pyproject()["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "otel_straggler.version.__version__"}
-    from otel_straggler import version as version_module
     from importlib.metadata import version
+
+    from otel_straggler import version as version_module
 
     assert version("otel-straggler") == otel_straggler.__version__ == version_module.__version__
 

@@ -1,5 +1,5 @@
 """The import contract of the four packages: no cycle, no upward import into a package root, no library import of
-the demo.
+the demo, and no import of ``jobsim`` (the simulator of tests and benches, outside the wheel) by any of them.
 
 The graph is read from the sources with ``ast``: every ``import`` and ``from ... import`` anywhere in a module (at
 the top, in a function, under ``TYPE_CHECKING``) and every ``importlib.import_module("...")`` of a constant name,
@@ -15,13 +15,14 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("otel_straggler", "otel_straggler_schema", "collector_processor", "otel_straggler_demo")
 LIBRARY = ("otel_straggler", "otel_straggler_schema", "collector_processor")  # what the demo is built on
 APPLICATION = "otel_straggler_demo"
+SUPPORT = "jobsim"  # tests and benches only: not in the wheel, so no shipped package may import it
 
 
 def _modules(root: Path) -> dict[str, tuple[Path, bool]]:
-    """Module name -> (file, whether it is a package's ``__init__``), for the four packages under ``root`` (a C
-    extension by its source, ``_hotpath.c``: it imports none of them)."""
+    """Module name -> (file, whether it is a package's ``__init__``), for the four packages and ``jobsim`` under
+    ``root`` (a C extension by its source, ``_hotpath.c``: it imports none of them)."""
     out: dict[str, tuple[Path, bool]] = {}
-    for pkg in PACKAGES:
+    for pkg in (*PACKAGES, SUPPORT):
         for path in sorted([*(root / pkg).rglob("*.py"), *(root / pkg).rglob("*.c")]):
             parts = list(path.relative_to(root).with_suffix("").parts)
             init = parts[-1] == "__init__"
@@ -106,7 +107,8 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
 
 def violations(g: dict[str, set[str]]) -> list[str]:
     """Arrows against the contract: into a package root from inside that package (a module reaches the package it
-    is part of, which imports upward), and from a library package into the demo."""
+    is part of, which imports upward), from a library package into the demo, and from a shipped package into
+    ``jobsim``."""
     out = []
     for src, targets in sorted(g.items()):
         for dst in sorted(targets):
@@ -114,6 +116,8 @@ def violations(g: dict[str, set[str]]) -> list[str]:
                 out.append(f"{src} -> {dst} (upward, into its package root)")
             if src.split(".")[0] in LIBRARY and dst.split(".")[0] == APPLICATION:
                 out.append(f"{src} -> {dst} (library into the demo)")
+            if src.split(".")[0] in PACKAGES and dst.split(".")[0] == SUPPORT:
+                out.append(f"{src} -> {dst} (shipped into the simulator)")
     return out
 
 
@@ -140,8 +144,8 @@ def test_imports_point_down() -> None:
 
 def test_the_contract_catches_each_kind_of_arrow() -> None:
     """A synthetic tree with one of each: a cycle through a lazy import, one through ``importlib``, one through a
-    ``TYPE_CHECKING`` import, an upward import of the root's ``__version__``, and a library module importing the
-    demo."""
+    ``TYPE_CHECKING`` import, an upward import of the root's ``__version__``, a library module importing the
+    demo, and the demo importing the simulator."""
     src = {
         "otel_straggler": ("__version__ = '0'", True),
         "otel_straggler.a": ("from otel_straggler import __version__\nfrom . import b", False),
@@ -152,12 +156,15 @@ def test_the_contract_catches_each_kind_of_arrow() -> None:
         "collector_processor.registry": ("import importlib\nimportlib.import_module('collector_processor.x')", False),
         "collector_processor.x": ("from collector_processor.registry import F\nimport otel_straggler_demo.run", False),
         "otel_straggler_demo": ("", True),
-        "otel_straggler_demo.run": ("", False),
+        "otel_straggler_demo.run": ("import jobsim.stream", False),
+        "jobsim": ("", True),
+        "jobsim.stream": ("", False),
     }
     g = graph(src)
     assert cycles(g) == [["collector_processor.registry", "collector_processor.x"],
                          ["otel_straggler.a", "otel_straggler.b"], ["otel_straggler.c", "otel_straggler.d"]]
     assert violations(g) == ["collector_processor.x -> otel_straggler_demo.run (library into the demo)",
-                             "otel_straggler.a -> otel_straggler (upward, into its package root)"]
+                             "otel_straggler.a -> otel_straggler (upward, into its package root)",
+                             "otel_straggler_demo.run -> jobsim.stream (shipped into the simulator)"]
     assert cycles({k: v for k, v in g.items() if k != "otel_straggler.b"}) == [
         ["collector_processor.registry", "collector_processor.x"], ["otel_straggler.c", "otel_straggler.d"]]

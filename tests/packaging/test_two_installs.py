@@ -62,12 +62,11 @@ def test_the_emitter_s_schema_module_is_the_contract_re_exported() -> None:
 
 def test_the_running_collector_loads_no_emitter_module() -> None:
     """Everything a running collector imports (CLI, config, service with the shipped configuration's components,
-    the straggler processor, the simulator) loads the contract and no module of ``otel_straggler``."""
+    the straggler processor) loads the contract and no module of ``otel_straggler``."""
     code = """
 import json, sys
 import collector_processor, collector_processor.cli as cli, collector_processor.service as service
 import collector_processor.components, collector_processor.processor.straggler.processor
-import collector_processor.simulate.stream, collector_processor.simulate.load, collector_processor.simulate.job
 with cli.default_config_path() as p:
     cfg = cli.load_config([str(p)])
 svc = service.Service(cfg)

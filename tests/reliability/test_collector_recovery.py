@@ -14,7 +14,7 @@ import grpc
 import pytest
 from rel_support import CollectorProcess, collector_config, grpc_call, healthy_request, wait_for
 
-from collector_processor.simulate.load import length_delimited
+from jobsim.load import length_delimited
 
 pytestmark = pytest.mark.slow
 MIB = 2**20

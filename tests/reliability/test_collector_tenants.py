@@ -26,9 +26,9 @@ from rel_support import (
 )
 
 import otel_straggler_schema as s
-from collector_processor.simulate.faults import Fault
-from collector_processor.simulate.job import Layout
-from collector_processor.simulate.stream import JobStream, Noise, SimConfig
+from jobsim.faults import Fault
+from jobsim.job import Layout
+from jobsim.stream import JobStream, Noise, SimConfig
 
 pytestmark = pytest.mark.slow
 

@@ -20,8 +20,8 @@ from engines_support import REPO, run_otelcol
 from stack_support import collector_config, http_get, process, require_collector, wait_until
 
 import otel_straggler_schema as s
-from collector_processor.simulate.job import Layout
-from collector_processor.simulate.load import LoadConfig, sdk_requests
+from jobsim.job import Layout
+from jobsim.load import LoadConfig, sdk_requests
 from otel_straggler_demo.run import free_ports
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from straggler_sim import Sim, make_processor
 
 from collector_processor.processor.straggler.decode import decode_request
-from collector_processor.simulate.arrival import SimClock
+from jobsim.arrival import SimClock
 
 
 def main(requests: int = 200, repeats: int = 3) -> None:

@@ -20,7 +20,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 import otel_straggler_schema as s
 from collector_processor.otlp_values import key_value
-from collector_processor.simulate.arrival import SimClock
+from jobsim.arrival import SimClock
 from otel_straggler_schema.stages import STAGE_SCHEMA
 
 COHORT = s.cohort_key(topology_epoch=0, stage_schema=STAGE_SCHEMA)

@@ -1,4 +1,4 @@
-"""The scale benches' load (``collector_processor.simulate.load``): one slow rank injected into the encoded
+"""The scale benches' load (``jobsim.load``): one slow rank injected into the encoded
 requests is the one the straggler processor convicts, on the stage it was slowed in."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 import otel_straggler_schema as s
 from collector_processor.processor.straggler import factory
 from collector_processor.processor.straggler.config import Config
-from collector_processor.simulate.job import Layout
-from collector_processor.simulate.load import LoadConfig, sdk_requests
 from collector_processor.telemetry import Telemetry
+from jobsim.job import Layout
+from jobsim.load import LoadConfig, sdk_requests
 
 
 def _verdicts(cfg: LoadConfig, steps: int) -> list:

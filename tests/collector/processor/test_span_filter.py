@@ -15,7 +15,7 @@ from straggler_sim import make_processor
 import otel_straggler_schema as s
 from collector_processor.processor.filter import Config, SpanFilter
 from collector_processor.processor.straggler.config import Config as StragglerConfig
-from collector_processor.simulate.arrival import SimClock
+from jobsim.arrival import SimClock
 
 
 def _rs(service: str | None, name: str) -> ResourceSpans:

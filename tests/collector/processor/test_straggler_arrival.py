@@ -1,5 +1,5 @@
 """Fast loops whose ranks export in SDK batches: ~70 ms steps, each rank's spans reaching the collector as the
-OTel SDK's BatchSpanProcessor sends them (``simulate/arrival.py``): up to the schedule delay after the step,
+OTel SDK's BatchSpanProcessor sends them (``jobsim/arrival.py``): up to the schedule delay after the step,
 ranks seconds apart. The window closing must keep their data (open windows, grace adapting to the measured
 arrival lag) and a collector that still rejects late data at a high rate says so once, with the fix."""
 
@@ -12,11 +12,11 @@ import pytest
 import otel_straggler_schema as s
 from collector_processor.processor.straggler.config import Config
 from collector_processor.processor.straggler.processor import StragglerProcessor
-from collector_processor.simulate.arrival import Batching, SimClock, batched, drive
-from collector_processor.simulate.faults import Fault
-from collector_processor.simulate.job import Layout, StepModel
-from collector_processor.simulate.stream import JobStream, SimConfig
 from collector_processor.telemetry import Telemetry
+from jobsim.arrival import Batching, SimClock, batched, drive
+from jobsim.faults import Fault
+from jobsim.job import Layout, StepModel
+from jobsim.stream import JobStream, SimConfig
 
 SLOW_RANK = 5
 ONSET = 100

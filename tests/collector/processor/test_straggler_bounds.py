@@ -12,7 +12,7 @@ from straggler_sim import Sim, kv, make_processor, run
 
 import otel_straggler_schema as s
 from collector_processor.processor.straggler.config import Config, MetricsConfig
-from collector_processor.simulate.arrival import SimClock
+from jobsim.arrival import SimClock
 
 
 def _counter(telemetry, name: str, **labels: str) -> float:  # type: ignore[no-untyped-def]

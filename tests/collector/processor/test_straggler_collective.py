@@ -12,11 +12,11 @@ from straggler_sim import kv, make_processor
 import otel_straggler_schema as s
 from collector_processor.processor.straggler import factory
 from collector_processor.processor.straggler.config import Config
-from collector_processor.simulate.faults import Fault
-from collector_processor.simulate.job import Layout
-from collector_processor.simulate.score import score_run
-from collector_processor.simulate.stream import JobStream, SimConfig
 from collector_processor.telemetry import Telemetry
+from jobsim.faults import Fault
+from jobsim.job import Layout
+from jobsim.score import score_run
+from jobsim.stream import JobStream, SimConfig
 
 FWD, BWD, OPT = 60.0, 120.0, 14.0
 

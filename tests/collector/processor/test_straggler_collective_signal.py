@@ -2,7 +2,7 @@
 said at job level as a metric and a non-paging event, with the ring it was seen in, and naming the member whose
 links are the cause only where evidence shows it.
 
-The jobs are simulated Megatron span streams (``collector_processor/simulate``: DP 8 x TP 2, 1 % jitter) fed to the
+The jobs are simulated Megatron span streams (``jobsim``: DP 8 x TP 2, 1 % jitter) fed to the
 processor as OTLP requests. A ``link`` fault slows the DP gradient all-reduce of one rank's ring (its cohort) for
 every member, compute normal; with NVML the rank's PCIe replay errors grow. CUDA and NVML cannot run here, so device
 times and NVML samples are the simulator's numbers in the attributes the emitter would set."""
@@ -15,10 +15,10 @@ import otel_straggler_schema as s
 from collector_processor.processor.straggler import factory
 from collector_processor.processor.straggler.events import event_attributes, severity, verdict_to_dict
 from collector_processor.processor.straggler.model import Verdict
-from collector_processor.simulate.faults import Fault
-from collector_processor.simulate.job import Layout
-from collector_processor.simulate.stream import JobStream, SimConfig
 from collector_processor.telemetry import Telemetry
+from jobsim.faults import Fault
+from jobsim.job import Layout
+from jobsim.stream import JobStream, SimConfig
 
 LAYOUT = Layout(tp=2, dp=8)  # cohort tp0: even ranks, tp1: odd ranks
 TP1 = s.cohort_key(topology_epoch=0, stage_schema="megatron-v1", tp=1, pp=0, cp=0, ep=0)

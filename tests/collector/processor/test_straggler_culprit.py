@@ -13,10 +13,10 @@ from collector_processor.processor.straggler import factory
 from collector_processor.processor.straggler.culprit import Correlator
 from collector_processor.processor.straggler.events import event_attributes, summary
 from collector_processor.processor.straggler.model import Verdict
-from collector_processor.simulate.faults import COMPUTE_STAGES, Fault
-from collector_processor.simulate.job import Layout
-from collector_processor.simulate.stream import JobStream, SimConfig
 from collector_processor.telemetry import Telemetry
+from jobsim.faults import COMPUTE_STAGES, Fault
+from jobsim.job import Layout
+from jobsim.stream import JobStream, SimConfig
 
 GPU_WIDE = (*COMPUTE_STAGES, "optimizer-inner-step")  # a slow GPU: its collective-free optimizer step too
 
@@ -198,12 +198,12 @@ def test_groups_tracked_are_bounded_and_evictions_counted() -> None:
 
 
 def test_the_bench_scores_culprit_victims_and_group() -> None:
-    """``score_run`` with a group (``simulate/score.py``): a victim without ``victim_of`` is a victim convicted,
+    """``score_run`` with a group (``jobsim/score.py``): a victim without ``victim_of`` is a victim convicted,
     not a false alarm; with it, explained; a rank outside the replica is a false alarm; the culprit's verdict
     is the detection, or where the group is the answer the group verdict naming it."""
     from dataclasses import replace
 
-    from collector_processor.simulate.score import score_run
+    from jobsim.score import score_run
 
     fault = Fault("device", 13, GPU_WIDE, 0.15, 45, 100)
     culprit = replace(_verdict(13, "c"), step=54, window_end=54)

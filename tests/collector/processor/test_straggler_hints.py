@@ -8,10 +8,10 @@ import otel_straggler_schema as s
 from collector_processor.processor.straggler import factory, hints
 from collector_processor.processor.straggler.events import event_attributes, summary
 from collector_processor.processor.straggler.model import Verdict
-from collector_processor.simulate.faults import COMPUTE_STAGES, Fault
-from collector_processor.simulate.job import Layout
-from collector_processor.simulate.stream import JobStream, SimConfig
 from collector_processor.telemetry import Telemetry
+from jobsim.faults import COMPUTE_STAGES, Fault
+from jobsim.job import Layout
+from jobsim.stream import JobStream, SimConfig
 
 
 def _run(fault: Fault, nvml: bool = True) -> list[Verdict]:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import otel_straggler_schema as s
 from collector_processor.processor.straggler import factory
 from collector_processor.processor.straggler.model import Verdict
-from collector_processor.simulate.faults import COMPUTE_STAGES, Fault
-from collector_processor.simulate.job import Layout
-from collector_processor.simulate.stream import JobStream, SimConfig
 from collector_processor.telemetry import Telemetry
+from jobsim.faults import COMPUTE_STAGES, Fault
+from jobsim.job import Layout
+from jobsim.stream import JobStream, SimConfig
 
 STAGES = ("batch-generator", *COMPUTE_STAGES, "optimizer-inner-step")
 HOST_ONLY = 10**9  # device_every: never timed on the device

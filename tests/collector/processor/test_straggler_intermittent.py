@@ -3,7 +3,7 @@ one step in every few (a periodic background job) costs the job per step what a 
 window medians stay at par and no single step is evidence enough. It is convicted within a bounded number of
 periods, with the period and the cost in the evidence; a single spike or one burst pages nobody.
 
-The jobs are simulated Megatron span streams (``collector_processor/simulate``: DP 8 x TP 2, 1 % device jitter,
+The jobs are simulated Megatron span streams (``jobsim``: DP 8 x TP 2, 1 % device jitter,
 heavy-tail spikes on random ranks) fed to the processor as OTLP requests; CUDA cannot run here, so device times
 are the simulator's numbers in the attributes the emitter would set."""
 
@@ -17,10 +17,10 @@ from collector_processor.processor.straggler.events import event_attributes, ver
 from collector_processor.processor.straggler.intermittent import IntParams
 from collector_processor.processor.straggler.model import Verdict
 from collector_processor.processor.straggler.state import RankStageState
-from collector_processor.simulate.faults import COMPUTE_STAGES, Fault
-from collector_processor.simulate.job import Layout
-from collector_processor.simulate.stream import JobStream, SimConfig
 from collector_processor.telemetry import Telemetry
+from jobsim.faults import COMPUTE_STAGES, Fault
+from jobsim.job import Layout
+from jobsim.stream import JobStream, SimConfig
 
 FWD = ("forward-compute",)  # 48 ms
 

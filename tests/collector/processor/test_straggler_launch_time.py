@@ -15,7 +15,7 @@ from straggler_sim import Sim, make_processor, run
 
 import otel_straggler_schema as s
 from collector_processor.processor.straggler.config import Config
-from collector_processor.simulate.arrival import SimClock
+from jobsim.arrival import SimClock
 
 
 def _factor(rank: int, stage: str, start: int, factor: float):  # type: ignore[no-untyped-def]

@@ -10,10 +10,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 import otel_straggler_schema as s
 from collector_processor.processor.straggler import factory
-from collector_processor.simulate.faults import Fault
-from collector_processor.simulate.job import Layout
-from collector_processor.simulate.stream import JobStream, Noise, SimConfig
 from collector_processor.telemetry import Telemetry
+from jobsim.faults import Fault
+from jobsim.job import Layout
+from jobsim.stream import JobStream, Noise, SimConfig
 
 
 def _per_rank_requests(stream: JobStream) -> dict[int, ExportTraceServiceRequest]:

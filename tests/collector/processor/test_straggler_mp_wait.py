@@ -16,10 +16,10 @@ import otel_straggler_schema as s
 from collector_processor.processor.straggler import factory
 from collector_processor.processor.straggler.culprit import Correlator
 from collector_processor.processor.straggler.model import Verdict
-from collector_processor.simulate.faults import COMPUTE_STAGES, Fault
-from collector_processor.simulate.job import Layout
-from collector_processor.simulate.stream import MP_OPT_WAIT_STAGE, JobStream, SimConfig
 from collector_processor.telemetry import Telemetry
+from jobsim.faults import COMPUTE_STAGES, Fault
+from jobsim.job import Layout
+from jobsim.stream import MP_OPT_WAIT_STAGE, JobStream, SimConfig
 
 GPU_WIDE = (*COMPUTE_STAGES, "optimizer-inner-step")
 TP4PP2 = Layout(tp=4, pp=2, dp=4)  # ranks 0-15 pipeline stage 0, 16-31 stage 1; 8 GPUs per host

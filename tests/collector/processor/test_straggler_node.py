@@ -10,10 +10,10 @@ from collector_processor.processor.straggler import factory
 from collector_processor.processor.straggler.events import event_attributes
 from collector_processor.processor.straggler.model import Verdict
 from collector_processor.processor.straggler.node import NodeVerdicts
-from collector_processor.simulate.faults import COMPUTE_STAGES, Fault
-from collector_processor.simulate.job import Layout
-from collector_processor.simulate.stream import JobStream, SimConfig
 from collector_processor.telemetry import Telemetry
+from jobsim.faults import COMPUTE_STAGES, Fault
+from jobsim.job import Layout
+from jobsim.stream import JobStream, SimConfig
 
 NODE0 = "node0000"  # ranks 0-7 of DP 8 x TP 2 (8 GPUs per host): half of each cohort
 

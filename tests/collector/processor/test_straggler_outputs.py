@@ -19,7 +19,7 @@ from collector_processor.processor.straggler.config import Config, MetricsConfig
 from collector_processor.processor.straggler.events import verdict_span, verdict_to_dict, verdicts_to_logs
 from collector_processor.processor.straggler.impact import impact, step_period_ms
 from collector_processor.processor.straggler.model import Verdict
-from collector_processor.simulate.arrival import SimClock
+from jobsim.arrival import SimClock
 
 
 def _verdict(**kw: object) -> Verdict:

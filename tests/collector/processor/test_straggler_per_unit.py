@@ -10,10 +10,10 @@ from collector_processor.processor.straggler import factory
 from collector_processor.processor.straggler.evidence import RankStat
 from collector_processor.processor.straggler.model import Verdict
 from collector_processor.processor.straggler.per_unit import normalise, slope
-from collector_processor.simulate.faults import COMPUTE_STAGES, Fault
-from collector_processor.simulate.job import Layout
-from collector_processor.simulate.stream import JobStream, SimConfig
 from collector_processor.telemetry import Telemetry
+from jobsim.faults import COMPUTE_STAGES, Fault
+from jobsim.job import Layout
+from jobsim.stream import JobStream, SimConfig
 
 SLOW = 5  # rank 5 (cohort tp=1 of DP 8 x TP 2)
 

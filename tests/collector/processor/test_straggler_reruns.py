@@ -11,7 +11,7 @@ import pytest
 from straggler_sim import Sim, make_processor, run
 
 import otel_straggler_schema as s
-from collector_processor.simulate.arrival import SimClock
+from jobsim.arrival import SimClock
 
 
 def _slow(rank: int, stage: str, step: int) -> float:

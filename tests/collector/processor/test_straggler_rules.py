@@ -10,7 +10,7 @@ from straggler_sim import Sim, make_processor, run
 
 import otel_straggler_schema as s
 from collector_processor.processor.straggler.config import Config
-from collector_processor.simulate.arrival import SimClock
+from jobsim.arrival import SimClock
 
 PAR = 60.0
 

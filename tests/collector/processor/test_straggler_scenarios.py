@@ -6,7 +6,7 @@ from straggler_sim import Sim, make_processor, run
 
 import otel_straggler_schema as s
 from collector_processor.processor.straggler.events import verdicts_to_logs
-from collector_processor.simulate.arrival import SimClock
+from jobsim.arrival import SimClock
 
 
 def _slow(rank: int, stage: str, start: int, end: int, factor: float = 1.10):  # type: ignore[no-untyped-def]

@@ -11,10 +11,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 import otel_straggler_schema as s
 from collector_processor.processor.straggler import factory
-from collector_processor.simulate.faults import COMPUTE_STAGES, Fault
-from collector_processor.simulate.job import Layout
-from collector_processor.simulate.stream import JobStream, SimConfig
 from collector_processor.telemetry import Telemetry
+from jobsim.faults import COMPUTE_STAGES, Fault
+from jobsim.job import Layout
+from jobsim.stream import JobStream, SimConfig
 
 
 def shard_of(rs, shards: int) -> int:  # type: ignore[no-untyped-def]

@@ -1,13 +1,13 @@
-"""The simulator's shapes (``collector_processor/simulate/``): what the regimes and faults do to the host and
+"""The simulator's shapes (``jobsim/``): what the regimes and faults do to the host and
 device intervals, and when batched spans arrive. The detector's benchmarks stand on these."""
 
 from __future__ import annotations
 
 import otel_straggler_schema as s
-from collector_processor.simulate.arrival import Batching, batched
-from collector_processor.simulate.faults import Fault
-from collector_processor.simulate.job import Layout, StepModel
-from collector_processor.simulate.stream import JobStream, Noise, SimConfig
+from jobsim.arrival import Batching, batched
+from jobsim.faults import Fault
+from jobsim.job import Layout, StepModel
+from jobsim.stream import JobStream, Noise, SimConfig
 
 _QUIET = Noise(jitter=0.0, host_jitter=0.0, spike_prob=0.0, warmup_steps=0, late_ranks=0, missing_prob=0.0)
 FWD = 48.0  # forward-compute device ms; launches take 35 % of it (16.8 ms)

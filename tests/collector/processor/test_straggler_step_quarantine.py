@@ -13,11 +13,11 @@ from straggler_build import request, span
 import otel_straggler_schema as s
 from collector_processor.processor.straggler.config import Config
 from collector_processor.processor.straggler.processor import StragglerProcessor
-from collector_processor.simulate.arrival import Batching, SimClock, batched, drive
-from collector_processor.simulate.faults import Fault
-from collector_processor.simulate.job import Layout, StepModel, ranks_of
-from collector_processor.simulate.stream import JobStream, SimConfig
 from collector_processor.telemetry import Telemetry
+from jobsim.arrival import Batching, SimClock, batched, drive
+from jobsim.faults import Fault
+from jobsim.job import Layout, StepModel, ranks_of
+from jobsim.stream import JobStream, SimConfig
 
 SLOW_RANK = 5
 ONSET = 100

@@ -14,10 +14,10 @@ import otel_straggler_schema as s
 from collector_processor.otlp_values import key_value as kv
 from collector_processor.processor.straggler import factory
 from collector_processor.processor.straggler.decode import REJECT_MALFORMED, REJECT_NON_FINITE, decode_request
-from collector_processor.simulate.faults import COMPUTE_STAGES, Fault
-from collector_processor.simulate.job import Layout
-from collector_processor.simulate.stream import JobStream, SimConfig
 from collector_processor.telemetry import Telemetry
+from jobsim.faults import COMPUTE_STAGES, Fault
+from jobsim.job import Layout
+from jobsim.stream import JobStream, SimConfig
 
 
 def _verdicts(summary: bool) -> tuple[list, dict]:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import otel_straggler_schema as s
+from jobsim.job import timers
 
-COMPUTE_STAGES = ("forward-compute", "backward-compute")
+COMPUTE_STAGES = timers("forward-compute", "backward-compute")
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import otel_straggler_schema as s
-from otel_straggler_schema.stages import STAGE_SCHEMA, stage_group
+from otel_straggler_schema.stages import STAGE_GROUP_BY_NAME, STAGE_SCHEMA, stage_group
+
+
+def timers(*names: str) -> tuple[str, ...]:
+    """``names``, each a Megatron timer of the stage schema (``otel_straggler_schema.stages``): the simulator
+    names no other."""
+    unknown = [n for n in names if n not in STAGE_GROUP_BY_NAME]
+    if unknown:
+        raise ValueError(f"not timers of the stage schema: {unknown}")
+    return names
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,9 @@ class StepModel:
     ])
     grad_sync_ms: float = 18.0  # all-reduce time when every peer arrives together
     step_overhead_ms: float = 4.0
+
+    def __post_init__(self) -> None:
+        timers(*(st.name for st in self.stages))
 
     @classmethod
     def with_forward_ms(cls, forward_ms: float) -> StepModel:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import otel_straggler_schema as s
 from collector_processor.processor.straggler.model import Verdict
-from collector_processor.simulate.faults import Fault
+from jobsim.faults import Fault
 
 _SUSTAINED = ("device", "host", "dataloader", "ramp")  # faults that stay on from onset to end
 

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import otel_straggler_schema as s
-from collector_processor.simulate.job import Layout, ranks_of
-from collector_processor.simulate.stream import SimConfig, resource_for
+from jobsim.job import Layout, ranks_of, timers
+from jobsim.stream import SimConfig, resource_for
 from otel_straggler_schema.stages import stage_group
 
 SDK_BATCH = 512
@@ -28,6 +28,7 @@ _PER_MICROBATCH = (("batch-generator", 2, 0.4), ("forward-compute", 2, 6.0), ("b
 _PER_STEP = (("all-grads-sync", 1, 18.0), ("params-all-gather", 1, 6.0), ("optimizer", 1, 14.0),
              ("optimizer-inner-step", 1, 12.0), ("optimizer-copy-main-to-model-params", 1, 1.5),
              ("optimizer-clip-main-grad", 1, 2.0), ("optimizer-count-zeros", 1, 0.3), ("forward-backward", 1, 170.0))
+timers(*(name for name, _level, _ms in _PER_MICROBATCH + _PER_STEP))
 
 
 @dataclass
@@ -130,7 +131,8 @@ def _rank_spans(cfg: LoadConfig, rank: int, steps: range, rng: random.Random) ->
     meas_host = _kv_bytes(s.ATTR_MEASUREMENT, s.MEASUREMENT_HOST_ONLY)
     k_host = length_delimited(1, s.ATTR_HOST_MS.encode())
     k_dev = length_delimited(1, s.ATTR_DEVICE_MS.encode())
-    rank_step_const = (length_delimited(5, s.SPAN_RANK_STEP.encode()) + _kv_bytes(s.ATTR_STAGE, s.SPAN_RANK_STEP)
+    rank_step_const = (length_delimited(5, s.SPAN_RANK_STEP.encode()) + b"\x30\x01"
+                       + _kv_bytes(s.ATTR_STAGE, s.SPAN_RANK_STEP)
                        + _kv_bytes(s.ATTR_STAGE_GROUP, "step"))
 
     def dbl(key: bytes, v: float) -> bytes:
