@@ -557,7 +557,8 @@ def _newcomer_request(i: int) -> bytes:
     res = Resource(attributes=[key_value(k, v) for k, v in {
         s.RES_RANK: 2, s.RES_JOB_ID: "valid-job", s.RES_COHORT_KEY: "newcomer"}.items()])
     start = time.time_ns()
-    sp = Span(trace_id=(i + 1).to_bytes(16, "big"), span_id=(i + 1).to_bytes(8, "big"), name="forward-compute",
+    sp = Span(trace_id=s.trace_id_for_step("valid-job", i).to_bytes(16, "big"), span_id=(i + 1).to_bytes(8, "big"),
+              name="forward-compute",
               start_time_unix_nano=start, end_time_unix_nano=start + 10_000_000,
               attributes=[key_value(k, v) for k, v in {s.ATTR_STAGE: "forward-compute", s.ATTR_ITERATION: i,
                                                        s.ATTR_HOST_MS: 10.0, s.ATTR_COUNT: 1}.items()])
