@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from collector_processor.processor.straggler.collective_signal import Rings
+from collector_processor.processor.straggler.collective_ring import Rings
 from collector_processor.processor.straggler.pair import PairTrack
 from collector_processor.processor.straggler.window import KIND_STEP, KIND_WALL, WindowSet
 
