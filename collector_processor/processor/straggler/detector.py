@@ -28,7 +28,7 @@ from collector_processor.processor.straggler.config import Config
 from collector_processor.processor.straggler.evidence import DEVICE, HOST, RankStat
 from collector_processor.processor.straggler.impact import step_period_ms
 from collector_processor.processor.straggler.intermittent import IntParams, IntResult
-from collector_processor.processor.straggler.judgement import Judgement
+from collector_processor.processor.straggler.judgement import Judgement, state_key
 from collector_processor.processor.straggler.per_unit import normalise
 from collector_processor.processor.straggler.rules import ABSENT, RULES
 from collector_processor.processor.straggler.sequential import SeqParams, SeqResult, excess, smoothed_sigma, spread
@@ -52,6 +52,7 @@ class Detector:
         self.c = counters
         self.cohorts = cohorts  # every cohort held (pair: the job's other roles)
         self._judged = frozenset(config.judged_groups)
+        self._judges = tuple(rule.judge for rule in RULES)  # the rules in order, looked up once
         self.seq_params = SeqParams(
             margin=config.sequential_margin, cap=config.sequential_step_cap,
             threshold=config.sequential_threshold, min_steps=config.window_steps + 1,
@@ -91,10 +92,11 @@ class Detector:
         cohort = ev.cohort
         per = se.per
         stage = se.name
+        judges = self._judges
         for r in sorted(per):
             j = Judgement(cfg, states, c, ev, se, r, states.get(self.key(cohort, r, stage)))
-            for rule in RULES:
-                if rule.judge(j):
+            for judge in judges:
+                if judge(j):
                     break
         for r in cohort.ranks:
             if r in per:
@@ -173,7 +175,7 @@ class Detector:
 
     @staticmethod
     def key(cohort: Cohort, rank: int, stage: str) -> StateKey:
-        return (cohort.job, cohort.key, rank, stage)
+        return state_key(cohort, rank, stage)
 
     def _device_pooling(self, cohort: Cohort, stage: str, idx: int, per: dict[int, RankStat]) -> None:
         """Median of each rank's latest ``window_steps`` device samples (this window first, then recent

@@ -19,7 +19,7 @@ from typing import Protocol
 import otel_straggler_schema as s
 from collector_processor.processor.straggler import collective, hints, intermittent, sequential
 from collector_processor.processor.straggler.attribution import attribute, unexplained_host_excess
-from collector_processor.processor.straggler.cohort import RankInfo
+from collector_processor.processor.straggler.cohort import Cohort, RankInfo
 from collector_processor.processor.straggler.config import Config
 from collector_processor.processor.straggler.evidence import DEVICE, HOST
 from collector_processor.processor.straggler.impact import impact
@@ -68,8 +68,9 @@ def _spikes(samples: list[float], floor_ms: float) -> bool:
     return any(x > _SPIKE * m and x - m >= floor_ms for x in samples)
 
 
-def state_key(ev: WindowEvidence, rank: int, stage: str) -> StateKey:
-    return (ev.cohort.job, ev.cohort.key, rank, stage)
+def state_key(cohort: Cohort, rank: int, stage: str) -> StateKey:
+    """The key of a rank-stage's state (``state.py``)."""
+    return (cohort.job, cohort.key, rank, stage)
 
 
 class Judgement:
@@ -88,7 +89,7 @@ class Judgement:
         self.ev = ev
         self.se = se
         self.rank = rank
-        self.key = state_key(ev, rank, se.name)
+        self.key = state_key(ev.cohort, rank, se.name)
         self.st = st
         mine = self.mine = se.per.get(rank)
         self.seq = se.seq.get(rank)
