@@ -126,16 +126,8 @@ def _tree() -> dict[str, set[str]]:
                   for name, (path, init) in _modules(ROOT).items()})
 
 
-# Cycles of type-only imports (``TYPE_CHECKING``) left in the straggler processor: the detector's evidence types,
-# which its rules annotate with, and the state's intermittent history. No other cycle may appear.
-KNOWN_CYCLES = [
-    ["collector_processor.processor.straggler." + m for m in ("cohort", "collective", "collective_signal", "detector")],
-    ["collector_processor.processor.straggler." + m for m in ("intermittent", "sequential", "state")],
-]
-
-
 def test_the_packages_import_without_cycles() -> None:
-    assert cycles(_tree()) == KNOWN_CYCLES
+    assert cycles(_tree()) == []
 
 
 def test_imports_point_down() -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import Counter
 
-from collector_processor.processor.straggler.collective_signal import Rings
+from collector_processor.processor.straggler.collective_ring import Rings
 from collector_processor.processor.straggler.pair import PairTrack
 from collector_processor.processor.straggler.window import KIND_STEP, KIND_WALL, WindowSet
 

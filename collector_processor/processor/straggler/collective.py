@@ -24,20 +24,12 @@ which in that stage is the slow rank itself, every waiter looks slow. Two ways o
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
 
 import otel_straggler_schema as s
 from collector_processor.processor.straggler.attribution import collective_evidence
 from collector_processor.processor.straggler.evidence import DEVICE, HOST, RankStat, values_of_kind
 from collector_processor.processor.straggler.statistics import median
-
-if TYPE_CHECKING:
-    from collector_processor.processor.straggler.detector import (
-        Comparison,
-        Detector,
-        StageEvidence,
-        WindowEvidence,
-    )
+from collector_processor.processor.straggler.window_evidence import Comparison, StageEvidence, WindowEvidence
 
 
 def majority_at_par(rank: int, kind: str, value: float, per: Mapping[int, RankStat], peers: list[int],
@@ -102,7 +94,7 @@ def waited_least(rank: int, stages: Mapping[str, Mapping[int, RankStat]], candid
     return found
 
 
-def waits(det: Detector, ev: WindowEvidence, se: StageEvidence, rank: int, cmp: Comparison) -> bool:
+def waits(ev: WindowEvidence, se: StageEvidence, rank: int, cmp: Comparison) -> bool:
     """``collective_wait``: ``rank``'s excess over its reference in ``se`` is the wait for the reference's own
     excess in another judged stage of the window ((ii), ``excess_elsewhere``), and in a cohort of 3 or more the
     rank is with the many at par, not the one above them ((i), ``majority_at_par``)."""
@@ -115,28 +107,27 @@ def waits(det: Detector, ev: WindowEvidence, se: StageEvidence, rank: int, cmp: 
         if not majority_at_par(rank, cmp.measurement, cmp.value, se.per, peers, tol):
             return False
     cohort = ev.cohort
-    judged = frozenset(det.cfg.judged_groups)
+    judged = frozenset(ev.cfg.judged_groups)
 
     def candidate(stage: str) -> bool:
         group = cohort.stages.get(stage, "other")
         return group in judged and group not in s.COLLECTIVE_GROUPS and stage not in cohort.collective
 
     return excess_elsewhere(rank, ref, cmp.gap, se.name, ev.stats, candidate,
-                            lambda stage, kind: det.tolerance(ev, stage, kind), det.floor,
-                            det.cfg.collective_wait_fraction) is not None
+                            ev.tolerance, ev.floor, ev.cfg.collective_wait_fraction) is not None
 
 
-def wait_evidence(det: Detector, ev: WindowEvidence, rank: int) -> str:
+def wait_evidence(ev: WindowEvidence, rank: int) -> str:
     """``straggler.evidence.collective_wait`` of a straggler verdict: where ``rank`` waited least, the collective
     groups (``attribution.collective_evidence``), then the stages marked collective and, with ``collective_wait``
     on, the judged stages that may hold the others' wait."""
-    cfg = det.cfg
+    cfg = ev.cfg
     cohort = ev.cohort
     judged = frozenset(cfg.judged_groups)
 
     def candidate(stage: str) -> bool:
         return stage in cohort.collective or (cfg.collective_wait and cohort.stages.get(stage, "other") in judged)
 
-    found = waited_least(rank, ev.stats, candidate, cfg.tolerance, det.floor)
+    found = waited_least(rank, ev.stats, candidate, cfg.tolerance, ev.floor)
     groups = collective_evidence(rank, ev.collectives, cfg.tolerance)
     return ",".join([groups, *found] if groups else found)

@@ -16,7 +16,7 @@ Per cohort and collective stage, each closed window (warm ranks only):
 * **baseline**: the median of the latest ``collective_baseline_windows`` statistics of windows not lost (at least 3
   before anything is said), its noise 1.4826 x their median absolute deviation;
 * **lost**: statistic - baseline, when beyond ``collective_tolerance`` of the baseline, 4 noise sigmas and the floor
-  of its kind (``Detector.floor``).
+  of its kind (``WindowEvidence.floor``).
 
 After ``persistence_windows`` consecutive lost windows the signal opens: one derived ``uncertain/collective_slow``
 event naming the ring (``straggler.collective.ring``, its ranks in ``straggler.group.ranks``) with the time lost per
@@ -33,45 +33,23 @@ other member's (its ``straggler.hint`` says which).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import replace
 
 import otel_straggler_schema as s
 from collector_processor.processor.straggler import hints
+from collector_processor.processor.straggler.collective_ring import Ring, Rings
 from collector_processor.processor.straggler.evidence import DEVICE, HOST, RankStat
 from collector_processor.processor.straggler.impact import impact
 from collector_processor.processor.straggler.model import COLLECTIVE_SLOW, WITHIN_TOLERANCE, Verdict
 from collector_processor.processor.straggler.statistics import median, relative_deviation
 from collector_processor.processor.straggler.window import KIND_STEP
-
-if TYPE_CHECKING:
-    from collector_processor.processor.straggler.detector import Detector, WindowEvidence
+from collector_processor.processor.straggler.window_evidence import WindowEvidence
 
 RING_MODEL_PARALLEL = "model-parallel"  # the ring of the mp_wait_stages (the model-parallel group's all-reduces)
 _MIN_BASELINE = 3  # windows of baseline before a window can be lost
 _NOISE_SIGMAS = 4.0  # a lost window is beyond this many of the baseline's noise sigmas
 _MAD_SIGMA = 1.4826
 _LINK_KEYS = (s.ATTR_GPU_PCIE_REPLAYS, s.ATTR_GPU_NVLINK_ERRORS)
-
-
-@dataclass(slots=True)
-class Ring:
-    """One cohort's ring of one collective stage."""
-
-    baseline: deque[float]
-    kind: str = DEVICE
-    streak: int = 0  # consecutive lost windows
-    par: int = 0  # consecutive windows not lost while the signal is open
-    last_index: int | None = None
-    open: Verdict | None = None  # the signal's latest event while it is open
-    said_index: int = 0  # window of the latest event
-
-
-@dataclass(slots=True)
-class Rings:
-    """A cohort's rings, one per collective stage (bounded by ``max_stages``)."""
-
-    by_stage: dict[str, Ring] = field(default_factory=dict)
 
 
 def ring_of(stage: str, group: str, mp_wait_stages: frozenset[str]) -> str | None:
@@ -105,10 +83,10 @@ def statistic(per: dict[int, RankStat]) -> tuple[str, float] | None:
     return HOST, min(hosts)
 
 
-def judge(det: Detector, ev: WindowEvidence, rings: Rings) -> None:
+def judge(ev: WindowEvidence, rings: Rings) -> None:
     """Every collective stage of the window: its ring's statistic against its baseline, the signal opened, said
     again or closed (``ev.out.verdicts``), and the time lost per step (``ev.out.collective_lost``)."""
-    cfg = det.cfg
+    cfg = ev.cfg
     if not cfg.collective_signal or ev.window.kind != KIND_STEP:
         return
     mp = frozenset(cfg.mp_wait_stages)
@@ -134,7 +112,7 @@ def judge(det: Detector, ev: WindowEvidence, rings: Rings) -> None:
             ring.streak = 0
         consecutive = ring.last_index == idx - 1
         ring.last_index = idx
-        lost = _lost(det, ring, kind, value)
+        lost = _lost(ev, ring, kind, value)
         ev.out.collective_lost[(stage, ring_name)] = (lost or 0.0, _named(ev, per))
         if lost is None:
             if len(ring.baseline) < _MIN_BASELINE or ring.open is None:
@@ -159,20 +137,20 @@ def judge(det: Detector, ev: WindowEvidence, rings: Rings) -> None:
         if ring.open is not None and idx - ring.said_index < cfg.uncertain_every_windows:
             continue
         base = median(list(ring.baseline))
-        v = _event(det, ev, stage, group, ring_name, per, kind, value, base, lost, ring.open)
+        v = _event(ev, stage, group, ring_name, per, kind, value, base, lost, ring.open)
         ring.open = v
         ring.said_index = idx
         ev.out.verdicts.append(v)
 
 
-def _lost(det: Detector, ring: Ring, kind: str, value: float) -> float | None:
+def _lost(ev: WindowEvidence, ring: Ring, kind: str, value: float) -> float | None:
     """The time lost per step (ms) when the statistic is beyond its baseline's tolerance, noise and floor."""
     if len(ring.baseline) < _MIN_BASELINE:
         return None
     base_values = list(ring.baseline)
     base = median(base_values)
     noise = _MAD_SIGMA * median([abs(b - base) for b in base_values])
-    limit = max(det.cfg.collective_tolerance * base, _NOISE_SIGMAS * noise, det.floor(kind, base))
+    limit = max(ev.cfg.collective_tolerance * base, _NOISE_SIGMAS * noise, ev.floor(kind, base))
     gap = value - base
     return gap if gap > limit else None
 
@@ -200,7 +178,7 @@ def _named(ev: WindowEvidence, per: dict[int, RankStat]) -> int | None:
     return best[1]
 
 
-def _event(det: Detector, ev: WindowEvidence, stage: str, group: str, ring_name: str, per: dict[int, RankStat],
+def _event(ev: WindowEvidence, stage: str, group: str, ring_name: str, per: dict[int, RankStat],
            kind: str, value: float, base: float, lost: float, previous: Verdict | None) -> Verdict:
     """The ring's ``uncertain/collective_slow`` event: the time lost per step, the ring and, where evidence names
     one, the member whose links are the cause."""

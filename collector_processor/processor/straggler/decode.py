@@ -137,14 +137,20 @@ _SUMMARY_KEYS: dict[str, int] = {k: _HINT for k in hints.KEYS} | {
 }
 
 
-def _decode_summary(span: object, ident: ResourceIdentity, out: DecodeResult) -> None:
-    """One ``rank-step`` span with its step summary -> one ``StepSummary``: the rank-step's own host time
-    (entry 0, when finite) and one entry per timer; bad entries counted as the stage-span path counts them."""
+# what a rank-step's attributes say: step, its host time, tokens, then the summary arrays (stages, groups, device
+# and host times, counts), the stages marked collective and the NVML sample
+_Summary = tuple[int | None, float | None, int | None, Sequence[str] | None, Sequence[str] | None,
+                 Sequence[float] | None, Sequence[float] | None, Sequence[int] | None, Sequence[str],
+                 dict[str, object] | None]
+
+
+def _summary_attributes(span: object) -> _Summary:
+    """One pass over a ``rank-step`` span's attributes: what its summary is read from (``_SUMMARY_KEYS``)."""
     step = None
     host_total = None
     tokens = None
     stages = groups = devs = hosts = counts = None
-    collective: tuple[str, ...] = ()
+    collective: Sequence[str] = ()
     gpu: dict[str, object] | None = None
     which = _SUMMARY_KEYS.get
     for kv in span.attributes:  # type: ignore[attr-defined]
@@ -177,6 +183,13 @@ def _decode_summary(span: object, ident: ResourceIdentity, out: DecodeResult) ->
             kind = hints.KEYS[k]
             gpu[k] = (arrays.strings(kv.value.array_value) if kind == "strings"
                       else kv.value.int_value if kind == "int" else arrays.number(kv.value))
+    return step, host_total, tokens, stages, groups, devs, hosts, counts, collective, gpu
+
+
+def _decode_summary(span: object, ident: ResourceIdentity, out: DecodeResult) -> None:
+    """One ``rank-step`` span with its step summary -> one ``StepSummary``: the rank-step's own host time
+    (entry 0, when finite) and one entry per timer; bad entries counted as the stage-span path counts them."""
+    step, host_total, tokens, stages, groups, devs, hosts, counts, collective, gpu = _summary_attributes(span)
     if stages is None:
         return  # the job-level train-step (or a step span without summary): nothing to judge
     n = len(stages)

@@ -29,20 +29,17 @@ at half that threshold or more.
 
 History is kept only for a rank-stage with an episode in its lookback (``RankStageState.intm``): the steps
 observed since the history began, their peers' medians and relative excesses (three flat arrays of at most
-``history`` entries) and
-the episodes (a deque of at most ``history`` entries).
+``history`` entries) and the episodes (a deque of at most ``history`` entries): ``state.IntHistory``.
 """
 
 from __future__ import annotations
 
 import math
-from array import array
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import pairwise
 
 from collector_processor.processor.straggler.sequential import StepExcess
-from collector_processor.processor.straggler.state import RankStageState
+from collector_processor.processor.straggler.state import IntHistory, RankStageState
 from collector_processor.processor.straggler.statistics import median
 
 RARE = 1e-6  # against_peers: the rank's episodes at its peers' rate are rarer than this
@@ -59,17 +56,6 @@ class IntParams:
     margin: float  # the least cost relative to the peers' median (``sequential_margin``)
     floor_ms: float  # and in ms (``device_floor_ms``)
     recent_steps: int  # the shortest recent span (two windows)
-
-
-@dataclass(slots=True)
-class IntHistory:
-    """One rank-stage's intermittent history: observed steps and their peers' medians since it began (one
-    episode's window at the latest), and the episodes ``[start step, last step, summed excess ms]``."""
-
-    steps: array[int] = field(default_factory=lambda: array("q"))
-    refs: array[float] = field(default_factory=lambda: array("d"))
-    devs: array[float] = field(default_factory=lambda: array("d"))  # x / m - 1 of each step
-    episodes: deque[list[float]] = field(default_factory=deque)
 
 
 @dataclass(slots=True)

@@ -23,9 +23,9 @@ from prometheus_client.registry import Collector
 
 import otel_straggler_schema as s
 from collector_processor.processor.straggler.config import MetricsConfig
-from collector_processor.processor.straggler.detector import WindowOutcome
 from collector_processor.processor.straggler.events import convicted_step
 from collector_processor.processor.straggler.model import Verdict
+from collector_processor.processor.straggler.window_evidence import WindowOutcome
 from collector_processor.telemetry import Telemetry, add_sample
 
 JOB, RUN = s.L_TRAINING_JOB, s.L_RUN

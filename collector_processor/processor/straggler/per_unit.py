@@ -5,7 +5,7 @@ from step to step, one stage's time over the window's samples is a fixed cost pl
 ``time = a + b * tokens``. ``b`` is each rank's Theil-Sen slope, then the median over ranks (``slope``: neither
 a spike nor one slow rank among its peers moves it); ``a`` needs no estimate of its own. Each sample is then
 brought to the cohort's median tokens, ``time - b * (tokens - median)``: the time the rank would have taken on
-the median workload. The rules then judge those values as any other (``detector.py``): a rank whose time per
+the median workload. The rules then judge those values as any other (``rules/``): a rank whose time per
 token is 10 % over its peers' is 10 % slower at the median workload, the token spread no longer counts as
 noise, and the cost stays in milliseconds of the step.
 

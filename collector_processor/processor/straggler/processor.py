@@ -30,6 +30,7 @@ from collector_processor.processor.straggler.events import verdict_resource_span
 from collector_processor.processor.straggler.metrics import StragglerMetrics
 from collector_processor.processor.straggler.model import StageSample, StepSummary, Verdict
 from collector_processor.processor.straggler.node import NodeVerdicts
+from collector_processor.processor.straggler.rejections import RERUN_BEHIND_WINDOWS, RejectionLog
 from collector_processor.processor.straggler.state import StateStore
 from collector_processor.processor.straggler.window import (
     KIND_STEP,
@@ -46,18 +47,6 @@ log = logging.getLogger(__name__)
 _MAX_PENDING_SPANS = 4096
 # A cohort's range of steps (step quarantine) is recomputed at most this often: a sort of its ranks' latest windows
 RANGE_REFRESH_S = 1.0
-_DUPLICATE_LOG_EVERY_S = 600.0  # one line per (job, rank) at most this often about its duplicate rank-steps
-_DUPLICATE_LOG_KEYS = 1024  # (job, rank) pairs remembered for that (least recently logged forgotten first)
-# Late rejections are rated per period; past the rate (and the count) a warning names the fix, at most once
-# per _LATE_LOG_EVERY_S. A few late samples are normal (a rank restarting, a retried request).
-_LATE_PERIOD_S = 60.0
-_LATE_WARN_RATE = 0.01
-_LATE_WARN_MIN = 20
-_LATE_LOG_EVERY_S = 600.0
-# A late step this many windows behind what its own rank already sent did not lag: the rank's steps started again
-# (a re-run or a restart from a checkpoint under the same job and run id). A retried request is 1-2 windows back.
-_RERUN_BEHIND_WINDOWS = 2
-
 COUNTERS = (
     "spans_accepted", "rejected_malformed", "rejected_non_finite", "rejected_duplicate", "rejected_late",
     "rejected_over_cap", "rejected_quarantined", "windows_quarantined", "fences_rolled_back",
@@ -103,17 +92,10 @@ class StragglerProcessor:
         self._wall_window_ns = round(config.wall_window_s * 1e9)
         self._evict_flush: dict[str, int] = {}
         self._closed_flush = 0
-        # (job, rank) -> [when its last duplicate line was logged, duplicates since]
-        self._duplicate_log: OrderedDict[tuple[str, int], list[float]] = OrderedDict()
         self.last_rejected = 0
         for structure in EVICTED_STRUCTURES:  # at 0 from the start
             telemetry.evictions.labels(structure=structure)
-        # late rejections in the current period: [period start, samples and summaries offered, late, late ones
-        # of steps far behind their own rank's (its steps started again: a re-run, _RERUN_BEHIND_WINDOWS)]
-        self._late_period: list[float] = [0.0, 0.0, 0.0, 0.0]
-        self._far_late = 0  # such samples in the request being processed (added to the period by _rate_late)
-        self._rerun_job = ""  # the job of the latest such sample
-        self._late_logged_s: float | None = None
+        self._said = RejectionLog(config, self.c, log)  # duplicate and late rejections, said once
 
     # --- component ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -138,13 +120,34 @@ class StragglerProcessor:
         now = self._clock()
         res = decode_request(req.resource_spans, self.cfg.collector_service_name)
         rejected = res.rejected
-        c = self.c
-        c["non_finite_values"] += res.non_finite_values
-        accepted = 0
+        self.c["non_finite_values"] += res.non_finite_values
         touched: dict[int, Cohort] = {}
+        accepted = self._take_samples(res.samples, rejected, touched, now)
+        accepted += self._take_summaries(res.summaries, rejected, touched, now)
+        seen = None
+        for cohort in touched.values():
+            if self.metrics.registered and cohort.job != seen:
+                seen = cohort.job
+                self.metrics.record_seen(cohort.job, now, s.cohort_run(cohort.key))
+            self._close_by_progress(cohort, now)
+        self._count_request(req, accepted, rejected)
+        self._said.rate_late(now, len(res.samples) + len(res.summaries), rejected.get(REJECT_LATE, 0), self.cohorts)
+        self._finish(now)
+        if self._pending_spans and self.cfg.emit_verdict_spans:
+            rs = verdict_resource_spans(self._pending_spans, self.cfg.collector_service_name)
+            self._pending_spans = []
+            if rs is not None:
+                req.resource_spans.append(rs)
+        return req
+
+    def _take_samples(self, samples: list[StageSample], rejected: dict[str, int], touched: dict[int, Cohort],
+                      now: float) -> int:
+        """Stage-span samples into their windows (consecutive samples of one cohort look it up once); the samples
+        accepted, the rejected counted by reason, the cohorts that took one in ``touched``."""
+        accepted = 0
         last_key: tuple[str, str] | None = None
         cohort: Cohort | None = None
-        for smp in res.samples:
+        for smp in samples:
             if smp.device_ms is None and smp.host_ms is None:
                 # already rejected as non_finite by the decoder; the window still learns of it
                 cohort = self._cohort(smp, now) if (smp.job, smp.cohort) != last_key else cohort
@@ -166,9 +169,16 @@ class StragglerProcessor:
                 touched[id(cohort)] = cohort
             elif outcome == REJECT_LATE or outcome == REJECT_OVER_CAP or outcome == REJECT_QUARANTINED:
                 rejected[outcome] = rejected.get(outcome, 0) + 1
-        for summ in res.summaries:
-            # rejections count spans (one rank-step span), as partial_success reports them; acceptances
-            # count the samples the detector uses
+        return accepted
+
+    def _take_summaries(self, summaries: list[StepSummary], rejected: dict[str, int], touched: dict[int, Cohort],
+                        now: float) -> int:
+        """Step summaries into their windows, as ``_take_samples``. Rejections count spans (one rank-step span),
+        as partial_success reports them; acceptances count the samples the detector uses."""
+        accepted = 0
+        last_key: tuple[str, str] | None = None
+        cohort: Cohort | None = None
+        for summ in summaries:
             if (summ.job, summ.cohort) != last_key:
                 cohort = self._cohort(summ, now)
                 last_key = (summ.job, summ.cohort)
@@ -178,17 +188,16 @@ class StragglerProcessor:
             if isinstance(ok, str):
                 rejected[ok] = rejected.get(ok, 0) + 1
                 if ok == REJECT_DUPLICATE:
-                    self._log_duplicate(summ, now)
+                    self._said.duplicate(summ, now)
             elif ok:
                 accepted += ok
                 touched[id(cohort)] = cohort
-        seen = None
-        for cohort in touched.values():
-            if self.metrics.registered and cohort.job != seen:
-                seen = cohort.job
-                self.metrics.record_seen(cohort.job, now, s.cohort_run(cohort.key))
-            self._close_by_progress(cohort, now)
-        # telemetry, once per request
+        return accepted
+
+    def _count_request(self, req: ExportTraceServiceRequest, accepted: int, rejected: dict[str, int]) -> None:
+        """Telemetry, once per request: the spans accepted and rejected (``last_rejected``: the request's rejected
+        spans, as partial_success reports them)."""
+        c = self.c
         c["spans_accepted"] += accepted
         if accepted:
             self.telemetry.spans_accepted.inc(accepted)
@@ -202,14 +211,6 @@ class StragglerProcessor:
             total_rejected = min(total_rejected, sum(len(ss.spans) for rs in req.resource_spans
                                                      for ss in rs.scope_spans))
         self.last_rejected = total_rejected
-        self._rate_late(now, len(res.samples) + len(res.summaries), rejected.get(REJECT_LATE, 0))
-        self._finish(now)
-        if self._pending_spans and self.cfg.emit_verdict_spans:
-            rs = verdict_resource_spans(self._pending_spans, self.cfg.collector_service_name)
-            self._pending_spans = []
-            if rs is not None:
-                req.resource_spans.append(rs)
-        return req
 
     def tick(self, now_s: float) -> None:
         """Close windows whose grace expired, wall-clock windows past their span, windows held open only by
@@ -275,23 +276,15 @@ class StragglerProcessor:
         w = self._window(cohort, info, smp.step, smp.start_unix_ns, now)
         if isinstance(w, str):
             return w
-        cell = w.cell(smp.stage, smp.rank)  # a non-finite sample still makes the rank present in the window
         if non_finite:
+            w.cell(smp.stage, smp.rank)  # a non-finite sample still makes the rank present in the window
             return None
-        step = smp.step
-        if not cell.admit(step, self.cfg.max_samples_per_step):
+        if not w.add_sample(smp.stage, smp.rank, smp.step, smp.device_ms, smp.host_ms, smp.tokens,
+                            self.cfg.max_samples_per_step):
             return REJECT_OVER_CAP
-        if smp.device_ms is not None:
-            cell.dev.append(smp.device_ms)
-            if step is not None:
-                cell.dev_steps.append(step)
-        if smp.host_ms is not None:
-            cell.host.append(smp.host_ms)
-        if smp.tokens is not None:
-            cell.tokens.append(smp.tokens)
         if smp.collective:
             cohort.collective.add(smp.stage)
-        self._extend(w, smp.step, smp.start_unix_ns, smp.end_unix_ns, now)
+        w.took(smp.step, smp.start_unix_ns, smp.end_unix_ns, now)
         return None
 
     def _add_summary(self, cohort: Cohort, summ: StepSummary, now: float) -> int | str:
@@ -323,7 +316,10 @@ class StragglerProcessor:
             groups = summ.groups
             admitted = [self._stage_ok(cohort, stage, groups[i]) for i, stage in enumerate(stages)]
             if not all(admitted):  # over max_stages: the admitted entries one by one
-                return self._add_entries(w, summ, admitted, now)
+                n = w.add_entries(summ.rank, summ.step, summ.tokens, stages, devs, hosts, admitted)
+                if n:
+                    w.took(summ.step, summ.start_unix_ns, summ.end_unix_ns, now)
+                return n
         if summ.collective:  # stages marked collective (admitted ones: bounded by max_stages)
             cohort.collective.update(n for n in summ.collective if n in cohort.stages)
         w.queue_summary(summ.rank, stages, summ.step, summ.tokens, devs, hosts)
@@ -331,95 +327,8 @@ class StragglerProcessor:
         accepted = len(stages) if None not in hosts else sum(
             1 for dev, host in zip(devs, hosts, strict=True) if dev is not None or host is not None)
         if accepted:
-            self._extend(w, summ.step, summ.start_unix_ns, summ.end_unix_ns, now)
+            w.took(summ.step, summ.start_unix_ns, summ.end_unix_ns, now)
         return accepted
-
-    def _add_entries(self, w: Window, summ: StepSummary, admitted: list[bool], now: float) -> int:
-        """The admitted entries of a summary straight into their cells (a cohort at its stage cap)."""
-        rank = summ.rank
-        step = summ.step
-        tokens = summ.tokens
-        accepted = 0
-        for i, stage in enumerate(summ.stages):
-            if not admitted[i]:
-                continue
-            cell = w.cell(stage, rank)
-            dev = summ.device_ms[i]
-            host = summ.host_ms[i]
-            if dev is None and host is None:
-                continue  # non-finite: present, no value (already counted by the decoder)
-            if dev is not None:
-                cell.dev.append(dev)
-                cell.dev_steps.append(step)
-            if host is not None:
-                cell.host.append(host)
-            if tokens is not None:
-                cell.tokens.append(tokens)
-            accepted += 1
-        if accepted:
-            self._extend(w, summ.step, summ.start_unix_ns, summ.end_unix_ns, now)
-        return accepted
-
-    def _log_duplicate(self, summ: StepSummary, now: float) -> None:
-        """Say that a rank's rank-step was dropped as a duplicate: at most once per (job, rank) and
-        ``_DUPLICATE_LOG_EVERY_S``, with the count since its last line (every one is counted in
-        ``spans_rejected_total{reason="duplicate"}``)."""
-        key = (summ.job, summ.rank)
-        seen = self._duplicate_log.get(key)
-        if seen is not None:
-            seen[1] += 1
-            if now - seen[0] < _DUPLICATE_LOG_EVERY_S:
-                return
-            self._duplicate_log.move_to_end(key)
-        else:
-            seen = self._duplicate_log[key] = [now, 1]
-            if len(self._duplicate_log) > _DUPLICATE_LOG_KEYS:
-                self._duplicate_log.popitem(last=False)
-        log.warning("job %s rank %d: %d duplicate rank-step(s) dropped since the last such line, the latest of "
-                    "step %d (the same rank and step sent again, whatever its span id); counted in "
-                    "%s{reason=\"duplicate\"}", summ.job, summ.rank, int(seen[1]), summ.step, s.M_SPANS_REJECTED)
-        seen[0], seen[1] = now, 0
-
-    def _rate_late(self, now: float, offered: int, late: int) -> None:
-        """Count this request's offered samples and late rejections in the current period; when the period's
-        late share is high, say so and how to fix it (``_LATE_*``)."""
-        period = self._late_period
-        if now - period[0] >= _LATE_PERIOD_S:
-            period[0], period[1], period[2], period[3] = now, 0.0, 0.0, 0.0
-        period[1] += offered
-        period[2] += late
-        period[3] += self._far_late
-        self._far_late = 0
-        if not late or period[2] < _LATE_WARN_MIN or period[2] < _LATE_WARN_RATE * period[1]:
-            return
-        if self._late_logged_s is not None and now - self._late_logged_s < _LATE_LOG_EVERY_S:
-            return
-        self._late_logged_s = now
-        cfg = self.cfg
-        if period[3] >= period[2] / 2:
-            log.warning(
-                "%d of %d step samples (%.1f %%) since %.0f s ago were rejected as late (%s{reason=\"late\"}), %d "
-                "of them from steps more than %d windows behind what their own rank had already sent, latest of "
-                "job %r: its steps started again from a lower number, so this is a re-run (or a restart "
-                "from a checkpoint) under the same job id and run id as the run already judged, not a slow "
-                "delivery. Each launch needs a run of its own: the emitter derives %s from the launch, except "
-                "across hosts with a fixed --master-port; set OTEL_STRAGGLER_RUN_ID (or a new "
-                "OTEL_STRAGGLER_JOB_ID) per launch.",
-                int(period[2]), int(period[1]), 100.0 * period[2] / max(period[1], 1.0), now - period[0],
-                s.M_SPANS_REJECTED, int(period[3]), _RERUN_BEHIND_WINDOWS, self._rerun_job, s.RES_RUN_ID)
-            return
-        lag = max((ch.steps.lag_max for ch in self.cohorts), default=0.0)
-        grace = max((ch.steps.grace(cfg.grace_s, cfg.grace_max_s) for ch in self.cohorts), default=cfg.grace_s)
-        log.warning(
-            "%d of %d step samples (%.1f %%) since %.0f s ago arrived after their window had closed and were "
-            "rejected as late (%s{reason=\"late\"}): ranks deliver their steps too far apart. Arrival lag "
-            "measured: %.1f s, grace now %.1f s (grace_s %.1f s, at most grace_max_s %.1f s); windows closed "
-            "early at max_open_windows (%d): %d. Fix: export more often than that lag: on the ranks leave "
-            "OTEL_BSP_SCHEDULE_DELAY unset (the emitter fits it to the step time) or set it well below %.0f ms; "
-            "or raise processors.straggler grace_max_s and max_open_windows (docs/detector.md, Windows).",
-            int(period[2]), int(period[1]), 100.0 * period[2] / max(period[1], 1.0), now - period[0],
-            s.M_SPANS_REJECTED, lag, grace, cfg.grace_s, cfg.grace_max_s, cfg.max_open_windows,
-            self.c["windows_closed_early"], 1000.0 * cfg.grace_max_s / 2)
 
     def _duplicate(self, span_id: bytes) -> bool:
         """True when this stage span's id was seen (LRU set of ``dedup_capacity``); an empty id is never a
@@ -484,16 +393,14 @@ class StragglerProcessor:
             idx = (start_unix_ns - ws.anchor_ns) // self._wall_window_ns
             if idx > info.max_wall_index:
                 info.max_wall_index = idx
-        if ws.closed_through is not None and idx <= ws.closed_through:
-            ws.late(idx, now)
-            if step is not None and info.max_step_index - idx > _RERUN_BEHIND_WINDOWS:
-                self._far_late += 1  # behind the rank's own progress: its steps started again, no lag does that
-                self._rerun_job = cohort.job
+        if ws.fenced(idx, now):
+            if step is not None and info.max_step_index - idx > RERUN_BEHIND_WINDOWS:
+                self._said.far_late(cohort.job)  # behind the rank's own progress: its steps started again
             return REJECT_LATE
         w = ws.open.get(idx)
         if w is None:
-            if len(ws.open) >= cfg.max_open_windows:
-                oldest = min(ws.open)
+            oldest = ws.full(cfg.max_open_windows)
+            if oldest is not None:
                 if idx < oldest:
                     return REJECT_LATE
                 self.c["windows_closed_early"] += 1
@@ -501,18 +408,6 @@ class StragglerProcessor:
                 self._close(cohort, ws, oldest, now)
             w = ws.get_or_open(idx, now, cfg.window_steps)
         return w
-
-    @staticmethod
-    def _extend(w: Window, step: int | None, start_unix_ns: int, end_unix_ns: int, now: float) -> None:
-        w.last_s = now
-        if w.successor_s is not None and now - w.successor_s > w.lag_s:
-            w.lag_s = now - w.successor_s  # arrival lag: what the grace must cover (WindowSet.grace)
-        if step is not None and (w.max_step is None or step > w.max_step):
-            w.max_step = step
-        if w.start_ns == 0 or start_unix_ns < w.start_ns:
-            w.start_ns = start_unix_ns
-        if end_unix_ns > w.end_ns:
-            w.end_ns = end_unix_ns
 
     def _refresh_range(self, cohort: Cohort, now: float) -> None:
         """Step quarantine: the cohort's range of steps is the lower median of its ranks' latest step windows
@@ -538,17 +433,14 @@ class StragglerProcessor:
         claims.sort()
         ceiling = cohort.step_ceiling = claims[(len(claims) - 1) // 2] + q
         ws = cohort.steps
-        far = [i for i in ws.open if i > ceiling]
+        far = ws.drop_beyond(ceiling)
         if far:
-            for i in far:
-                del ws.open[i]
-            self.c["windows_quarantined"] += len(far)
-            self._evicted("quarantined_windows", len(far))
+            self.c["windows_quarantined"] += far
+            self._evicted("quarantined_windows", far)
             for r in cohort.ranks.values():
                 if r.max_step_index > ceiling:
                     r.max_step_index = ceiling
-        if ws.closed_through is not None and ws.closed_through > ceiling:  # moved by windows beyond the range
-            ws.closed_through = max((i for i in ws.closed_at if i <= ceiling), default=None)
+        if ws.fence_back(ceiling):  # moved by windows beyond the range
             self.c["fences_rolled_back"] += 1
 
     def _close_by_progress(self, cohort: Cohort, now: float) -> None:

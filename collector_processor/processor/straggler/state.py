@@ -6,15 +6,22 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict, deque
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from collector_processor.processor.straggler.model import Verdict
 
-if TYPE_CHECKING:
-    from collector_processor.processor.straggler.intermittent import IntHistory
-
 StateKey = tuple[str, str, int, str]
+
+
+@dataclass(slots=True)
+class IntHistory:
+    """One rank-stage's intermittent history (``intermittent.py``): observed steps and their peers' medians since
+    it began (one episode's window at the latest), and the episodes ``[start step, last step, summed excess ms]``."""
+
+    steps: array[int] = field(default_factory=lambda: array("q"))
+    refs: array[float] = field(default_factory=lambda: array("d"))
+    devs: array[float] = field(default_factory=lambda: array("d"))  # x / m - 1 of each step
+    episodes: deque[list[float]] = field(default_factory=deque)
 
 
 @dataclass(slots=True)

@@ -99,9 +99,63 @@ class Window:
         return n
 
     def cell(self, stage: str, rank: int) -> RankCell:
+        """The rank's cell of ``stage`` (created: the rank is present in the window even without a value)."""
         if self.rows:  # queued summaries arrived first: theirs go in first
             self.settle()
         return self._cell(stage, rank)
+
+    def took(self, step: int | None, start_unix_ns: int, end_unix_ns: int, now_s: float) -> None:
+        """A sample of ``step`` spanning ``start_unix_ns``-``end_unix_ns`` was accepted at ``now_s``: the window's
+        last step, time span, idle clock and arrival lag (what the grace must cover: ``WindowSet.grace``)."""
+        self.last_s = now_s
+        if self.successor_s is not None and now_s - self.successor_s > self.lag_s:
+            self.lag_s = now_s - self.successor_s
+        if step is not None and (self.max_step is None or step > self.max_step):
+            self.max_step = step
+        if self.start_ns == 0 or start_unix_ns < self.start_ns:
+            self.start_ns = start_unix_ns
+        if end_unix_ns > self.end_ns:
+            self.end_ns = end_unix_ns
+
+    def add_sample(self, stage: str, rank: int, step: int | None, dev: float | None, host: float | None,
+                   tokens: int | None, cap: int) -> bool:
+        """One stage-span sample into its cell; False when the cell holds ``cap`` samples of ``step`` already
+        (``RankCell.admit``: the rank is present all the same)."""
+        cell = self.cell(stage, rank)
+        if not cell.admit(step, cap):
+            return False
+        if dev is not None:
+            cell.dev.append(dev)
+            if step is not None:
+                cell.dev_steps.append(step)
+        if host is not None:
+            cell.host.append(host)
+        if tokens is not None:
+            cell.tokens.append(tokens)
+        return True
+
+    def add_entries(self, rank: int, step: int, tokens: int | None, stages: Sequence[str],
+                    dev: Sequence[float | None], host: Sequence[float | None], admitted: Sequence[bool]) -> int:
+        """The ``admitted`` entries of one rank-step summary straight into their cells (a cohort at its stage cap:
+        the summary cannot be queued whole); the entries with a value, which are the ones accepted."""
+        accepted = 0
+        for i, stage in enumerate(stages):
+            if not admitted[i]:
+                continue
+            cell = self.cell(stage, rank)
+            d = dev[i]
+            h = host[i]
+            if d is None and h is None:
+                continue  # non-finite: present, no value (already counted by the decoder)
+            if d is not None:
+                cell.dev.append(d)
+                cell.dev_steps.append(step)
+            if h is not None:
+                cell.host.append(h)
+            if tokens is not None:
+                cell.tokens.append(tokens)
+            accepted += 1
+        return accepted
 
     def _cell(self, stage: str, rank: int) -> RankCell:
         ranks = self.cells.get(stage)
@@ -205,6 +259,33 @@ class WindowSet:
                 other.successor_s = now_s
         self.open[index] = w
         return w
+
+    def fenced(self, index: int, now_s: float) -> bool:
+        """``index`` is closed (at or below the fence): a sample of it is late, and its lag joins ``lags`` when the
+        window is recent (``late``)."""
+        if self.closed_through is None or index > self.closed_through:
+            return False
+        self.late(index, now_s)
+        return True
+
+    def full(self, max_open: int) -> int | None:
+        """The oldest open index when ``max_open`` windows are open (a new one needs it closed first), else None."""
+        return min(self.open) if len(self.open) >= max_open else None
+
+    def drop_beyond(self, ceiling: int) -> int:
+        """Drop, unjudged, the open windows beyond ``ceiling`` (step quarantine); how many."""
+        far = [i for i in self.open if i > ceiling]
+        for i in far:
+            del self.open[i]
+        return len(far)
+
+    def fence_back(self, ceiling: int) -> bool:
+        """A fence beyond ``ceiling`` (moved by windows beyond the range) back to the latest window closed within
+        it; True when it moved."""
+        if self.closed_through is None or self.closed_through <= ceiling:
+            return False
+        self.closed_through = max((i for i in self.closed_at if i <= ceiling), default=None)
+        return True
 
     def pop_through(self, index: int, now_s: float | None = None) -> list[Window]:
         """Remove and return every open window with index <= ``index`` (ascending) and move the fence; each

@@ -1,4 +1,4 @@
-"""Host contention (``host_contention`` in ``detector.py``): ranks sharing one machine's oversubscribed CPUs are
+"""Host contention (``rules/host_contention.py``): ranks sharing one machine's oversubscribed CPUs are
 descheduled in turn; a rank slow on host time (or on device time its host starved) whose comparable peers all run
 on its host, and spike there too, is ``uncertain/host_contention``, attributed to the host, and pages nobody.
 

@@ -1,4 +1,4 @@
-"""Intermittent stragglers (``intermittent_excess`` in ``detector.py``, ``intermittent.py``): a rank much slower on
+"""Intermittent stragglers (``rules/intermittent_excess.py``, ``intermittent.py``): a rank much slower on
 one step in every few (a periodic background job) costs the job per step what a steady straggler does, while its
 window medians stay at par and no single step is evidence enough. It is convicted within a bounded number of
 periods, with the period and the cost in the evidence; a single spike or one burst pages nobody.

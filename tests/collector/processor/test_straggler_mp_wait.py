@@ -1,4 +1,4 @@
-"""Waits in the model-parallel group's collectives (``mp_wait`` in ``detector.py``, ``culprit.py``): a rank slow
+"""Waits in the model-parallel group's collectives (``rules/mp_wait.py``, ``culprit.py``): a rank slow
 in the optimizer's found-inf / grad-norm / zero-count all-reduces waits for a member of its group. It is never
 convicted there, its host is not a bad node for it, no group verdict is made of it, and a rank that waits is
 never its group's culprit.
