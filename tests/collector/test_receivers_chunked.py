@@ -129,11 +129,11 @@ def test_a_chunked_body_over_the_limit_is_refused_before_the_chunk_that_passes_i
 
 
 def test_a_chunked_body_reserves_memory_chunk_by_chunk_and_is_refused_when_it_cannot(start_service) -> None:  # type: ignore[no-untyped-def]
+    trim()  # what earlier tests freed is given back first (a refusal would trim it and find more room)
     limit = rss_bytes() // MIB + 600
     run = start_service(_cfg(receiver_extra="    retry_delay: 2s", body_mib=64,
                              limiter=f"  memory_limiter: {{limit_mib: {limit}, spike_limit_mib: 100}}"))
     limiter = run.svc.processors["memory_limiter"].impl
-    trim()  # what earlier tests freed is given back first (a refusal would trim it and find more room)
     hold = limiter.soft - rss_bytes() - 40 * MIB  # room for about 40 MiB of requests
     assert limiter.reserve(hold) is None
     try:

@@ -139,12 +139,12 @@ def _limited(run) -> object:  # type: ignore[no-untyped-def]
 
 
 def test_admission_refuses_a_body_before_reading_it_while_memory_is_reserved(start_service) -> None:  # type: ignore[no-untyped-def]
+    trim()  # what earlier tests freed is given back first (a refusal would trim it and find more room)
     limit = rss_bytes() // MIB + 600
     run = start_service(_cfg(receiver_extra="    retry_delay: 2s",
                              limiter=f"  memory_limiter: {{limit_mib: {limit}, spike_limit_mib: 100}}").replace(
         "http: {endpoint: 127.0.0.1:0}", "http: {endpoint: 127.0.0.1:0, max_request_body_size_mib: 64}"))
     limiter = _limited(run)
-    trim()  # what earlier tests freed is given back first (a refusal would trim it and find more room)
     hold = limiter.soft - rss_bytes() - 20 * MIB  # type: ignore[attr-defined]  # what requests being decoded hold
     assert limiter.reserve(hold) is None  # type: ignore[attr-defined]
     # headers only: the 48 MiB body is never sent, so only an answer on the headers can come back

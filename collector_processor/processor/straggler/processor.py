@@ -116,7 +116,7 @@ class StragglerProcessor:
         self._finish(now)
 
     # --- data path ----------------------------------------------------------------------------------
-    def process_traces(self, req: ExportTraceServiceRequest) -> ExportTraceServiceRequest | None:  # noqa: C901
+    def process_traces(self, req: ExportTraceServiceRequest) -> ExportTraceServiceRequest | None:
         now = self._clock()
         res = decode_request(req.resource_spans, self.cfg.collector_service_name)
         rejected = res.rejected
