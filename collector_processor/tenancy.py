@@ -34,6 +34,14 @@ class Tenancy:
     def __bool__(self) -> bool:
         return bool(self.names) or self.per_job
 
+    def share(self, total: int) -> int:
+        """A tenant's share of a structure holding ``total`` entries: ``total`` over the tenants listed plus one
+        (the jobs none lists), and with per-job tokens at most a quarter per job; ``total`` without tenants."""
+        if not self:
+            return total
+        n = len(self.names) + 1
+        return max(1, min(total // n, total // 4 if self.per_job else total))
+
     def label(self, tenant: str) -> str:
         """A tenant as counters label it: its name, or ``JOB_TOKENS`` for a job that is its own tenant."""
         return JOB_TOKENS if tenant.startswith("job:") else tenant

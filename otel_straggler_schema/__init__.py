@@ -290,7 +290,8 @@ COLLECTOR_CONNECTION_CLOSE_REASONS: Final = ("refused", "stalled", "shed", "peer
 M_TENANT_REFUSED: Final = "otel_straggler_collector_tenant_refused_total"
 # requests refused because a resource names an identity attribute (RES_IDENTITY_KEYS) twice
 M_DUPLICATE_IDENTITY: Final = "otel_straggler_collector_duplicate_identity_total"
-# state of a tenant's jobs evicted to make room (labels: tenant, structure: cohorts, windows)
+# state of a tenant's jobs evicted to make room, or refused at its share (labels: tenant, structure: cohorts,
+# windows, metric_series)
 M_TENANT_EVICTIONS: Final = "otel_straggler_collector_tenant_evictions_total"
 # requests a receiver would have processed on its event loop, queued because the pipeline's inline budget was spent
 # (labels: pipeline)
@@ -433,8 +434,9 @@ COLLECTOR_METRICS: Final = (
            "or posing as the collector's"),
     Metric(M_TENANT_EVICTIONS, "counter", ("tenant", "structure"),
            "cohorts (and their open windows) of a tenant's jobs evicted to make room, by tenant (`auth.tenants` "
-           "name; empty: jobs no tenant lists); a tenant holding less than its share of `max_cohorts` (divided "
-           "evenly among the tenants holding cohorts) loses none to another's load"),
+           "name; empty: jobs no tenant lists; `job-tokens`: jobs with their own token); a tenant holding less "
+           "than its share of `max_cohorts` (divided evenly among the tenants holding cohorts) loses none to "
+           "another's load; `metric_series`: its jobs' dashboard series refused at its share of `max_series`"),
     Metric(M_DUPLICATE_IDENTITY, "counter", ("receiver",),
            "requests refused (`invalid`) because a resource names an identity attribute (job, run, rank, cohort, "
            "host, GPU, service) more than once"),

@@ -27,6 +27,7 @@ from collector_processor.processor.straggler.events import convicted_step
 from collector_processor.processor.straggler.model import Verdict
 from collector_processor.processor.straggler.window_evidence import WindowOutcome
 from collector_processor.telemetry import Telemetry, add_sample
+from collector_processor.tenancy import Tenancy
 
 JOB, RUN = s.L_TRAINING_JOB, s.L_RUN
 COST_LABELS = (JOB, RUN, "cohort", "rank", "host", "gpu", "stage", "attribution")
@@ -52,10 +53,16 @@ _ALERTS, _RANK_STAGE, _RANK_DEV, _VERDICTS, _COST, _SEEN, _COLLECTIVE = range(7)
 
 
 class StragglerMetrics(Collector):
-    def __init__(self, config: MetricsConfig, telemetry: Telemetry) -> None:
+    def __init__(self, config: MetricsConfig, telemetry: Telemetry, tenancy: Tenancy | None = None) -> None:
         self.cfg = config
         self._evictions = telemetry.evictions.labels(structure="metric_series")
         self.series_refused = 0
+        # with tenants, each holds at most its share of max_series beside alert and verdict series (which it may
+        # add while the cap leaves room): one tenant's jobs cannot take another's dashboard series
+        self._tenancy = tenancy if tenancy else None
+        self._tenant_cap = tenancy.share(config.max_series) if tenancy else 0
+        self._tenant_series: dict[str, int] = {}  # tenant -> series of its jobs (only tenants holding some)
+        self._tenant_refused = telemetry.tenant_evictions
         self._alerts: dict[_Key, list[float]] = {}  # labels -> [active, dev, lost_s, gpu_ratio, t]
         self._alert_keys: dict[_Key, _Key] = {}  # an alert's labels without covered_by -> its series' labels
         self._rank_stage: dict[_Key, list[float]] = {}  # labels -> [seconds, t]
@@ -81,16 +88,34 @@ class StragglerMetrics(Collector):
         return (len(self._alerts) + len(self._rank_stage) + len(self._rank_dev) + len(self._verdicts)
                 + len(self._cost) + len(self._seen) + len(self._collective))
 
-    def _room(self, priority: bool = False) -> bool:
-        """Room for one more series. Per-rank dashboard series stop at 90 % of ``max_series``: the rest is
-        kept for alert and verdict-count series, so a job with more ranks than the cap covers still alerts
-        (with 10 series per rank the default cap holds ~900 ranks' dashboard series per process)."""
+    def _room(self, job: str, priority: bool = False) -> bool:
+        """Room for one more series of ``job`` (the caller adds it when there is). Per-rank dashboard series stop
+        at 90 % of ``max_series``: the rest is kept for alert and verdict-count series, so a job with more ranks
+        than the cap covers still alerts (with 10 series per rank the default cap holds ~900 ranks' dashboard
+        series per process); with tenants, also at the job's tenant's share."""
         limit = self.cfg.max_series if priority else self.cfg.max_series - max(1, self.cfg.max_series // 10)
         if self._series_count() < limit:
-            return True
+            if self._tenancy is None:
+                return True
+            tenant = self._tenancy(job)
+            held = self._tenant_series.get(tenant, 0)
+            if priority or held < self._tenant_cap:
+                self._tenant_series[tenant] = held + 1
+                return True
+            self._tenant_refused.labels(tenant=self._tenancy.label(tenant), structure="metric_series").inc()
         self.series_refused += 1
         self._evictions.inc()
         return False
+
+    def _gone(self, job: str) -> None:
+        """A series of ``job`` was removed."""
+        if self._tenancy is not None:
+            tenant = self._tenancy(job)
+            held = self._tenant_series.get(tenant, 0) - 1
+            if held > 0:
+                self._tenant_series[tenant] = held
+            else:
+                self._tenant_series.pop(tenant, None)
 
     def _put(self, store: dict[_Key, list[float]], key: _Key, row: list[float],
              priority: bool = False) -> None:
@@ -98,7 +123,7 @@ class StragglerMetrics(Collector):
         cur = store.get(key)
         if cur is not None:
             cur[:] = row
-        elif self._room(priority):
+        elif self._room(key[0], priority):
             store[key] = row
 
     def record_window(self, job: str, cohort: str, outcome: WindowOutcome, now_s: float) -> None:
@@ -112,8 +137,8 @@ class StragglerMetrics(Collector):
             for (stage, ring), (lost_ms, named) in outcome.collective_lost.items():
                 key = (job, run, cohort, stage, ring, "" if named is None else str(named))
                 previous = self._collective_keys.get(key[:5])
-                if previous is not None and previous != key:
-                    self._collective.pop(previous, None)  # the named member changed: one series per ring
+                if previous is not None and previous != key and self._collective.pop(previous, None) is not None:
+                    self._gone(job)  # the named member changed: one series per ring
                 # a ring losing time is a job-level signal (kept with the alerts); one at its baseline a dashboard's
                 self._put(self._collective, key, [lost_ms / 1000.0, now_s], priority=lost_ms > 0)
                 if key in self._collective:
@@ -141,8 +166,8 @@ class StragglerMetrics(Collector):
         previous = self._alert_keys.get(alert)
         if previous is not None and not active:
             key = previous  # a recovery ends the series as it was
-        elif previous is not None and previous != key:
-            self._alerts.pop(previous, None)  # the cover changed: one series per alert
+        elif previous is not None and previous != key and self._alerts.pop(previous, None) is not None:
+            self._gone(v.job)  # the cover changed: one series per alert
         paid = active and not covered_by
         lost = v.step_time_lost_ms / 1000.0 if paid else 0.0
         gpu = v.gpu_seconds_per_hour / 3600.0 if paid else 0.0
@@ -155,7 +180,7 @@ class StragglerMetrics(Collector):
             if cur is not None:
                 cur[0] = float(cur[0]) + v.window_gpu_seconds
                 cur[1] = trace.hex()
-            elif self._room(priority=True):
+            elif self._room(v.job, priority=True):
                 self._cost[base] = [v.window_gpu_seconds, trace.hex()]
             self._dirty.add(_COST)
         self._dirty.add(_ALERTS)
@@ -169,7 +194,7 @@ class StragglerMetrics(Collector):
                 cur[0] = float(cur[0]) + 1
                 if trace:  # a verdict without a step (wall-clock window) keeps the last exemplar
                     cur[1] = trace
-            elif self._room(priority=True):
+            elif self._room(v.job, priority=True):
                 self._verdicts[key] = [1.0, trace]
             self._dirty.add(_VERDICTS)
 
@@ -186,6 +211,7 @@ class StragglerMetrics(Collector):
                 stale = [k for k, v in d.items() if now_s - v[t_idx] > ttl]
                 for k in stale:
                     del d[k]
+                    self._gone(k[0])
                     if d is self._alerts:
                         self._alert_keys.pop(k[:-1], None)
                     elif d is self._collective:

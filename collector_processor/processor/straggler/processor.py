@@ -41,6 +41,7 @@ from collector_processor.processor.straggler.window import (
     due_by_time,
 )
 from collector_processor.telemetry import Telemetry
+from collector_processor.tenancy import Tenancy
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,8 @@ class StragglerProcessor:
         self.detector = Detector(config, self.states, self.c, self.cohorts)
         self.nodes = NodeVerdicts(config, self.c)
         self.culprits = Correlator(config, self.c, self.cohorts)
-        self.metrics = StragglerMetrics(config.metrics, telemetry)
+        tenancy = tenant_of if isinstance(tenant_of, Tenancy) else None
+        self.metrics = StragglerMetrics(config.metrics, telemetry, tenancy)
         self._seen: OrderedDict[bytes, None] = OrderedDict()
         self._pending: list[Verdict] = []
         self._pending_spans: list[Verdict] = []

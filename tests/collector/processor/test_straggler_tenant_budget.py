@@ -70,3 +70,30 @@ def test_with_job_tokens_every_job_is_its_own_tenant() -> None:
         assert evicted is None or evicted.job == "j2"
     assert reg.held_by("job:j1") == 3
     assert evictions.labels(tenant="job-tokens", structure="cohorts")._value.get() == 95
+
+
+def test_a_tenants_jobs_hold_at_most_its_share_of_the_dashboard_series() -> None:
+    """``max_series`` 100 with tenants a and b (and the jobs none lists): each holds at most a third of it in
+    per-rank series; a's flood of ranks is refused beyond (counted for a), b's ranks still get theirs, and a
+    series of a that expires gives its place back."""
+    from collector_processor.processor.straggler.config import MetricsConfig
+    from collector_processor.processor.straggler.metrics import StragglerMetrics
+    from collector_processor.processor.straggler.window_evidence import WindowOutcome
+    from collector_processor.telemetry import Telemetry
+
+    tel = Telemetry()
+    tenancy = Tenancy([("a", ["job-a"]), ("b", ["job-b"])])
+    m = StragglerMetrics(MetricsConfig(max_series=100, series_ttl_s=10.0), tel, tenancy)
+    flood = WindowOutcome(rank_deviation={r: 0.1 for r in range(500)})
+    m.record_window("job-a", "c0", flood, 0.0)
+    assert m._tenant_series == {"a": 33}
+    m.record_window("job-b", "c0", WindowOutcome(rank_deviation={r: 0.1 for r in range(20)}), 0.0)
+    assert m._tenant_series == {"a": 33, "b": 20}
+    refused = tel.registry.get_sample_value("otel_straggler_collector_tenant_evictions_total",
+                                            {"tenant": "a", "structure": "metric_series"})
+    assert refused == 500 - 33
+    assert not tel.registry.get_sample_value("otel_straggler_collector_tenant_evictions_total",
+                                             {"tenant": "b", "structure": "metric_series"})
+    m.record_window("job-b", "c0", WindowOutcome(rank_deviation={r: 0.1 for r in range(20)}), 20.0)
+    m.publish(20.0)  # a's series are 20 s old: expired, their places given back
+    assert m._tenant_series == {"b": 20}
