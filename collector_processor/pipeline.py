@@ -82,6 +82,7 @@ class _Item:
     done: Any = None  # anything with set(): a threading.Event, or a receiver's waiter on its event loop
     rejected: int = 0
     message: str = ""
+    share: str = ""  # the tenant whose share of the queue it takes (auth.Tenant.share)
 
 
 @dataclass
@@ -114,6 +115,7 @@ class Pipeline:
                         if isinstance(exp, EventsExporter) or isinstance(exp, LogsExporter)]
         self._q: queue.Queue[_Item] = queue.Queue()
         self._bytes = 0
+        self._shares: dict[str, list[int]] = {}  # tenant -> [items, bytes] queued (tenants with some only)
         self._lock = threading.Lock()
         self._handling = threading.Lock()  # held while an item is processed, by the worker or process_now
         self._inline_credit = INLINE_BUDGET_S
@@ -131,15 +133,40 @@ class Pipeline:
         telemetry.evictions.labels(f"queue:{pid}")
 
     # ---- producer side (receiver threads) -----------------------------------------------------------------
-    def _offer(self, item: _Item) -> bool:
-        """Enqueue unless full by items or bytes (one request bigger than the byte cap still fits an empty queue)."""
+    def _offer(self, item: _Item, label: str = "") -> bool:
+        """Enqueue unless full by items or bytes (one request bigger than the byte cap still fits an empty queue).
+        Past half of either cap, a tenant's request (``item.share`` not empty: the all-jobs token's are not) is
+        refused too, counted for it (``label``), while the tenant holds a share of the caps (over the tenants with
+        requests queued plus one): however many tenants flood it, the queue keeps room for a newcomer."""
         with self._lock:
-            if self._q.qsize() >= self.max_items or (self._bytes + item.nbytes > self.max_bytes and self._bytes > 0):
+            depth = self._q.qsize()
+            if depth >= self.max_items or (self._bytes + item.nbytes > self.max_bytes and self._bytes > 0):
                 return False
+            held = self._shares.get(item.share)
+            if held is not None and item.share and (2 * depth >= self.max_items
+                                                    or 2 * (self._bytes + item.nbytes) > self.max_bytes):
+                tenants = len(self._shares) + 1
+                if held[0] >= self.max_items // tenants or held[1] + item.nbytes > self.max_bytes // tenants:
+                    self.t.tenant_evictions.labels(tenant=label, structure=f"queue:{self.id}").inc()
+                    return False
+            if held is None:
+                held = self._shares[item.share] = [0, 0]
+            held[0] += 1
+            held[1] += item.nbytes
             self._bytes += item.nbytes
             self._q.put(item)
         self._depth.set(self._q.qsize())
         return True
+
+    def _taken(self, item: _Item) -> None:
+        """``item`` left the queue (called under the lock)."""
+        self._bytes -= item.nbytes
+        held = self._shares.get(item.share)
+        if held is not None:
+            held[0] -= 1
+            held[1] -= item.nbytes
+            if held[0] <= 0:
+                del self._shares[item.share]
 
     def _refused(self) -> Result | None:
         """The answer to a request the pipeline does not take now (shutting down, or an admission gate such as
@@ -152,28 +179,30 @@ class Pipeline:
                 return Result("throttled", reason=refusal.reason, message=refusal.message)
         return None
 
-    def submit(self, msg: Message, nbytes: int, n: int, wait_s: float = 0.0) -> Result:
-        """Queue a request. With ``wait_s`` > 0 wait that long for the worker so that spans the processors
-        rejected can be reported as a partial success; past it the answer is a plain success (queued)."""
+    def submit(self, msg: Message, nbytes: int, n: int, wait_s: float = 0.0, share: str = "", label: str = ""
+               ) -> Result:
+        """Queue a request (of tenant ``share``, counted as ``label``). With ``wait_s`` > 0 wait that long for the
+        worker so that spans the processors rejected can be reported as a partial success; past it the answer is
+        a plain success (queued)."""
         refused = self._refused()
         if refused is not None:
             return refused
         done = threading.Event() if wait_s > 0 else None
-        item = _Item("request", msg, nbytes, n, done)
-        if not self._offer(item):
+        item = _Item("request", msg, nbytes, n, done, share=share)
+        if not self._offer(item, label):
             return Result("throttled", reason="queue_full", message=f"pipeline {self.id} queue is full")
         if done is not None and done.wait(wait_s):
             return Result("ok", rejected=item.rejected, message=item.message)
         return Result("ok")
 
-    def offer(self, msg: Message, nbytes: int, n: int, done: Any) -> Result | _Item:
+    def offer(self, msg: Message, nbytes: int, n: int, done: Any, share: str = "", label: str = "") -> Result | _Item:
         """Queue a request without waiting: the queued item (its ``rejected`` and ``message`` are set once
         ``done.set()`` is called, from the worker, after processing), or the refusal."""
         refused = self._refused()
         if refused is not None:
             return refused
-        item = _Item("request", msg, nbytes, n, done)
-        if not self._offer(item):
+        item = _Item("request", msg, nbytes, n, done, share=share)
+        if not self._offer(item, label):
             return Result("throttled", reason="queue_full", message=f"pipeline {self.id} queue is full")
         return item
 
@@ -257,7 +286,7 @@ class Pipeline:
                 log.exception("pipeline %s failed on an item", self.id)
             finally:
                 with self._lock:
-                    self._bytes -= item.nbytes
+                    self._taken(item)
                 self._depth.set(self._q.qsize())
                 if item.done is not None:
                     item.done.set()

@@ -16,6 +16,7 @@ from pydantic import Field, field_validator, model_validator
 
 import otel_straggler_schema as s
 from collector_processor.config.types import Strict
+from collector_processor.tenancy import JOB_TOKENS
 
 MAX_TENANTS = 1024
 MAX_JOBS_PER_TENANT = 1024
@@ -94,6 +95,12 @@ class Tenant:
     jobs: frozenset[str] = frozenset()
     prefixes: tuple[str, ...] = ()
     every_job: bool = False
+    share: str = ""  # whose share of shared queues its requests take ("" for the all-jobs token); default: name
+    label: str = ""  # how counters name it (bounded); default: name
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "share", self.share or self.name)
+        object.__setattr__(self, "label", self.label or self.name)
 
     def allows(self, job: str) -> bool:
         if self.every_job or job in self.jobs:
@@ -177,7 +184,7 @@ class BearerAuth:
         job, mac = parts
         if not hmac.compare_digest(mac.encode("ascii", "replace"), s.job_token_mac(self._job_secret, job).encode()):
             return None
-        return Tenant(f"job {job[:80]!r}", frozenset((job,)))
+        return Tenant(f"job {job[:80]!r}", frozenset((job,)), share=f"job:{job}", label=JOB_TOKENS)
 
     def check(self, header: str | None) -> bool:
         return self.identify(header) is not None

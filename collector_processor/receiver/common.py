@@ -223,7 +223,7 @@ class Dispatcher:
         if isinstance(prepared, Refusal):
             return prepared
         msg, n = prepared
-        r = self.dispatch(signal, msg, len(data), n)
+        r = self.dispatch(signal, msg, len(data), n, tenant)
         if r.status != "ok":
             return Refusal(r.reason, r.message or "throttled")
         return r
@@ -279,12 +279,14 @@ class Dispatcher:
         pipes = self.pipelines.get(signal, ())
         return pipes[0] if len(pipes) == 1 else None
 
-    def offer(self, signal: str, pipe: Pipeline, msg: Message, nbytes: int, n: int, done: object) -> Result | object:
+    def offer(self, signal: str, pipe: Pipeline, msg: Message, nbytes: int, n: int, done: object,
+              tenant: Tenant | None = None) -> Result | object:
         """Queue a prepared request on ``pipe`` without waiting: the queued item (``done.set()`` once processed;
         then ``finished``) or the refusal, counted as ``dispatch`` counts it."""
         if signal == "traces":
             self._spans_received.inc(n)
-        r = pipe.offer(msg, held_bytes(nbytes, n), n, done)
+        share, label = (tenant.share, tenant.label) if tenant is not None else ("", "")
+        r = pipe.offer(msg, held_bytes(nbytes, n), n, done, share, label)
         if isinstance(r, Result):
             self.outcome("throttled")
             if signal == "traces":
@@ -311,18 +313,20 @@ class Dispatcher:
         self.outcome("partial" if r.rejected else "ok")
         return r
 
-    def dispatch(self, signal: str, msg, nbytes: int, n: int | None = None) -> Result:
-        """Hand a decoded request (``nbytes`` on the wire, ``n`` items) to the signal's pipelines. Their queues
-        count what it holds decoded (``held_bytes``), so a queue's ``max_bytes_mib`` bounds decoded requests
-        waiting, whatever their wire size."""
+    def dispatch(self, signal: str, msg, nbytes: int, n: int | None = None, tenant: Tenant | None = None
+                 ) -> Result:
+        """Hand a decoded request (``nbytes`` on the wire, ``n`` items) of ``tenant`` to the signal's pipelines.
+        Their queues count what it holds decoded (``held_bytes``), so a queue's ``max_bytes_mib`` bounds decoded
+        requests waiting, whatever their wire size, and each tenant's share of it."""
         if n is None:
             n = count_items(signal, msg)
         nbytes = held_bytes(nbytes, n)
         if signal == "traces":
             self._spans_received.inc(n)
         out = Result()
+        share, label = (tenant.share, tenant.label) if tenant is not None else ("", "")
         for p in self.pipelines.get(signal, ()):
-            r = p.submit(msg, nbytes, n, self.wait_s)
+            r = p.submit(msg, nbytes, n, self.wait_s, share, label)
             if r.status != "ok":
                 out = r
                 break

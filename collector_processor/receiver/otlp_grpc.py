@@ -300,7 +300,7 @@ class OtlpGrpcReceiver:
         loop = self._aloop
         done: asyncio.Future[bool] = loop.create_future()  # True: processed; False: wait_for_processing passed
         assert self._completions is not None
-        item = self.d.offer(signal, pipe, msg, len(raw), n, _LoopWaiter(self._completions, done))
+        item = self.d.offer(signal, pipe, msg, len(raw), n, _LoopWaiter(self._completions, done), tenant)
         if isinstance(item, Result):
             return _refusal(Refusal(item.reason, item.message or "throttled"))
         processed = False

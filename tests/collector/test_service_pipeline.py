@@ -83,6 +83,30 @@ def test_a_waiting_worker_holds_no_request() -> None:
     assert p.close(time.monotonic() + 2)
 
 
+def test_a_tenants_flood_fills_at_most_its_share_of_the_queue() -> None:
+    """Past half of its caps, a queue refuses a tenant's request while the tenant holds its share (the caps over
+    the tenants with requests queued plus one), counted for it: another tenant's requests still go in, the
+    all-jobs token's are not shared out, and a share comes back as its requests leave the queue."""
+    t = Telemetry()
+    p = Pipeline("traces", t, max_items=12, max_bytes=1 << 20, processors=[], exporters=[])  # worker not started
+    req = _req()
+
+    def offer(share: str, times: int) -> list[str]:
+        return [p.submit(req, 100, 1, share=share, label=share).status for _ in range(times)]
+
+    assert offer("a", 10) == ["ok"] * 6 + ["throttled"] * 4  # alone past half: at most 12 // 2
+    assert offer("b", 5) == ["ok"] * 4 + ["throttled"]  # a newcomer gets in, then holds 12 // 3
+    assert offer("", 3) == ["ok", "ok", "throttled"]  # the all-jobs token: only the queue's own cap
+    refused = {who: t.registry.get_sample_value("otel_straggler_collector_tenant_evictions_total",
+                                                {"tenant": who, "structure": "queue:traces"}) for who in "ab"}
+    assert refused == {"a": 4, "b": 1}
+    assert p.submit(req, 100, 1, share="c").reason == "queue_full"  # the queue itself is full
+    with p._lock:
+        for _ in range(3):
+            p._taken(p._q.get_nowait())  # three of a's requests leave
+    assert p._shares["a"] == [3, 300] and offer("c", 1) == ["ok"]  # room again for a newcomer
+
+
 def test_queue_byte_cap_refuses_and_counts() -> None:
     t = Telemetry()
     p = Pipeline("traces", t, max_items=100, max_bytes=1000, processors=[], exporters=[])  # worker not started
