@@ -112,7 +112,8 @@ class Service:
         tenancy = from_receivers(comp.config for comp in cfg.receivers.values())
         ctx = BuildContext(self.t, self.healthy, self._emit_for, self._forward_for, self._consumers_for, tenancy)
         for name in (NO_TENANT, *tenancy.names, *((JOB_TOKENS,) if tenancy.per_job else ())):
-            for structure in ("cohorts", "windows", "metric_series", *(f"queue:{pid}" for pid in svc.pipelines)):
+            for structure in ("cohorts", "windows", "metric_series", "memory",
+                              *(f"queue:{pid}" for pid in svc.pipelines)):
                 self.t.tenant_evictions.labels(tenant=name, structure=structure)
         used = svc.used_ids()
         for eid, comp in cfg.exporters.items():

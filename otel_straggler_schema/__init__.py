@@ -291,7 +291,7 @@ M_TENANT_REFUSED: Final = "otel_straggler_collector_tenant_refused_total"
 # requests refused because a resource names an identity attribute (RES_IDENTITY_KEYS) twice
 M_DUPLICATE_IDENTITY: Final = "otel_straggler_collector_duplicate_identity_total"
 # state of a tenant's jobs evicted to make room, or refused at its share (labels: tenant, structure: cohorts,
-# windows, metric_series, queue:<pipeline>)
+# windows, metric_series, queue:<pipeline>, memory)
 M_TENANT_EVICTIONS: Final = "otel_straggler_collector_tenant_evictions_total"
 # requests a receiver would have processed on its event loop, queued because the pipeline's inline budget was spent
 # (labels: pipeline)
@@ -437,7 +437,8 @@ COLLECTOR_METRICS: Final = (
            "name; empty: jobs no tenant lists; `job-tokens`: jobs with their own token); a tenant holding less "
            "than its share of `max_cohorts` (divided evenly among the tenants holding cohorts) loses none to "
            "another's load; `metric_series`: its jobs' dashboard series refused at its share of `max_series`; "
-           "`queue:<pipeline>`: its requests refused (retry later) at its share of a queue more than half full"),
+           "`queue:<pipeline>`, `memory`: its requests refused (retry later) at its share of a queue, or of the "
+           "memory limiter's budget for requests being read and decoded, more than half full"),
     Metric(M_DUPLICATE_IDENTITY, "counter", ("receiver",),
            "requests refused (`invalid`) because a resource names an identity attribute (job, run, rank, cohort, "
            "host, GPU, service) more than once"),

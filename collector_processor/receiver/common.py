@@ -130,14 +130,52 @@ class Config(Strict):
         return self
 
 
+class TenantLedger:
+    """Memory a receiver's requests reserve at the admission gates, per tenant (``Tenant.share``; the all-jobs
+    token's are not shared out). Past half of the budget a tenant's reservation is refused (retry later) while the
+    tenant would hold more than the budget over the tenants holding some plus one, counted for it
+    (``tenant_evictions_total{structure="memory"}``): a tenant's large requests leave room for another's."""
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self.t = telemetry
+        self._lock = threading.Lock()
+        self._held: dict[str, int] = {}  # tenant -> bytes reserved (tenants holding some only)
+        self._total = 0
+
+    def take(self, tenant: Tenant | None, nbytes: int, budget: int | None) -> Refusal | None:
+        if tenant is None or not tenant.share or budget is None:
+            return None
+        with self._lock:
+            held = self._held.get(tenant.share, 0)
+            if held and 2 * (self._total + nbytes) > budget and held + nbytes > budget // (len(self._held) + 1):
+                self.t.tenant_evictions.labels(tenant=tenant.label, structure="memory").inc()
+                return Refusal("memory_limit", f"{tenant.name} holds its share of the memory for requests being "
+                               "decoded")
+            self._held[tenant.share] = held + nbytes
+            self._total += nbytes
+        return None
+
+    def give(self, tenant: Tenant | None, nbytes: int) -> None:
+        if tenant is None or not tenant.share:
+            return
+        with self._lock:
+            held = self._held.get(tenant.share, 0) - nbytes
+            if held > 0:
+                self._held[tenant.share] = held
+            else:
+                self._held.pop(tenant.share, None)
+            self._total = max(0, self._total - nbytes)
+
+
 class Dispatcher:
     """Routes one signal's requests from one receiver to every pipeline that lists the receiver, and asks those
     pipelines' admission gates (``component.Admission``) for the memory a request may take before it is read or
     decoded."""
 
     def __init__(self, label: str, telemetry: Telemetry, pipelines: dict[str, list[Pipeline]], wait_s: float,
-                 max_items: int = 262_144) -> None:
+                 max_items: int = 262_144, ledger: TenantLedger | None = None) -> None:
         self.label = label
+        self.ledger = ledger or TenantLedger(telemetry)
         self.max_items = max_items
         self.t = telemetry
         self.pipelines = pipelines
@@ -159,16 +197,23 @@ class Dispatcher:
     def has(self, signal: str) -> bool:
         return bool(self.pipelines.get(signal))
 
-    def reserve(self, signal: str, nbytes: int) -> Refusal | None:
-        """Reserve ``nbytes`` at every gate of the signal's pipelines, or none of them (the refusal)."""
+    def reserve(self, signal: str, nbytes: int, tenant: Tenant | None = None) -> Refusal | None:
+        """Reserve ``nbytes`` for ``tenant`` within its share (``TenantLedger``) and at every gate of the signal's
+        pipelines, or nothing (the refusal)."""
         if nbytes < UNRESERVED_BYTES:
             return None
+        gates = self._gates.get(signal, ())
+        if gates:
+            refusal = self.ledger.take(tenant, nbytes, min(g.budget() for g in gates))
+            if refusal is not None:
+                return refusal
         taken: list[Admission] = []
-        for g in self._gates.get(signal, ()):
+        for g in gates:
             refusal = g.reserve(nbytes)
             if refusal is not None:
                 for x in taken:
                     x.release(nbytes)
+                self.ledger.give(tenant, nbytes)
                 return refusal
             taken.append(g)
         return None
@@ -201,10 +246,13 @@ class Dispatcher:
                      held_per_byte + WORST_BYTES_PER_BYTE)
         return admitted
 
-    def release(self, signal: str, nbytes: int) -> None:
+    def release(self, signal: str, nbytes: int, tenant: Tenant | None = None) -> None:
         if nbytes < UNRESERVED_BYTES:
             return
-        for g in self._gates.get(signal, ()):
+        gates = self._gates.get(signal, ())
+        if gates:
+            self.ledger.give(tenant, nbytes)
+        for g in gates:
             g.release(nbytes)
 
     def refused(self, refusal: Refusal) -> None:
@@ -239,10 +287,10 @@ class Dispatcher:
         if self._gates.get(signal):
             bound = decode_cost_bound(data, ctype)
             cost = decode_cost(data, ctype) if bound is None else bound
-        refusal = self.reserve(signal, cost)
+        refusal = self.reserve(signal, cost, tenant)
         if refusal is not None and cost and bound is not None:  # the most was refused: the estimate may fit
             cost = decode_cost(data, ctype)
-            refusal = self.reserve(signal, cost)
+            refusal = self.reserve(signal, cost, tenant)
         if refusal is not None:
             self.refused(refusal)
             return refusal
@@ -252,7 +300,7 @@ class Dispatcher:
             self.outcome("invalid")
             raise
         finally:
-            self.release(signal, cost)
+            self.release(signal, cost, tenant)
         try:
             check_resources(signal, msg, tenant)
         except Forbidden as e:
@@ -372,9 +420,11 @@ class Reservation:
     least ``step`` bytes; nothing below ``floor`` bytes is reserved (as for any request under
     ``UNRESERVED_BYTES``). ``release`` gives back all of it at once."""
 
-    def __init__(self, dispatcher: Dispatcher, signal: str, step: int, floor: int = 0) -> None:
+    def __init__(self, dispatcher: Dispatcher, signal: str, step: int, floor: int = 0, tenant: Tenant | None = None
+                 ) -> None:
         self.d = dispatcher
         self.signal = signal
+        self.tenant = tenant
         self.step = step
         self.floor = floor
         self.held = 0
@@ -384,14 +434,14 @@ class Reservation:
         if nbytes <= self.held or nbytes < self.floor:
             return None
         add = max(nbytes - self.held, self.step)
-        refusal = self.d.reserve(self.signal, add)
+        refusal = self.d.reserve(self.signal, add, self.tenant)
         if refusal is None:
             self.held += add
         return refusal
 
     def release(self) -> None:
         if self.held:
-            self.d.release(self.signal, self.held)
+            self.d.release(self.signal, self.held, self.tenant)
             self.held = 0
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from collector_processor.component import Endpoint
 from collector_processor.pipeline import Pipeline
 from collector_processor.receiver.auth import BearerAuth
-from collector_processor.receiver.common import Config, Dispatcher
+from collector_processor.receiver.common import Config, Dispatcher, TenantLedger
 from collector_processor.receiver.otlp_grpc import OtlpGrpcReceiver
 from collector_processor.receiver.otlp_http import OtlpHttpReceiver
 from collector_processor.registry import BuildContext, Factory
@@ -21,12 +21,15 @@ class OtlpReceiver:
         self.id = rid
         auth = BearerAuth(cfg.auth)
         by_signal = {sig: list(pipes) for sig, pipes in consumers.items()}
+        ledger = TenantLedger(telemetry)  # both protocols' requests share each tenant's memory share
         self.servers: list[OtlpGrpcReceiver | OtlpHttpReceiver] = []
         if cfg.protocols.grpc is not None:
-            d = Dispatcher(f"{rid}/grpc", telemetry, by_signal, cfg.wait_for_processing, cfg.max_items_per_request)
+            d = Dispatcher(f"{rid}/grpc", telemetry, by_signal, cfg.wait_for_processing, cfg.max_items_per_request,
+                           ledger)
             self.servers.append(OtlpGrpcReceiver(rid, cfg, cfg.protocols.grpc, d, telemetry, auth, healthy))
         if cfg.protocols.http is not None:
-            d = Dispatcher(f"{rid}/http", telemetry, by_signal, cfg.wait_for_processing, cfg.max_items_per_request)
+            d = Dispatcher(f"{rid}/http", telemetry, by_signal, cfg.wait_for_processing, cfg.max_items_per_request,
+                           ledger)
             self.servers.append(OtlpHttpReceiver(rid, cfg, cfg.protocols.http, d, telemetry, auth, healthy))
 
     def start(self) -> None:

@@ -593,7 +593,7 @@ class OtlpHttpReceiver:
             return await self._request_chunked(head, signal, ctype, encoding == "gzip", tenant, reader, writer)
         reserved = 0
         try:
-            refusal = self.d.reserve(signal, length)
+            refusal = self.d.reserve(signal, length, tenant)
             if refusal is not None:
                 return self._refused(refusal, ctype), length
             reserved = length
@@ -610,12 +610,12 @@ class OtlpHttpReceiver:
                 self._busy -= 1
         finally:
             if reserved:
-                self.d.release(signal, reserved)
+                self.d.release(signal, reserved, tenant)
 
     async def _request_chunked(self, head: _Head, signal: str, ctype: str, gzipped: bool, tenant: Tenant,
                                reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[_Answer, int]:
         """``_request`` for a chunked body: its memory reserved chunk by chunk as it comes (``_chunked_body``)."""
-        held = Reservation(self.d, signal, INFLATE_RESERVE, UNRESERVED_BYTES)
+        held = Reservation(self.d, signal, INFLATE_RESERVE, UNRESERVED_BYTES, tenant)
         try:
             if (head.get("expect") or "").lower() == "100-continue":
                 writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -740,7 +740,7 @@ class OtlpHttpReceiver:
                  ) -> _Answer:
         """On a worker thread: inflate (reserving as it grows), reserve what decoding takes, decode, hand to the
         pipelines."""
-        held = Reservation(self.d, signal, INFLATE_RESERVE)  # for the inflated body
+        held = Reservation(self.d, signal, INFLATE_RESERVE, tenant=tenant)  # for the inflated body
 
         def grow(total: int) -> None:
             refusal = held.cover(2 * total)  # the growing buffer's spare capacity and its copy when it moves
