@@ -29,7 +29,7 @@ from collector_processor.pipeline import Pipeline, Stage
 from collector_processor.receiver.auth import BearerAuth
 from collector_processor.registry import BuildContext
 from collector_processor.telemetry import Telemetry
-from collector_processor.tenancy import JOB_TOKENS, NO_TENANT, from_receivers
+from collector_processor.tenancy import ALL_JOBS, JOB_TOKENS, from_receivers
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class Service:
         assert svc is not None
         tenancy = from_receivers(comp.config for comp in cfg.receivers.values())
         ctx = BuildContext(self.t, self.healthy, self._emit_for, self._forward_for, self._consumers_for, tenancy)
-        for name in (NO_TENANT, *tenancy.names, *((JOB_TOKENS,) if tenancy.per_job else ())):
+        for name in (ALL_JOBS, *tenancy.names, *((JOB_TOKENS,) if tenancy.per_job else ())):
             for structure in ("cohorts", "windows", "metric_series", "memory",
                               *(f"queue:{pid}" for pid in svc.pipelines)):
                 self.t.tenant_evictions.labels(tenant=name, structure=structure)

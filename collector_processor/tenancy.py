@@ -1,7 +1,8 @@
 """Whose a job is: the tenant of the receivers' ``auth.tenants`` whose token may write it (exact job ids before
 prefixes, the longest prefix first); with a ``job_secret`` (per-job tokens) a job no tenant lists is its own
 tenant; else ``""`` (the all-jobs token, or no auth). Shared state (cohorts) is budgeted per tenant with it, so one
-tenant's load evicts only its own. Counters label a per-job tenant ``JOB_TOKENS``: their series stay bounded."""
+tenant's load evicts only its own. Counters label a per-job tenant ``JOB_TOKENS`` (their series stay bounded) and
+the jobs no tenant lists ``ALL_JOBS`` (no series has an empty label value)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Iterable
 
 NO_TENANT = ""
 JOB_TOKENS = "job-tokens"  # the label of every job that is its own tenant
+ALL_JOBS = "all-jobs"  # the label of the jobs no tenant lists (written with the all-jobs token, or without auth)
 _MAX_REMEMBERED = 4096  # jobs whose tenant is remembered (cleared when full)
 
 
@@ -44,7 +46,7 @@ class Tenancy:
 
     def label(self, tenant: str) -> str:
         """A tenant as counters label it: its name, or ``JOB_TOKENS`` for a job that is its own tenant."""
-        return JOB_TOKENS if tenant.startswith("job:") else tenant
+        return JOB_TOKENS if tenant.startswith("job:") else tenant or ALL_JOBS
 
     def __call__(self, job: str) -> str:
         name = self._memo.get(job)

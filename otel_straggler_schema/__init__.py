@@ -434,7 +434,7 @@ COLLECTOR_METRICS: Final = (
            "or posing as the collector's"),
     Metric(M_TENANT_EVICTIONS, "counter", ("tenant", "structure"),
            "cohorts (and their open windows) of a tenant's jobs evicted to make room, by tenant (`auth.tenants` "
-           "name; empty: jobs no tenant lists; `job-tokens`: jobs with their own token); a tenant holding less "
+           "name; `all-jobs`: jobs no tenant lists; `job-tokens`: jobs with their own token); a tenant holding less "
            "than its share of `max_cohorts` (divided evenly among the tenants holding cohorts) loses none to "
            "another's load; `metric_series`: its jobs' dashboard series refused at its share of `max_series`; "
            "`queue:<pipeline>`, `memory`: its requests refused (retry later) at its share of a queue, or of the "

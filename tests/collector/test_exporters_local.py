@@ -207,7 +207,7 @@ def test_every_counter_exists_at_zero_before_any_traffic(start_service, tmp_path
         s.M_INLINE_DEFERRED: [{"pipeline": p} for p in ("traces", "logs/verdicts", "metrics")],
         s.M_SPANS_ACCEPTED: [{}], s.M_WINDOWS_CLOSED: [{}], s.M_EVIDENCE_LINES: [{}],
         s.M_DUPLICATE_IDENTITY: [{"receiver": r} for r in receivers],
-        s.M_TENANT_EVICTIONS: [{"tenant": "", "structure": x} for x in (
+        s.M_TENANT_EVICTIONS: [{"tenant": "all-jobs", "structure": x} for x in (
             "cohorts", "windows", "metric_series", "memory", "queue:traces", "queue:logs/verdicts", "queue:metrics")],
         s.M_EXPORTER_ENQUEUED: [{"exporter": e, "signal": g} for e in otlp for g in signals],
         s.M_EXPORTER_SENT: [{"exporter": e, "signal": g} for e in otlp for g in signals],

@@ -17,6 +17,7 @@ NO_CEILING = 2**62  # a cohort without a step range yet: no sample is quarantine
 
 
 _JOB_TOKENS = "job-tokens"  # how counters label a job that is its own tenant (tenancy.JOB_TOKENS)
+_ALL_JOBS = "all-jobs"  # and the jobs no tenant lists (tenancy.ALL_JOBS)
 
 
 def _no_tenant(_job: str) -> str:
@@ -107,7 +108,7 @@ class CohortRegistry:
 
     def _count(self, evicted: Cohort) -> None:
         if self._evictions is not None:
-            tenant = _JOB_TOKENS if evicted.tenant.startswith("job:") else evicted.tenant  # a bounded label
+            tenant = _JOB_TOKENS if evicted.tenant.startswith("job:") else evicted.tenant or _ALL_JOBS  # bounded
             self._evictions.labels(tenant=tenant, structure="cohorts").inc()
             windows = len(evicted.steps.open) + len(evicted.wall.open)
             if windows:
