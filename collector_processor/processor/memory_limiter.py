@@ -104,7 +104,7 @@ class MemoryLimiter:
             # what RSS counts may be heap the allocator kept after earlier requests: return it and look again, so
             # an idle collector admits what its budget holds
             self._refused_trim_s = now
-            trim()
+            trim(collect=False)  # no collection: this may run on a receiver's event loop
         return Refusal("memory_limit", f"memory limit: {self._reserved / MIB:.0f} MiB of requests being decoded")
 
     def budget(self) -> int:

@@ -40,6 +40,14 @@ class TenantConfig(Strict):
     bearer_token_file: str = ""
     jobs: list[str] = Field(min_length=1, max_length=MAX_JOBS_PER_TENANT)
 
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if name.startswith("job:") or name in ("all-jobs", "job-tokens"):
+            raise ValueError(f"tenant name {name[:40]!r}: 'all-jobs', 'job-tokens' and names starting 'job:' are "
+                             "the collector's own")
+        return name
+
     @field_validator("jobs")
     @classmethod
     def _patterns(cls, jobs: list[str]) -> list[str]:
@@ -127,7 +135,7 @@ class BearerAuth:
         self._job_secret = b""
         if cfg is None:
             return
-        secret = _read_token(cfg.job_secret, cfg.job_secret_file, "job_secret_file")
+        secret = _read_token(cfg.job_secret, cfg.job_secret_file, "job_secret_file").strip()
         if secret and not s.JOB_SECRET_MIN_BYTES <= len(secret.encode()) <= MAX_TOKEN_BYTES:
             raise ValueError(f"job_secret_file: {s.JOB_SECRET_MIN_BYTES} to {MAX_TOKEN_BYTES} bytes")
         self._job_secret = secret.encode()

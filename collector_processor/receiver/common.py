@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import grpc
@@ -132,28 +133,52 @@ class Config(Strict):
 
 class TenantLedger:
     """Memory a receiver's requests reserve at the admission gates, per tenant (``Tenant.share``; the all-jobs
-    token's are not shared out). Past half of the budget a tenant's reservation is refused (retry later) while the
-    tenant would hold more than the budget over the tenants holding some plus one, counted for it
-    (``tenant_evictions_total{structure="memory"}``): a tenant's large requests leave room for another's."""
+    token's are not shared out). While another tenant holds some, or was refused by the gates in the last
+    ``WAITING_S``, a tenant past half of the budget is refused (retry later) beyond the budget over those tenants
+    plus one, counted for it (``tenant_evictions_total{structure="memory"}``): its large requests leave room for
+    another's, and a tenant alone may use the whole budget (what an idle collector admits)."""
+
+    WAITING_S = 5.0
+    MAX_WAITING = 1024
 
     def __init__(self, telemetry: Telemetry) -> None:
         self.t = telemetry
         self._lock = threading.Lock()
         self._held: dict[str, int] = {}  # tenant -> bytes reserved (tenants holding some only)
+        self._waiting: dict[str, float] = {}  # tenant -> when the gates last refused it (monotonic)
         self._total = 0
+
+    def _others(self, share: str, now: float) -> int:
+        """Tenants besides ``share`` holding memory or refused by the gates within ``WAITING_S``."""
+        for who in [w for w, at in self._waiting.items() if now - at > self.WAITING_S]:
+            del self._waiting[who]
+        held = len(self._held) - (share in self._held)
+        return held + sum(1 for w in self._waiting if w != share and w not in self._held)
 
     def take(self, tenant: Tenant | None, nbytes: int, budget: int | None) -> Refusal | None:
         if tenant is None or not tenant.share or budget is None:
             return None
         with self._lock:
             held = self._held.get(tenant.share, 0)
-            if held and 2 * (self._total + nbytes) > budget and held + nbytes > budget // (len(self._held) + 1):
-                self.t.tenant_evictions.labels(tenant=tenant.label, structure="memory").inc()
-                return Refusal("memory_limit", f"{tenant.name} holds its share of the memory for requests being "
-                               "decoded")
+            if held and 2 * (self._total + nbytes) > budget:
+                others = self._others(tenant.share, time.monotonic())
+                if others and held + nbytes > budget // (others + 1):
+                    self.t.tenant_evictions.labels(tenant=tenant.label, structure="memory").inc()
+                    return Refusal("memory_limit", f"{tenant.name} holds its share of the memory for requests "
+                                   "being decoded")
             self._held[tenant.share] = held + nbytes
             self._total += nbytes
+            self._waiting.pop(tenant.share, None)  # served: it waits no more
         return None
+
+    def refused(self, tenant: Tenant | None) -> None:
+        """The gates refused ``tenant``: it waits for memory, so others are held to their shares meanwhile."""
+        if tenant is None or not tenant.share:
+            return
+        with self._lock:
+            if len(self._waiting) >= self.MAX_WAITING:
+                self._waiting.clear()
+            self._waiting[tenant.share] = time.monotonic()
 
     def give(self, tenant: Tenant | None, nbytes: int) -> None:
         if tenant is None or not tenant.share:
@@ -214,6 +239,7 @@ class Dispatcher:
                 for x in taken:
                     x.release(nbytes)
                 self.ledger.give(tenant, nbytes)
+                self.ledger.refused(tenant)
                 return refusal
             taken.append(g)
         return None

@@ -325,10 +325,12 @@ class OtlpHttpReceiver:
                 return "peer_limit"
             if len(own.preauth) >= p.max_preauth_connections_per_peer and not self._evict_preauth(own, now):
                 return "peer_limit"
+        own = self._peers.get(peer)  # an eviction above may have closed the address's last connection
         if len(self._conns) >= p.max_connections:
             n = own.n if own is not None else 0
             if not self._shed_busiest(n) and not self._evict_stale(now, lambda addr: self._peers[addr].n >= n):
                 return "refused"
+            own = self._peers.get(peer)
         if own is None:
             own = self._peers[peer] = _Peer()
         own.n += 1

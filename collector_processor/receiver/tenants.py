@@ -13,7 +13,7 @@ from google.protobuf.message import Message
 import otel_straggler_schema as s
 from collector_processor.receiver.auth import Tenant
 from collector_processor.receiver.decode import DecodeFailure
-from collector_processor.resource_identity import ResourceIdentity, identity, int_of
+from collector_processor.resource_identity import ResourceIdentity, identity
 
 _RESOURCES = {"traces": "resource_spans", "metrics": "resource_metrics", "logs": "resource_logs"}
 
@@ -49,6 +49,9 @@ def _check_traces(rs: object, ident: ResourceIdentity, who: str) -> None:
     poses as the collector's."""
     if ident.service == s.SERVICE_COLLECTOR:
         raise Forbidden(f"token of {who} may not send spans as service.name {s.SERVICE_COLLECTOR!r}")
+    if "/run/" in ident.job or "/" in ident.run or "@" in ident.run:  # step keys another job could spell alike
+        raise Forbidden(f"token of {who}: a job id with '/run/' or a run id with '/' or '@' names no trace of its "
+                        "own")
     block = s.trace_block(ident.rank)
     expected: dict[int, bytes] = {}  # step -> its trace id: a request carries a few steps
     for ss in rs.scope_spans:  # type: ignore[attr-defined]
@@ -59,8 +62,8 @@ def _check_traces(rs: object, ident: ResourceIdentity, who: str) -> None:
             tid = expected.get(step)
             if tid is None:
                 if step < 0:
-                    raise Forbidden(f"token of {who}: span {span.name[:40]!r} names no step ({s.ATTR_ITERATION}), "
-                                    "so no trace of its job")
+                    raise Forbidden(f"token of {who}: span {span.name[:40]!r} names no step ({s.ATTR_ITERATION}, "
+                                    "one int), so no trace of its job")
                 if len(expected) >= _MAX_STEPS:
                     expected.clear()
                 tid = expected[step] = s.trace_id_for_step(ident.job, step, ident.run, block).to_bytes(16, "big")
@@ -73,7 +76,12 @@ _MAX_STEPS = 64  # step trace ids remembered per resource while a request is che
 
 
 def _step_of(span: object) -> int:
+    """The span's ``dl.iteration`` as the emitter sends it (one int attribute); -1 when absent, -2 when named
+    twice or not an int (the processor reads ints only: a step read two ways is refused)."""
+    step = -1
     for kv in span.attributes:  # type: ignore[attr-defined]
         if kv.key == s.ATTR_ITERATION:
-            return int_of(kv.value)
-    return -1
+            if step != -1 or kv.value.WhichOneof("value") != "int_value":
+                return -2
+            step = kv.value.int_value
+    return step

@@ -204,3 +204,26 @@ def test_the_busiest_address_is_shed_first_and_peers_with_fewer_keep_theirs() ->
         assert srv._peers == {} and srv._conns == {}
 
     asyncio.run(main())
+
+
+def test_a_connection_that_replaces_its_addresss_last_one_is_counted_for_it() -> None:
+    """A newcomer of an address whose only connection is closed to make room (its own stale one) is counted for
+    that address again: its end leaves the per-address map empty, with no error."""
+    t = Telemetry()
+    srv = OtlpHttpReceiver("otlp", Config(), HttpProtocol(max_connections=2, max_connections_per_peer=1,
+                                                          stall_timeout=0.001),
+                           Dispatcher("otlp/http", t, {}, 1.0), t, BearerAuth(None))
+
+    async def main() -> None:
+        first = asyncio.ensure_future(asyncio.sleep(60))
+        assert srv._admit(first, "a") is None
+        await asyncio.sleep(0.01)  # stale now
+        second = asyncio.ensure_future(asyncio.sleep(60))
+        assert srv._admit(second, "a") is None  # a's stale one closed for it
+        await asyncio.sleep(0)
+        assert first.cancelled() and {p: st.n for p, st in srv._peers.items()} == {"a": 1}
+        srv._forget(second)
+        second.cancel()
+        assert srv._peers == {} and srv._conns == {}
+
+    asyncio.run(main())

@@ -318,23 +318,24 @@ def test_a_limiter_returns_freed_heap_before_it_refuses(monkeypatch: pytest.Monk
 
 
 def test_a_tenant_reserves_at_most_its_share_of_the_memory_budget() -> None:
-    """Past half of the budget, a tenant already holding memory for requests being read or decoded is refused
-    (retry later) beyond the budget over the tenants holding some plus one, counted for it; another tenant's
-    first request is never refused by the share (only by the gate), nor the all-jobs token's; released memory
-    comes back to its tenant."""
+    """A tenant alone may reserve the whole budget (an idle collector admits what it holds). Once another tenant
+    waits (refused by the gate) or holds memory, a tenant past half of the budget is refused (retry later) beyond
+    its share, counted for it; the all-jobs token meets the gate alone; released memory comes back."""
     from collector_processor.receiver.auth import EVERYONE, Tenant
 
     tel = Telemetry()
     gate = _Gate(120 * MIB)
     d = Dispatcher("otlp/test", tel, {"traces": [SimpleNamespace(admission=[gate])]}, 0.0)  # type: ignore[list-item]
     a, b = Tenant("a", frozenset({"job-a"})), Tenant("b", frozenset({"job-b"}))
-    assert [d.reserve("traces", 20 * MIB, a) for _ in range(3)] == [None] * 3  # 60 MiB: not past half
-    refusal = d.reserve("traces", 20 * MIB, a)  # 80 of 120 past half, and over 120 // 2 for a alone
+    assert [d.reserve("traces", 20 * MIB, a) for _ in range(5)] == [None] * 5  # alone: 100 of 120
+    assert isinstance(d.reserve("traces", 40 * MIB, b), Refusal)  # the gate: no room; b now waits
+    refusal = d.reserve("traces", 10 * MIB, a)  # a past half while b waits: over 120 // 2
     assert isinstance(refusal, Refusal) and refusal.retry and "share" in refusal.message
-    assert d.reserve("traces", 20 * MIB, b) is None  # b's first
-    assert d.reserve("traces", 20 * MIB, EVERYONE) is None  # the all-jobs token: only the gate's room
-    assert gate.reserved == 100 * MIB
     assert tel.registry.get_sample_value("otel_straggler_collector_tenant_evictions_total",
                                          {"tenant": "a", "structure": "memory"}) == 1
     d.release("traces", 40 * MIB, a)
-    assert d.reserve("traces", 10 * MIB, a) is None and gate.reserved == 70 * MIB
+    assert d.reserve("traces", 40 * MIB, b) is None  # b's turn
+    assert isinstance(d.reserve("traces", 10 * MIB, a), Refusal)  # a holds 60 of its 60 while b holds some
+    assert d.reserve("traces", 10 * MIB, EVERYONE) is None and gate.reserved == 110 * MIB
+    d.release("traces", 40 * MIB, b)
+    assert d.reserve("traces", 10 * MIB, a) is None  # b is done, a's share grows back

@@ -204,3 +204,35 @@ def test_every_identity_attribute_named_twice_is_refused(start_service, key: str
         a = req2.resource_spans[0].resource.attributes.add()
         a.key, a.value.string_value = "deployment.environment", "x"
     assert _grpc(run.grpc, req2.SerializeToString(), "admin-tok") == grpc.StatusCode.OK
+
+
+def _mutated(change: str) -> bytes:
+    req = trace_service_pb2.ExportTraceServiceRequest.FromString(_forged("job-a"))
+    rs = req.resource_spans[0]
+    span = rs.scope_spans[0].spans[0]
+    if change == "step-twice":  # a second dl.iteration: the check and the processor could read different ones
+        a = span.attributes.add()
+        a.key, a.value.int_value = s.ATTR_ITERATION, 8
+    elif change == "step-as-string":
+        span.attributes[0].value.string_value = "7"
+    elif change in ("run-with-slash", "run-with-at"):
+        run = "x/7" if change == "run-with-slash" else "x@7"
+        a = rs.resource.attributes.add()
+        a.key, a.value.string_value = s.RES_RUN_ID, run
+        span.trace_id = s.trace_id_for_step("job-a", 7, run).to_bytes(16, "big")
+    return req.SerializeToString()
+
+
+@pytest.mark.parametrize("change", ["step-twice", "step-as-string", "run-with-slash", "run-with-at"])
+def test_a_step_or_run_read_two_ways_is_refused_for_a_tenant(start_service, change: str) -> None:  # type: ignore[no-untyped-def]
+    """The step a tenant's span is checked by is the one the processor uses (one int ``dl.iteration``), and run ids
+    that could spell another job's step key (``/``, or ``@`` that ends a cohort's run) are refused."""
+    run = start_service(CFG)
+    assert _grpc(run.grpc, _mutated(change), "tok-a") == grpc.StatusCode.PERMISSION_DENIED
+    assert _grpc(run.grpc, _forged("job-a"), "tok-a") == grpc.StatusCode.OK
+
+
+def test_tenant_names_the_collector_uses_are_refused() -> None:
+    for name in ("all-jobs", "job-tokens", "job:x"):
+        with pytest.raises(ValueError, match="collector's own"):
+            AuthConfig.model_validate({"tenants": [{"name": name, "bearer_token": "t", "jobs": ["a"]}]})

@@ -57,8 +57,8 @@ class StragglerMetrics(Collector):
         self.cfg = config
         self._evictions = telemetry.evictions.labels(structure="metric_series")
         self.series_refused = 0
-        # with tenants, each holds at most its share of max_series beside alert and verdict series (which it may
-        # add while the cap leaves room): one tenant's jobs cannot take another's dashboard series
+        # with tenants, each holds at most its share of max_series, its per-rank series at most 90 % of that
+        # share: one tenant's jobs (or runs) cannot take another's series, alerts included
         self._tenancy = tenancy if tenancy else None
         self._tenant_cap = tenancy.share(config.max_series) if tenancy else 0
         self._tenant_series: dict[str, int] = {}  # tenant -> series of its jobs (only tenants holding some)
@@ -92,14 +92,15 @@ class StragglerMetrics(Collector):
         """Room for one more series of ``job`` (the caller adds it when there is). Per-rank dashboard series stop
         at 90 % of ``max_series``: the rest is kept for alert and verdict-count series, so a job with more ranks
         than the cap covers still alerts (with 10 series per rank the default cap holds ~900 ranks' dashboard
-        series per process); with tenants, also at the job's tenant's share."""
+        series per process); with tenants, also at the job's tenant's share (its per-rank series at 90 % of it)."""
         limit = self.cfg.max_series if priority else self.cfg.max_series - max(1, self.cfg.max_series // 10)
         if self._series_count() < limit:
             if self._tenancy is None:
                 return True
             tenant = self._tenancy(job)
             held = self._tenant_series.get(tenant, 0)
-            if priority or held < self._tenant_cap:
+            cap = self._tenant_cap if priority else self._tenant_cap - max(1, self._tenant_cap // 10)
+            if held < cap:
                 self._tenant_series[tenant] = held + 1
                 return True
             self._tenant_refused.labels(tenant=self._tenancy.label(tenant), structure="metric_series").inc()

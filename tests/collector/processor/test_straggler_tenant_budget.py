@@ -73,9 +73,10 @@ def test_with_job_tokens_every_job_is_its_own_tenant() -> None:
 
 
 def test_a_tenants_jobs_hold_at_most_its_share_of_the_dashboard_series() -> None:
-    """``max_series`` 100 with tenants a and b (and the jobs none lists): each holds at most a third of it in
-    per-rank series; a's flood of ranks is refused beyond (counted for a), b's ranks still get theirs, and a
-    series of a that expires gives its place back."""
+    """``max_series`` 100 with tenants a and b (and the jobs none lists): each holds at most a third of it, its
+    per-rank series 90 % of that; a's flood of ranks is refused beyond (counted for a), b's ranks still get theirs,
+    a flood of a's job-level series (one per run) stops at its share too, and expired series give their places
+    back."""
     from collector_processor.processor.straggler.config import MetricsConfig
     from collector_processor.processor.straggler.metrics import StragglerMetrics
     from collector_processor.processor.straggler.window_evidence import WindowOutcome
@@ -86,12 +87,15 @@ def test_a_tenants_jobs_hold_at_most_its_share_of_the_dashboard_series() -> None
     m = StragglerMetrics(MetricsConfig(max_series=100, series_ttl_s=10.0), tel, tenancy)
     flood = WindowOutcome(rank_deviation={r: 0.1 for r in range(500)})
     m.record_window("job-a", "c0", flood, 0.0)
+    assert m._tenant_series == {"a": 30}
+    for run in range(10):  # job-level series, one per run: up to a's whole share
+        m.record_seen("job-a", 0.0, run=f"r{run}")
     assert m._tenant_series == {"a": 33}
     m.record_window("job-b", "c0", WindowOutcome(rank_deviation={r: 0.1 for r in range(20)}), 0.0)
     assert m._tenant_series == {"a": 33, "b": 20}
     refused = tel.registry.get_sample_value("otel_straggler_collector_tenant_evictions_total",
                                             {"tenant": "a", "structure": "metric_series"})
-    assert refused == 500 - 33
+    assert refused == 500 - 30 + 10 - 3
     assert not tel.registry.get_sample_value("otel_straggler_collector_tenant_evictions_total",
                                              {"tenant": "b", "structure": "metric_series"})
     m.record_window("job-b", "c0", WindowOutcome(rank_deviation={r: 0.1 for r in range(20)}), 20.0)
