@@ -437,8 +437,9 @@ COLLECTOR_METRICS: Final = (
            "name; `all-jobs`: jobs no tenant lists; `job-tokens`: jobs with their own token); a tenant holding less "
            "than its share of `max_cohorts` (divided evenly among the tenants holding cohorts) loses none to "
            "another's load; `metric_series`: its jobs' dashboard series refused at its share of `max_series`; "
-           "`queue:<pipeline>`, `memory`: its requests refused (retry later) at its share of a queue, or of the "
-           "memory limiter's budget for requests being read and decoded, more than half full"),
+           "`queue:<pipeline>`, `memory`: its requests refused (retry later) at its share of a queue more than "
+           "half full, or of the memory limiter's budget for requests being read and decoded while another "
+           "tenant holds or waits for some"),
     Metric(M_DUPLICATE_IDENTITY, "counter", ("receiver",),
            "requests refused (`invalid`) because a resource names an identity attribute (job, run, rank, cohort, "
            "host, GPU, service) more than once"),
