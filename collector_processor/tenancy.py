@@ -14,6 +14,22 @@ ALL_JOBS = "all-jobs"  # the label of the jobs no tenant lists (written with the
 _MAX_REMEMBERED = 4096  # jobs whose tenant is remembered (cleared when full)
 
 
+def job_share(job: str) -> str:
+    """The tenant a job with its own token is (``auth.job_secret``)."""
+    return f"job:{job}"
+
+
+def label_of(tenant: str) -> str:
+    """A tenant as counters label it: its name, ``JOB_TOKENS`` for a job that is its own tenant, ``ALL_JOBS`` for
+    the jobs no tenant lists."""
+    return JOB_TOKENS if tenant.startswith("job:") else tenant or ALL_JOBS
+
+
+def reserved(name: str) -> bool:
+    """A tenant name the collector uses itself (``label_of``, ``job_share``)."""
+    return name.startswith("job:") or name in (ALL_JOBS, JOB_TOKENS)
+
+
 class Tenancy:
     def __init__(self, tenants: Iterable[tuple[str, Iterable[str]]] = (), per_job: bool = False) -> None:
         """``tenants``: (name, job patterns), a pattern an exact job id or a prefix ending in ``*``; ``per_job``: a
@@ -44,9 +60,7 @@ class Tenancy:
         n = len(self.names) + 1
         return max(1, min(total // n, total // 4 if self.per_job else total))
 
-    def label(self, tenant: str) -> str:
-        """A tenant as counters label it: its name, or ``JOB_TOKENS`` for a job that is its own tenant."""
-        return JOB_TOKENS if tenant.startswith("job:") else tenant or ALL_JOBS
+    label = staticmethod(label_of)
 
     def __call__(self, job: str) -> str:
         name = self._memo.get(job)
@@ -54,7 +68,7 @@ class Tenancy:
             name = self._exact.get(job)
             if name is None:
                 name = next((n for p, n in self._prefixes if job.startswith(p)),
-                            f"job:{job}" if self.per_job else NO_TENANT)
+                            job_share(job) if self.per_job else NO_TENANT)
             if len(self._memo) >= _MAX_REMEMBERED:
                 self._memo.clear()
             self._memo[job] = name

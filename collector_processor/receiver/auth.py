@@ -16,7 +16,7 @@ from pydantic import Field, field_validator, model_validator
 
 import otel_straggler_schema as s
 from collector_processor.config.types import Strict
-from collector_processor.tenancy import JOB_TOKENS
+from collector_processor.tenancy import JOB_TOKENS, job_share, reserved
 
 MAX_TENANTS = 1024
 MAX_JOBS_PER_TENANT = 1024
@@ -43,7 +43,7 @@ class TenantConfig(Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, name: str) -> str:
-        if name.startswith("job:") or name in ("all-jobs", "job-tokens"):
+        if reserved(name):
             raise ValueError(f"tenant name {name[:40]!r}: 'all-jobs', 'job-tokens' and names starting 'job:' are "
                              "the collector's own")
         return name
@@ -192,7 +192,7 @@ class BearerAuth:
         job, mac = parts
         if not hmac.compare_digest(mac.encode("ascii", "replace"), s.job_token_mac(self._job_secret, job).encode()):
             return None
-        return Tenant(f"job {job[:80]!r}", frozenset((job,)), share=f"job:{job}", label=JOB_TOKENS)
+        return Tenant(f"job {job[:80]!r}", frozenset((job,)), share=job_share(job), label=JOB_TOKENS)
 
     def check(self, header: str | None) -> bool:
         return self.identify(header) is not None

@@ -118,6 +118,15 @@ receivers:
       grpc: {endpoint: 127.0.0.1:0}
       http: {endpoint: 127.0.0.1:0}
 """
+# the traces pipeline of receiver tests: otlp -> the recording test double -> debug
+DOUBLE_TRACES = """processors:
+  double: {}
+exporters:
+  debug: {}
+service:
+  pipelines:
+    traces: {receivers: [otlp], processors: [double], exporters: [debug]}
+"""
 
 
 class Running:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
-from service_support import BASE_RECEIVER, DoubleProcessor, Running, wait_for
+from service_support import BASE_RECEIVER, DOUBLE_TRACES, DoubleProcessor, Running, wait_for
 
 from collector_processor.receiver.auth import BearerAuth
 from collector_processor.receiver.common import Config, Dispatcher, HttpProtocol
@@ -26,14 +26,7 @@ from collector_processor.telemetry import Telemetry
 ATTACKER = "127.0.0.2"
 CFG = BASE_RECEIVER + """    auth: {bearer_token: s3cret}
     tls: {cert_file: %(crt)s, key_file: %(key)s}
-processors:
-  double: {}
-exporters:
-  debug: {}
-service:
-  pipelines:
-    traces: {receivers: [otlp], processors: [double], exporters: [debug]}
-"""
+""" + DOUBLE_TRACES
 CLOSED = "otel_straggler_collector_connections_closed_total"
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl binary for a test cert")

@@ -15,7 +15,7 @@ from google.rpc.status_pb2 import Status
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
 from opentelemetry.sdk.trace.export import SpanExportResult
-from service_support import BASE_RECEIVER, DoubleProcessor, make_spans, wait_for
+from service_support import BASE_RECEIVER, DOUBLE_TRACES, DoubleProcessor, make_spans, wait_for
 from test_receivers_tenants import _grpc, _http, _req
 
 import otel_straggler_schema as s
@@ -31,15 +31,7 @@ AUTH = f"""    auth:
       tenants:
         - {{name: a, bearer_token: tok-a, jobs: [job-a]}}
 """
-CFG = BASE_RECEIVER + AUTH + """
-processors:
-  double: {}
-exporters:
-  debug: {}
-service:
-  pipelines:
-    traces: {receivers: [otlp], processors: [double], exporters: [debug]}
-"""
+CFG = BASE_RECEIVER + AUTH + DOUBLE_TRACES
 TOK_A = s.job_token(SECRET, "job-a")
 
 

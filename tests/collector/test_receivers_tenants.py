@@ -12,7 +12,7 @@ import grpc
 import pytest
 from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
-from service_support import BASE_RECEIVER, DoubleProcessor
+from service_support import BASE_RECEIVER, DOUBLE_TRACES, DoubleProcessor
 
 import otel_straggler_schema as s
 from collector_processor.config.loader import ConfigError, load_text
@@ -26,15 +26,7 @@ AUTH = """    auth:
         - {name: a, bearer_token: tok-a, jobs: [job-a]}
         - {name: b, bearer_token: tok-b, jobs: ["team-b/*", job-b-exact]}
 """
-CFG = BASE_RECEIVER + AUTH + """
-processors:
-  double: {}
-exporters:
-  debug: {}
-service:
-  pipelines:
-    traces: {receivers: [otlp], processors: [double], exporters: [debug]}
-"""
+CFG = BASE_RECEIVER + AUTH + DOUBLE_TRACES
 
 
 def _req(*jobs: str | tuple[str, ...] | None, step: int = 7) -> bytes:

@@ -11,13 +11,12 @@ from prometheus_client import Counter
 from collector_processor.processor.straggler.collective_ring import Rings
 from collector_processor.processor.straggler.pair import PairTrack
 from collector_processor.processor.straggler.window import KIND_STEP, KIND_WALL, WindowSet
+from collector_processor.tenancy import label_of
 
 NO_INDEX = -(2**62)  # no window index seen yet
 NO_CEILING = 2**62  # a cohort without a step range yet: no sample is quarantined
 
 
-_JOB_TOKENS = "job-tokens"  # how counters label a job that is its own tenant (tenancy.JOB_TOKENS)
-_ALL_JOBS = "all-jobs"  # and the jobs no tenant lists (tenancy.ALL_JOBS)
 
 
 def _no_tenant(_job: str) -> str:
@@ -108,7 +107,7 @@ class CohortRegistry:
 
     def _count(self, evicted: Cohort) -> None:
         if self._evictions is not None:
-            tenant = _JOB_TOKENS if evicted.tenant.startswith("job:") else evicted.tenant or _ALL_JOBS  # bounded
+            tenant = label_of(evicted.tenant)
             self._evictions.labels(tenant=tenant, structure="cohorts").inc()
             windows = len(evicted.steps.open) + len(evicted.wall.open)
             if windows:
